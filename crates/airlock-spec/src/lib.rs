@@ -1,0 +1,19 @@
+//! The data airlock passes around: a validated run request ([`Spec`]) and what a run
+//! produced ([`ExecResult`]). No syscalls live here, so every front end (CLI, HTTP, MCP)
+//! and every backend shares one definition and one set of error messages.
+//!
+//! ```
+//! use airlock_spec::{Limits, Spec};
+//! let spec = Spec::new(vec!["python3".into(), "-c".into(), "print(6*7)".into()])
+//!     .with_limits(Limits { memory_bytes: 128 << 20, ..Limits::default() });
+//! spec.validate().unwrap();
+//! ```
+#![deny(missing_docs)]
+
+mod result;
+mod spec;
+mod units;
+
+pub use result::{ExecResult, Outcome};
+pub use spec::{FileSpec, Limits, NetworkPolicy, Spec, SpecError};
+pub use units::{parse_duration, parse_size, UnitError};

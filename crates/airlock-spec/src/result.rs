@@ -1,0 +1,108 @@
+//! What a run produced: the `ExecResult` JSON that the CLI, the service, the SDK and the
+//! tests share. Fields may be added, never renamed.
+
+use serde::{Deserialize, Serialize};
+
+/// How the program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// It exited by itself; `exit_code` says how.
+    Exited,
+    /// A signal ended it (not airlock's deadline, not the memory cap).
+    Signaled,
+    /// The wall-clock deadline passed and airlock killed the sandbox.
+    Timeout,
+    /// The kernel's OOM killer acted in the sandbox's cgroup.
+    Oom,
+}
+
+/// The structured result of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// The sandbox's id.
+    pub id: String,
+    /// How the program ended.
+    pub outcome: Outcome,
+    /// The exit status; `None` unless `outcome` is `exited`.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the program, if one did.
+    pub signal: Option<i32>,
+    /// Whether the deadline killed it.
+    pub timed_out: bool,
+    /// Whether the OOM killer acted in the sandbox.
+    pub oom_killed: bool,
+    /// Captured stdout, UTF-8 with invalid bytes replaced, at most the output limit.
+    pub stdout: String,
+    /// Captured stderr, likewise.
+    pub stderr: String,
+    /// Whether stdout was cut at the output limit.
+    pub stdout_truncated: bool,
+    /// Whether stderr was cut at the output limit.
+    pub stderr_truncated: bool,
+    /// Every byte the program wrote to stdout, kept or not.
+    pub stdout_bytes: u64,
+    /// Every byte the program wrote to stderr, kept or not.
+    pub stderr_bytes: u64,
+    /// From the program's execve to its end, in milliseconds.
+    pub wall_ms: f64,
+    /// Provisioning the sandbox before the program's execve, in milliseconds.
+    pub setup_ms: f64,
+    /// CPU time of everything in the sandbox, from its cgroup.
+    pub cpu_ms: f64,
+    /// Peak memory of the sandbox's cgroup, tmpfs pages included.
+    pub memory_peak_bytes: u64,
+}
+
+impl ExecResult {
+    /// The exit status `airlock run` uses without `--json`: the program's code,
+    /// 128+N for signal N, 124 on timeout, 137 when the memory cap killed it.
+    pub fn shell_status(&self) -> i32 {
+        match self.outcome {
+            Outcome::Exited => self.exit_code.unwrap_or(1),
+            Outcome::Timeout => 124,
+            Outcome::Oom => 137,
+            Outcome::Signaled => 128 + self.signal.unwrap_or(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_field_names_are_the_contract() {
+        let r = ExecResult {
+            id: "x".into(),
+            outcome: Outcome::Oom,
+            exit_code: None,
+            signal: Some(9),
+            timed_out: false,
+            oom_killed: true,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            wall_ms: 1.0,
+            setup_ms: 1.0,
+            cpu_ms: 1.0,
+            memory_peak_bytes: 1,
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["outcome"], "oom");
+        assert!(v["exit_code"].is_null());
+        for key in [
+            "id", "outcome", "exit_code", "signal", "timed_out", "oom_killed", "stdout", "stderr",
+            "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes", "wall_ms",
+            "setup_ms", "cpu_ms", "memory_peak_bytes",
+        ] {
+            assert!(v.get(key).is_some(), "{key}");
+        }
+        assert_eq!(r.shell_status(), 137);
+        let back: ExecResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+}
