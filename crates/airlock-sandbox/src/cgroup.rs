@@ -1,0 +1,1402 @@
+//! Per-sandbox cgroups, on cgroup v2 and on v1/hybrid hosts.
+//!
+//! Every sandbox gets one directory in every cgroup hierarchy it uses:
+//!
+//! ```text
+//! <mount>/airlock/<owner>/<sandbox_id>
+//! ```
+//!
+//! where `<owner>` is `<supervisor pid>-<start time>` (field 22 of `/proc/<pid>/stat`), so a
+//! daemon that starts after a crash can tell its predecessor's leftovers from the live
+//! sandboxes of another daemon, even when the dead daemon's pid has been recycled
+//! ([`CgroupHost::purge_stale`]).
+//!
+//! Two layouts are supported, detected from `/proc/self/mountinfo`:
+//!
+//! - **v2**: `memory`, `pids` and `cpu` live on the cgroup2 hierarchy. They are enabled in
+//!   `cgroup.subtree_control` of the root (when needed), of `airlock` and of the owner
+//!   directory; the sandbox directory gets `memory.max`, `memory.swap.max = 0`, `pids.max`
+//!   and `cpu.max`.
+//! - **v1 / hybrid**: one v1 hierarchy per controller (or co-mounted ones, such as
+//!   `cpu,cpuacct`). `memory`, `pids` and `cpu` are required; `cpuacct` (CPU time),
+//!   `freezer` (race-free kill) and a controller-less cgroup2 (`cgroup.kill`,
+//!   `CLONE_INTO_CGROUP`) are used when present.
+//!
+//! A [`Cgroup`] owns its directories: [`Cgroup::destroy`] (or `Drop`, best effort) kills
+//! every process in it, waits until they are gone and removes the directories.
+//!
+//! ```no_run
+//! use airlock_sandbox::cgroup::{CgroupHost, CgroupLimits};
+//!
+//! # fn main() -> Result<(), airlock_sandbox::cgroup::CgroupError> {
+//! let host = CgroupHost::detect()?;
+//! println!("cgroups: {}", host.describe());
+//! host.purge_stale();
+//! let limits = CgroupLimits { memory_bytes: 256 << 20, cpus: 0.5, pids: 65 };
+//! let cgroup = host.create("sb-1", &limits)?;
+//! let child = std::process::Command::new("true").spawn().expect("spawn");
+//! cgroup.attach(child.id() as i32, false)?;
+//! println!("{:?}", cgroup.usage());
+//! cgroup.destroy()?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::ffi::OsString;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write as _};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Name of the directory that holds every airlock cgroup in a hierarchy.
+const AIRLOCK_DIR: &str = "airlock";
+/// CFS period for the CPU quota: 100 ms, the kernel default, so `cpus` maps to
+/// `quota = cpus * period` with a resolution of 1 % of a core.
+const CPU_PERIOD_US: u64 = 100_000;
+/// The kernel rejects CFS quotas below 1 ms.
+const MIN_CPU_QUOTA_US: u64 = 1_000;
+/// Controllers a v2 sandbox needs, in the order they are enabled.
+const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+/// Controllers a v1 sandbox cannot run without: we never isolate less than asked.
+const V1_REQUIRED: [&str; 3] = ["memory", "pids", "cpu"];
+/// v1 controllers used, in attach order (memory first, so charges start early).
+const V1_USED: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+/// Every v1 controller name the kernel knows; other super options (`rw`, `name=systemd`,
+/// `noprefix`, `clone_children`, ...) are not controllers.
+const V1_KNOWN: [&str; 15] = [
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "devices",
+    "freezer",
+    "net_cls",
+    "blkio",
+    "perf_event",
+    "net_prio",
+    "hugetlb",
+    "pids",
+    "rdma",
+    "misc",
+    "debug",
+];
+/// How long `destroy` waits for killed processes to leave the cgroup: SIGKILL'd tasks exit
+/// in microseconds unless stuck in uninterruptible sleep; past this we report instead of
+/// hanging the supervisor.
+const DESTROY_WAIT: Duration = Duration::from_secs(2);
+/// How long the v1 freezer may stay in FREEZING before we signal anyway (tasks in
+/// uninterruptible sleep delay freezing; SIGKILL reaches them when they wake up).
+const FREEZE_WAIT: Duration = Duration::from_millis(500);
+/// Bound on the SIGKILL loop in `kill`: a fork bomb cannot outrun repeated sweeps with
+/// pids.max in place, and `destroy` keeps sweeping while it waits.
+const KILL_LOOP_WAIT: Duration = Duration::from_secs(1);
+/// Sandbox ids are path components in cgroupfs; bounded so paths stay far below PATH_MAX.
+const MAX_ID_LEN: usize = 128;
+
+/// Resource caps applied to one sandbox's cgroup.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CgroupLimits {
+    /// Memory cap in bytes (swap is disabled: memory+swap gets the same cap).
+    pub memory_bytes: u64,
+    /// CPU quota in cores (0.5 = half of one core).
+    pub cpus: f64,
+    /// Maximum number of processes plus threads; already includes airlock's init.
+    pub pids: u32,
+}
+
+/// Resource usage of one sandbox, read from its cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Highest memory charge seen, in bytes (current charge where the kernel keeps no peak).
+    pub memory_peak_bytes: u64,
+    /// CPU time consumed by every process of the sandbox, in nanoseconds.
+    pub cpu_ns: u64,
+    /// Processes killed by the OOM killer inside the sandbox.
+    pub oom_kills: u64,
+}
+
+/// What went wrong while detecting, creating, using or removing cgroups.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// `/proc/self/mountinfo` could not be read.
+    #[error("cannot read mount table {path}")]
+    ReadMountinfo {
+        /// The mount table read.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Neither a `cgroup` nor a `cgroup2` file system is mounted.
+    #[error("no cgroup file system is mounted (no cgroup or cgroup2 entry in the mount table)")]
+    NoCgroupFs,
+    /// Our own start time could not be read from `/proc/self/stat`.
+    #[error("cannot read the start time of this process from {path}")]
+    ReadOwnStat {
+        /// The stat file read.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A controller needed to enforce the limits is not available on this host.
+    #[error("cgroup controller `{controller}` is not available: {detail}")]
+    MissingController {
+        /// The controller (`memory`, `pids` or `cpu`).
+        controller: &'static str,
+        /// Where we looked.
+        detail: String,
+    },
+    /// The sandbox id cannot be used as a cgroup directory name.
+    #[error(
+        "invalid sandbox id {id:?}: use 1 to {MAX_ID_LEN} characters from [A-Za-z0-9._-], not starting with '.'"
+    )]
+    InvalidId {
+        /// The rejected id.
+        id: String,
+    },
+    /// A limit is out of range.
+    #[error("invalid cgroup limit: {reason}")]
+    InvalidLimits {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A cgroup directory could not be created.
+    #[error("cannot create cgroup directory {path}")]
+    Mkdir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A cgroup interface file could not be written.
+    #[error("cannot write {value:?} to {path}")]
+    Write {
+        /// The interface file.
+        path: PathBuf,
+        /// The value written.
+        value: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A cgroup interface file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The interface file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The cgroup2 directory could not be opened for `CLONE_INTO_CGROUP`.
+    #[error("cannot open cgroup directory {path}")]
+    OpenDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A process could not be moved into the cgroup.
+    #[error("cannot attach pid {pid} to {path}")]
+    Attach {
+        /// The process.
+        pid: i32,
+        /// The `cgroup.procs` file written.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A process of the cgroup could not be sent SIGKILL.
+    #[error("cannot kill pid {pid} of {path}")]
+    Signal {
+        /// The process.
+        pid: i32,
+        /// The cgroup it was listed in.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Processes were still in the cgroup when the wait in `destroy` ran out.
+    #[error("processes {pids:?} still in {path} after {waited:?}")]
+    StillPopulated {
+        /// The cgroup directory.
+        path: PathBuf,
+        /// The pids left.
+        pids: Vec<i32>,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// A cgroup directory could not be removed.
+    #[error("cannot remove cgroup directory {path}")]
+    Rmdir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl CgroupError {
+    /// True when the failure was a missing path: a concurrent `destroy` may have removed
+    /// the owner directory between our `mkdir` steps.
+    fn is_not_found(&self) -> bool {
+        match self {
+            CgroupError::Mkdir { source, .. }
+            | CgroupError::Write { source, .. }
+            | CgroupError::Read { source, .. } => source.kind() == io::ErrorKind::NotFound,
+            _ => false,
+        }
+    }
+}
+
+/// How directories and signals behave: on a real cgroupfs, or on a fake one made of plain
+/// directories and files (unit tests).
+///
+/// A fake cgroupfs differs from the kernel's in three ways, each handled here and nowhere
+/// else: a new directory does not get interface files by itself (we give it an empty copy
+/// of every file the test put in the hierarchy's root, as the kernel populates a new cgroup
+/// with the files its hierarchy offers); `rmdir` does not ignore those files (we remove
+/// the tree); and the pids in its `cgroup.procs` are made up, so no signal is ever sent
+/// and no wait is done. Everything else (every read and every write, with no-create
+/// semantics) runs the same code on both. The mode is chosen by `statfs` of the mount
+/// point, so a real cgroupfs can never be treated as a fake one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fs {
+    /// A kernel cgroup or cgroup2 file system.
+    Real,
+    /// Plain directories standing in for one.
+    Fake,
+}
+
+impl Fs {
+    /// Picks the mode for a mount point (see [`Fs`]); an unreadable mount point counts as
+    /// real, so that its errors surface instead of being simulated away.
+    fn of(mount: &Path) -> Fs {
+        use nix::sys::statfs::{CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
+        match statfs(mount) {
+            Ok(st) => {
+                let t = st.filesystem_type();
+                if t == CGROUP_SUPER_MAGIC || t == CGROUP2_SUPER_MAGIC {
+                    Fs::Real
+                } else {
+                    Fs::Fake
+                }
+            }
+            Err(_) => Fs::Real,
+        }
+    }
+
+    /// Creates one cgroup directory below `mount` (EEXIST is returned to the caller).
+    fn mkdir(self, path: &Path, mount: &Path) -> io::Result<()> {
+        fs::create_dir(path)?;
+        if self == Fs::Fake {
+            for entry in fs::read_dir(mount)?.flatten() {
+                if entry.file_type()?.is_file() {
+                    fs::File::create(path.join(entry.file_name()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a sandbox cgroup and any child cgroups below it (deepest first).
+    fn rmdir_tree(self, path: &Path) -> io::Result<()> {
+        let result = match self {
+            Fs::Fake => fs::remove_dir_all(path),
+            Fs::Real => {
+                // Interface files cannot (and need not) be removed; child cgroups must go
+                // first, or rmdir fails with EBUSY.
+                for entry in fs::read_dir(path)?.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        self.rmdir_tree(&entry.path())?;
+                    }
+                }
+                fs::remove_dir(path)
+            }
+        };
+        match result {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Removes a parent directory (`airlock/<owner>`) if no cgroup is left below it; busy
+    /// or already removed is fine: another sandbox of the same owner still lives there.
+    fn rmdir_if_childless(self, path: &Path) {
+        match self {
+            Fs::Real => {
+                let _ = fs::remove_dir(path);
+            }
+            Fs::Fake => {
+                let has_child = fs::read_dir(path).is_ok_and(|entries| {
+                    entries
+                        .flatten()
+                        .any(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                });
+                if !has_child {
+                    let _ = fs::remove_dir_all(path);
+                }
+            }
+        }
+    }
+}
+
+/// One v1 hierarchy: where it is mounted and which controllers it carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct V1Hierarchy {
+    mount: PathBuf,
+    controllers: Vec<String>,
+}
+
+/// One hierarchy a sandbox gets a directory in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Slot {
+    /// Mount point of the hierarchy.
+    mount: PathBuf,
+    /// Controllers of ours it serves (memory, pids, cpu, cpuacct, freezer).
+    controllers: Vec<&'static str>,
+    /// True for the cgroup2 hierarchy (v2, or the unified one on hybrid hosts).
+    cgroup2: bool,
+}
+
+/// The cgroup layout of this host, as detected from the mount table.
+#[derive(Debug, Clone)]
+pub struct CgroupHost {
+    /// Real cgroupfs, or a fake one in a temp dir (unit tests).
+    fs: Fs,
+    /// `<pid>-<start time>` of this process: names the directories we create.
+    owner: String,
+    /// v1 hierarchies carrying at least one controller, in mount order.
+    v1: Vec<V1Hierarchy>,
+    /// The cgroup2 mount point, if any.
+    cgroup2: Option<PathBuf>,
+    /// Controllers the cgroup2 root offers (its `cgroup.controllers`).
+    cgroup2_controllers: Vec<String>,
+    /// True when memory, pids and cpu are on cgroup2 (no v1 hierarchy carries them).
+    v2: bool,
+}
+
+/// A cgroup mount found in the mount table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CgMount {
+    /// Mount point, unescaped.
+    point: PathBuf,
+    /// True when the mount shows the whole hierarchy (its root field is `/`).
+    full: bool,
+    /// `None` for cgroup2, the controllers for a v1 hierarchy.
+    v1_controllers: Option<Vec<String>>,
+}
+
+/// Undoes the octal escapes (`\040` for a space, ...) of a mountinfo path.
+fn unescape_mountinfo(field: &str) -> PathBuf {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).filter(|d| {
+            bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c))
+        });
+        match octal.map(|d| {
+            d.iter()
+                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'))
+        }) {
+            Some(v) if v <= 0xff => {
+                out.push(v as u8);
+                i += 4;
+            }
+            _ => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(OsString::from_vec(out))
+}
+
+/// Extracts the cgroup and cgroup2 mounts from a `/proc/<pid>/mountinfo` text.
+///
+/// A line is `id parent maj:min root mount_point options [optional...] - fstype source
+/// super_options`; v1 super options name the controllers (`rw,cpu,cpuacct`).
+fn parse_mountinfo(text: &str) -> Vec<CgMount> {
+    let mut mounts = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().skip(6).position(|f| *f == "-").map(|p| p + 6) else {
+            continue;
+        };
+        let (Some(root), Some(point), Some(fstype), Some(super_opts)) = (
+            fields.get(3),
+            fields.get(4),
+            fields.get(sep + 1),
+            fields.get(sep + 3),
+        ) else {
+            continue;
+        };
+        let v1_controllers = match *fstype {
+            "cgroup2" => None,
+            "cgroup" => Some(
+                super_opts
+                    .split(',')
+                    .filter(|o| V1_KNOWN.contains(o))
+                    .map(str::to_owned)
+                    .collect(),
+            ),
+            _ => continue,
+        };
+        mounts.push(CgMount {
+            point: unescape_mountinfo(point),
+            full: *root == "/",
+            v1_controllers,
+        });
+    }
+    mounts
+}
+
+/// Field 22 (start time, in clock ticks since boot) of a `/proc/<pid>/stat` text.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // comm (field 2) may contain spaces and parentheses: fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // `rest` starts at field 3 (state), so field 22 is its 20th word.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// `<pid>-<start time>` of this process.
+fn own_owner() -> Result<String, CgroupError> {
+    let path = PathBuf::from("/proc/self/stat");
+    let stat = fs::read_to_string(&path).map_err(|source| CgroupError::ReadOwnStat {
+        path: path.clone(),
+        source,
+    })?;
+    let start = parse_start_time(&stat).ok_or_else(|| CgroupError::ReadOwnStat {
+        path,
+        source: io::Error::new(io::ErrorKind::InvalidData, "no start time (field 22)"),
+    })?;
+    Ok(format!("{}-{start}", std::process::id()))
+}
+
+/// Parses an owner directory name, `<pid>-<start time>`.
+fn parse_owner(name: &str) -> Option<(u32, u64)> {
+    let (pid, start) = name.split_once('-')?;
+    Some((pid.parse().ok()?, start.parse().ok()?))
+}
+
+/// True unless the owner is certainly gone: `/proc/<pid>` missing, or its start time
+/// differs (the pid was recycled). Unreadable for another reason counts as alive, so a
+/// live daemon's sandboxes are never purged by mistake.
+fn owner_alive(pid: u32, start: u64) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(e) => !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)),
+        Ok(stat) => parse_start_time(&stat).is_none_or(|s| s == start),
+    }
+}
+
+fn validate_id(id: &str) -> Result<(), CgroupError> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(CgroupError::InvalidId { id: id.to_owned() })
+    }
+}
+
+fn validate_limits(limits: &CgroupLimits) -> Result<(), CgroupError> {
+    let reason = if limits.memory_bytes == 0 {
+        "memory must be at least 1 byte".to_owned()
+    } else if limits.pids == 0 {
+        "pids must be at least 1 (airlock's init counts)".to_owned()
+    } else if !(limits.cpus.is_finite() && limits.cpus > 0.0) {
+        format!("cpus must be a positive number, not {}", limits.cpus)
+    } else {
+        return Ok(());
+    };
+    Err(CgroupError::InvalidLimits { reason })
+}
+
+/// The CFS quota for `cpus` cores, in microseconds per [`CPU_PERIOD_US`].
+fn cpu_quota_us(cpus: f64) -> u64 {
+    // `as` saturates on overflow; the kernel then rejects an absurd quota with a clear
+    // write error naming the value.
+    ((cpus * CPU_PERIOD_US as f64).round() as u64).max(MIN_CPU_QUOTA_US)
+}
+
+/// Writes one value to a cgroup interface file. No create: a missing file is an error,
+/// never a silently created regular file. Truncating is a no-op on cgroupfs and keeps
+/// a fake file equal to the last value written.
+fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
+    OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(value.as_bytes()))
+        .map_err(|source| CgroupError::Write {
+            path: path.to_owned(),
+            value: value.to_owned(),
+            source,
+        })
+}
+
+fn read_file(path: &Path) -> Result<String, CgroupError> {
+    fs::read_to_string(path).map_err(|source| CgroupError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The pids in a `cgroup.procs` file; a removed cgroup has none.
+fn read_pids(procs: &Path) -> Result<Vec<i32>, CgroupError> {
+    match fs::read_to_string(procs) {
+        Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(source) => Err(CgroupError::Read {
+            path: procs.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// A number from a one-value file, or from the `key value` line of a flat-keyed file.
+fn read_u64(path: &Path, key: Option<&str>) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    match key {
+        None => text.trim().parse().ok(),
+        Some(key) => text.lines().find_map(|line| {
+            let (k, v) = line.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok())?
+        }),
+    }
+}
+
+/// Thin wrappers over the pidfd syscalls, which neither std nor nix 0.32 expose.
+mod sys {
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+    /// `pidfd_open(pid, 0)`: a handle that keeps naming this process even if it exits
+    /// and its pid is recycled.
+    pub(super) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+        // SAFETY: pidfd_open takes two integers by value and reads or writes no memory of
+        // this process; an invalid pid just yields ESRCH.
+        let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(pid), 0) };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = RawFd::try_from(ret).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+        // SAFETY: on success the kernel returned a new file descriptor that no other
+        // object owns; OwnedFd takes that sole ownership and closes it exactly once.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// `pidfd_send_signal(pidfd, sig, NULL, 0)`.
+    pub(super) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
+        // SAFETY: the fd is borrowed, so it stays open for the whole call; a NULL info
+        // pointer is documented to mean "fill siginfo as kill(2) would", so the kernel
+        // dereferences no pointer of ours; flags must be 0.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                libc::c_long::from(pidfd.as_raw_fd()),
+                libc::c_long::from(sig),
+                std::ptr::null::<libc::siginfo_t>(),
+                0 as libc::c_long,
+            )
+        };
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl CgroupHost {
+    /// Detects the layout of this host from `/proc/self/mountinfo`.
+    pub fn detect() -> Result<Self, CgroupError> {
+        let path = PathBuf::from("/proc/self/mountinfo");
+        let text = fs::read_to_string(&path)
+            .map_err(|source| CgroupError::ReadMountinfo { path, source })?;
+        Self::from_mountinfo(&text, Path::new("/"))
+    }
+
+    /// Builds the layout from a mount table, with every mount point re-rooted under
+    /// `prefix` (`/` on a real host; a temp dir holding a fake cgroupfs in tests).
+    pub fn from_mountinfo(mountinfo: &str, prefix: &Path) -> Result<Self, CgroupError> {
+        let mounts = parse_mountinfo(mountinfo);
+        if mounts.is_empty() {
+            return Err(CgroupError::NoCgroupFs);
+        }
+        let reroot = |p: &Path| prefix.join(p.strip_prefix("/").unwrap_or(p));
+        let mut v1 = Vec::new();
+        let mut cgroup2: Option<&CgMount> = None;
+        for m in &mounts {
+            match &m.v1_controllers {
+                Some(c) if !c.is_empty() => v1.push(V1Hierarchy {
+                    mount: reroot(&m.point),
+                    controllers: c.clone(),
+                }),
+                Some(_) => {}
+                // A later mount shadows an earlier one at the same place; a mount of a
+                // sub-tree (root other than `/`) only wins when nothing better exists.
+                None => {
+                    if cgroup2.is_none_or(|c| m.full || !c.full) {
+                        cgroup2 = Some(m);
+                    }
+                }
+            }
+        }
+        let cgroup2 = cgroup2.map(|m| reroot(&m.point));
+        let cgroup2_controllers = cgroup2
+            .as_ref()
+            .and_then(|root| fs::read_to_string(root.join("cgroup.controllers")).ok())
+            .map(|t| t.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default();
+        let v1_carries = |c: &str| v1.iter().any(|h| h.controllers.iter().any(|x| x == c));
+        let v2 = cgroup2.is_some() && !V1_REQUIRED.iter().any(|c| v1_carries(c));
+        let probe = cgroup2
+            .clone()
+            .or_else(|| v1.first().map(|h| h.mount.clone()))
+            .unwrap_or_else(|| prefix.to_owned());
+        Ok(CgroupHost {
+            fs: Fs::of(&probe),
+            owner: own_owner()?,
+            v1,
+            cgroup2,
+            cgroup2_controllers,
+            v2,
+        })
+    }
+
+    /// True for a pure v2 host (memory, pids and cpu on cgroup2).
+    pub fn is_v2(&self) -> bool {
+        self.v2
+    }
+
+    /// The `<pid>-<start time>` directory name of this process's sandboxes.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Mount point of the last v1 hierarchy carrying `controller`.
+    fn v1_mount(&self, controller: &str) -> Option<&Path> {
+        self.v1
+            .iter()
+            .rev()
+            .find(|h| h.controllers.iter().any(|c| c == controller))
+            .map(|h| h.mount.as_path())
+    }
+
+    /// One line for `airlock doctor`.
+    pub fn describe(&self) -> String {
+        if self.v2 {
+            let root = self.cgroup2.as_deref().unwrap_or(Path::new("?"));
+            let (have, missing): (Vec<&str>, Vec<&str>) = V2_CONTROLLERS
+                .iter()
+                .partition(|c| self.cgroup2_controllers.iter().any(|x| x == *c));
+            let mut line = format!("v2 at {} ({})", root.display(), have.join(", "));
+            if !missing.is_empty() {
+                line.push_str(&format!("; missing: {}", missing.join(", ")));
+            }
+            return line;
+        }
+        let (have, missing): (Vec<&str>, Vec<&str>) =
+            V1_USED.iter().partition(|c| self.v1_mount(c).is_some());
+        let missing: Vec<&str> = missing
+            .into_iter()
+            .filter(|c| V1_REQUIRED.contains(c))
+            .collect();
+        let mut line = match &self.cgroup2 {
+            Some(root) => {
+                let ctl = if self.cgroup2_controllers.is_empty() {
+                    "no controllers".to_owned()
+                } else {
+                    format!("controllers: {}", self.cgroup2_controllers.join(", "))
+                };
+                format!(
+                    "hybrid: v1 {}; cgroup2 ({ctl}) at {}",
+                    have.join(", "),
+                    root.display()
+                )
+            }
+            None => format!("v1: {}; no cgroup2", have.join(", ")),
+        };
+        if !missing.is_empty() {
+            line.push_str(&format!("; missing: {}", missing.join(", ")));
+        }
+        line
+    }
+
+    /// True when `cgroup.kill` (Linux >= 5.14) is usable: the cgroup2 root never has the
+    /// file, so we look at child cgroups (ours first).
+    pub fn has_kill(&self) -> bool {
+        let Some(root) = &self.cgroup2 else {
+            return false;
+        };
+        if root.join(AIRLOCK_DIR).join("cgroup.kill").exists() {
+            return true;
+        }
+        fs::read_dir(root).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .take(16)
+                .any(|e| e.path().join("cgroup.kill").exists())
+        })
+    }
+
+    /// The hierarchies a sandbox gets a directory in, in attach order.
+    fn plan(&self) -> Vec<Slot> {
+        if self.v2 {
+            return self
+                .cgroup2
+                .iter()
+                .map(|root| Slot {
+                    mount: root.clone(),
+                    controllers: V2_CONTROLLERS.to_vec(),
+                    cgroup2: true,
+                })
+                .collect();
+        }
+        let mut slots: Vec<Slot> = Vec::new();
+        for controller in V1_USED {
+            let Some(mount) = self.v1_mount(controller) else {
+                continue;
+            };
+            // Co-mounted controllers (`cpu,cpuacct`) share one directory.
+            match slots.iter_mut().find(|s| s.mount == mount) {
+                Some(slot) => slot.controllers.push(controller),
+                None => slots.push(Slot {
+                    mount: mount.to_owned(),
+                    controllers: vec![controller],
+                    cgroup2: false,
+                }),
+            }
+        }
+        if let Some(root) = &self.cgroup2 {
+            slots.push(Slot {
+                mount: root.clone(),
+                controllers: Vec::new(),
+                cgroup2: true,
+            });
+        }
+        slots
+    }
+
+    /// Fails unless every controller we enforce limits with is available.
+    fn check_controllers(&self) -> Result<(), CgroupError> {
+        if self.v2 {
+            let root = self.cgroup2.as_deref().unwrap_or(Path::new("?"));
+            for controller in V2_CONTROLLERS {
+                if !self.cgroup2_controllers.iter().any(|c| c == controller) {
+                    return Err(CgroupError::MissingController {
+                        controller,
+                        detail: format!(
+                            "{} does not list it",
+                            root.join("cgroup.controllers").display()
+                        ),
+                    });
+                }
+            }
+        } else {
+            for controller in V1_REQUIRED {
+                if self.v1_mount(controller).is_none() {
+                    return Err(CgroupError::MissingController {
+                        controller,
+                        detail: "no cgroup v1 hierarchy in the mount table carries it, and \
+                                 cgroup2 cannot provide it while other controllers are on v1"
+                            .to_owned(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Enables `wanted` in `dir/cgroup.subtree_control`, writing only what is missing.
+    fn enable_controllers(&self, dir: &Path, wanted: &[&str]) -> Result<(), CgroupError> {
+        let path = dir.join("cgroup.subtree_control");
+        let current = read_file(&path)?;
+        // The kernel lists `memory pids`; a fake file keeps what we wrote (`+memory`).
+        let enabled: Vec<&str> = current
+            .split_whitespace()
+            .map(|w| w.trim_start_matches('+'))
+            .collect();
+        let missing: Vec<String> = wanted
+            .iter()
+            .filter(|c| !enabled.contains(c))
+            .map(|c| format!("+{c}"))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        write_file(&path, &missing.join(" "))
+    }
+
+    /// `mkdir -p mount/airlock/<owner>` (enabling `enable` at each level), then
+    /// `mkdir mount/airlock/<owner>/<id>`. Returns (owner dir, sandbox dir).
+    fn make_dirs(
+        &self,
+        mount: &Path,
+        enable: &[&str],
+        id: &str,
+    ) -> Result<(PathBuf, PathBuf), CgroupError> {
+        let mkdir_p = |path: &Path| match self.fs.mkdir(path, mount) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(CgroupError::Mkdir {
+                path: path.to_owned(),
+                source: e,
+            }),
+            _ if enable.is_empty() => Ok(()),
+            _ => self.enable_controllers(path, enable),
+        };
+        let airlock = mount.join(AIRLOCK_DIR);
+        let owner = airlock.join(&self.owner);
+        let leaf = owner.join(id);
+        mkdir_p(&airlock)?;
+        mkdir_p(&owner)?;
+        self.fs
+            .mkdir(&leaf, mount)
+            .map_err(|source| CgroupError::Mkdir {
+                path: leaf.clone(),
+                source,
+            })?;
+        Ok((owner, leaf))
+    }
+
+    /// Creates the sandbox's cgroup in every hierarchy used and applies `limits`.
+    ///
+    /// Fails, leaving nothing behind, when a controller needed for the limits is missing:
+    /// a sandbox never runs with weaker isolation than asked.
+    pub fn create(&self, sandbox_id: &str, limits: &CgroupLimits) -> Result<Cgroup, CgroupError> {
+        validate_id(sandbox_id)?;
+        validate_limits(limits)?;
+        self.check_controllers()?;
+        let mut cgroup = Cgroup::new(self.fs, self.v2, sandbox_id);
+        for slot in self.plan() {
+            let enable: &[&str] = if self.v2 && slot.cgroup2 {
+                &V2_CONTROLLERS
+            } else {
+                &[]
+            };
+            if !enable.is_empty() {
+                // The root's subtree_control decides what `airlock` may enable. On a
+                // container's namespace root with processes in it, this write fails with
+                // EBUSY (no internal processes): the error names the file.
+                self.enable_controllers(&slot.mount, enable)?;
+            }
+            // A concurrent destroy of this owner's last sandbox may remove the owner
+            // directory between our steps (it rmdirs it when empty): retry once.
+            let (owner_dir, dir) = match self.make_dirs(&slot.mount, enable, sandbox_id) {
+                Err(e) if e.is_not_found() => self.make_dirs(&slot.mount, enable, sandbox_id)?,
+                other => other?,
+            };
+            cgroup.owner_dirs.push(owner_dir);
+            cgroup.dirs.push(SandboxDir {
+                path: dir,
+                controllers: slot.controllers,
+                cgroup2: slot.cgroup2,
+            });
+        }
+        cgroup.write_limits(limits)?;
+        if let Some(dir) = cgroup.cgroup2_dir() {
+            let file = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+                .open(dir)
+                .map_err(|source| CgroupError::OpenDir {
+                    path: dir.to_owned(),
+                    source,
+                })?;
+            cgroup.clone_fd = Some(OwnedFd::from(file));
+        }
+        Ok(cgroup)
+    }
+
+    /// Every `(owner, sandbox id)` directory present, across the hierarchies used.
+    fn sandboxes(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let subdirs = |path: &Path| -> Vec<String> {
+            fs::read_dir(path)
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut found: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for slot in self.plan() {
+            let base = slot.mount.join(AIRLOCK_DIR);
+            for owner in subdirs(&base) {
+                let ids = subdirs(&base.join(&owner));
+                found.entry(owner).or_default().extend(ids);
+            }
+        }
+        found
+    }
+
+    /// Removes the cgroups left by airlock processes that are gone (no `/proc/<pid>`, or a
+    /// different start time); returns how many sandboxes were purged. Live owners,
+    /// including this process, are left alone, and so are names that are not ours.
+    pub fn purge_stale(&self) -> usize {
+        let plan = self.plan();
+        let mut purged = 0;
+        for (owner, ids) in self.sandboxes() {
+            if owner == self.owner {
+                continue;
+            }
+            let Some((pid, start)) = parse_owner(&owner) else {
+                continue;
+            };
+            if owner_alive(pid, start) {
+                continue;
+            }
+            for id in &ids {
+                if self.existing(&plan, &owner, id).teardown().is_ok() {
+                    purged += 1;
+                }
+            }
+            for slot in &plan {
+                self.fs
+                    .rmdir_if_childless(&slot.mount.join(AIRLOCK_DIR).join(&owner));
+            }
+        }
+        purged
+    }
+
+    /// Number of airlock sandbox cgroups present, of any owner (a sandbox counts once
+    /// however many hierarchies it has a directory in).
+    pub fn count_sandboxes(&self) -> usize {
+        self.sandboxes().values().map(BTreeSet::len).sum()
+    }
+
+    /// Number of sandbox cgroups present that belong to this process.
+    pub fn count_own_sandboxes(&self) -> usize {
+        self.sandboxes().get(&self.owner).map_or(0, BTreeSet::len)
+    }
+
+    /// A handle on the existing directories of another owner's sandbox, for purging.
+    fn existing(&self, plan: &[Slot], owner: &str, id: &str) -> Cgroup {
+        let mut cgroup = Cgroup::new(self.fs, self.v2, id);
+        for slot in plan {
+            let owner_dir = slot.mount.join(AIRLOCK_DIR).join(owner);
+            let path = owner_dir.join(id);
+            if path.is_dir() {
+                cgroup.owner_dirs.push(owner_dir);
+                cgroup.dirs.push(SandboxDir {
+                    path,
+                    controllers: slot.controllers.clone(),
+                    cgroup2: slot.cgroup2,
+                });
+            }
+        }
+        cgroup
+    }
+}
+
+/// One directory of a sandbox's cgroup.
+#[derive(Debug)]
+struct SandboxDir {
+    path: PathBuf,
+    /// Controllers of ours this hierarchy serves.
+    controllers: Vec<&'static str>,
+    /// True in the cgroup2 hierarchy.
+    cgroup2: bool,
+}
+
+/// How `kill` empties the cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KillMethod {
+    /// Write `1` to this `cgroup.kill` (Linux >= 5.14): atomic, race-free.
+    CgroupKill(PathBuf),
+    /// v1 freezer at this directory: freeze, SIGKILL every pid, thaw.
+    Freezer(PathBuf),
+    /// SIGKILL every listed pid until no new pid shows up.
+    Loop,
+}
+
+/// One sandbox's cgroup: a directory in every hierarchy used.
+///
+/// Owns its directories (and the cgroup2 directory fd): [`Cgroup::destroy`] kills what
+/// runs in it and removes them; dropping it does the same, best effort.
+#[derive(Debug)]
+pub struct Cgroup {
+    /// Real or fake cgroupfs.
+    fs: Fs,
+    /// v2 interface files (memory.max...) or v1 ones (memory.limit_in_bytes...).
+    v2: bool,
+    /// The sandbox id, last component of every directory.
+    id: String,
+    /// Owned: the sandbox directories, in attach order (memory first on v1).
+    dirs: Vec<SandboxDir>,
+    /// The `airlock/<owner>` parents of `dirs`: removed once they hold no sandbox.
+    owner_dirs: Vec<PathBuf>,
+    /// Owned: `O_DIRECTORY|O_CLOEXEC` fd of the cgroup2 directory, for clone3.
+    clone_fd: Option<OwnedFd>,
+}
+
+impl Cgroup {
+    fn new(fs: Fs, v2: bool, id: &str) -> Self {
+        Cgroup {
+            fs,
+            v2,
+            id: id.to_owned(),
+            dirs: Vec::new(),
+            owner_dirs: Vec::new(),
+            clone_fd: None,
+        }
+    }
+
+    /// The sandbox id this cgroup was created for.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Every directory of this cgroup (one per hierarchy), in attach order.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.dirs.iter().map(|d| d.path.as_path())
+    }
+
+    /// The directory serving `controller`.
+    fn dir_with(&self, controller: &str) -> Option<&Path> {
+        self.dirs
+            .iter()
+            .find(|d| d.controllers.contains(&controller))
+            .map(|d| d.path.as_path())
+    }
+
+    /// The cgroup2 directory (v2, or the unified one on a hybrid host).
+    fn cgroup2_dir(&self) -> Option<&Path> {
+        self.dirs
+            .iter()
+            .find(|d| d.cgroup2)
+            .map(|d| d.path.as_path())
+    }
+
+    fn need(&self, controller: &'static str) -> Result<&Path, CgroupError> {
+        self.dir_with(controller)
+            .ok_or_else(|| CgroupError::MissingController {
+                controller,
+                detail: format!("sandbox {} has no directory for it", self.id),
+            })
+    }
+
+    /// Writes the limits; order matters where the kernel checks one value against another.
+    fn write_limits(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
+        let memory = limits.memory_bytes.to_string();
+        let pids = limits.pids.to_string();
+        let quota = cpu_quota_us(limits.cpus);
+        if self.v2 {
+            let dir = self.need("memory")?;
+            write_file(&dir.join("memory.max"), &memory)?;
+            // Absent without swap accounting; then there is no swap to cap.
+            let swap = dir.join("memory.swap.max");
+            if swap.exists() {
+                write_file(&swap, "0")?;
+            }
+            write_file(&self.need("pids")?.join("pids.max"), &pids)?;
+            write_file(
+                &self.need("cpu")?.join("cpu.max"),
+                &format!("{quota} {CPU_PERIOD_US}"),
+            )?;
+            return Ok(());
+        }
+        let dir = self.need("memory")?;
+        // memsw (memory+swap) must stay >= the memory limit: set the memory limit first.
+        write_file(&dir.join("memory.limit_in_bytes"), &memory)?;
+        let memsw = dir.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            write_file(&memsw, &memory)?;
+        }
+        // Best effort: without memsw accounting this at least keeps pages out of swap;
+        // not writable on some kernels (e.g. under a parent with use_hierarchy quirks).
+        let _ = write_file(&dir.join("memory.swappiness"), "0");
+        write_file(&self.need("pids")?.join("pids.max"), &pids)?;
+        let cpu = self.need("cpu")?;
+        write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+        write_file(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())
+    }
+
+    /// `O_DIRECTORY|O_CLOEXEC` fd of the cgroup2 directory (v2, or the unified one on a
+    /// hybrid host), for `clone3` with `CLONE_INTO_CGROUP`; `None` without cgroup2.
+    pub fn clone_into_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.clone_fd.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Moves process `pid` into every directory of this cgroup it is not yet in: every
+    /// v1 controller directory, plus the cgroup2 one unless `already_in_cgroup2` (the
+    /// process was created there by `CLONE_INTO_CGROUP`).
+    pub fn attach(&self, pid: i32, already_in_cgroup2: bool) -> Result<(), CgroupError> {
+        for dir in &self.dirs {
+            if dir.cgroup2 && already_in_cgroup2 {
+                continue;
+            }
+            let procs = dir.path.join("cgroup.procs");
+            write_file(&procs, &pid.to_string()).map_err(|e| match e {
+                CgroupError::Write { source, .. } => CgroupError::Attach {
+                    pid,
+                    path: procs.clone(),
+                    source,
+                },
+                other => other,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Current usage; a counter the kernel does not provide reads as 0.
+    pub fn usage(&self) -> Usage {
+        let mut usage = Usage::default();
+        let cgroup2_cpu = |dir: &Path| read_u64(&dir.join("cpu.stat"), Some("usage_usec"));
+        if self.v2 {
+            if let Some(dir) = self.dir_with("memory") {
+                usage.memory_peak_bytes = read_u64(&dir.join("memory.peak"), None)
+                    .or_else(|| read_u64(&dir.join("memory.current"), None))
+                    .unwrap_or(0);
+                usage.oom_kills = read_u64(&dir.join("memory.events"), Some("oom_kill"))
+                    .unwrap_or(0);
+            }
+            usage.cpu_ns = self
+                .dir_with("cpu")
+                .and_then(cgroup2_cpu)
+                .map_or(0, |us| us.saturating_mul(1000));
+            return usage;
+        }
+        if let Some(dir) = self.dir_with("memory") {
+            usage.memory_peak_bytes =
+                read_u64(&dir.join("memory.max_usage_in_bytes"), None).unwrap_or(0);
+            usage.oom_kills =
+                read_u64(&dir.join("memory.oom_control"), Some("oom_kill")).unwrap_or(0);
+        }
+        // cpuacct counts in ns; without it, cgroup2's cpu.stat works even controller-less.
+        usage.cpu_ns = self
+            .dir_with("cpuacct")
+            .and_then(|dir| read_u64(&dir.join("cpuacct.usage"), None))
+            .or_else(|| {
+                self.cgroup2_dir()
+                    .and_then(cgroup2_cpu)
+                    .map(|us| us.saturating_mul(1000))
+            })
+            .unwrap_or(0);
+        usage
+    }
+
+    /// The best kill method this cgroup offers.
+    fn kill_method(&self) -> KillMethod {
+        if let Some(kill) = self.cgroup2_dir().map(|d| d.join("cgroup.kill"))
+            && kill.exists()
+        {
+            return KillMethod::CgroupKill(kill);
+        }
+        match self.dir_with("freezer") {
+            Some(dir) if dir.join("freezer.state").exists() => KillMethod::Freezer(dir.to_owned()),
+            _ => KillMethod::Loop,
+        }
+    }
+
+    /// Sends SIGKILL to every process of the sandbox: through `cgroup.kill` where present;
+    /// else freeze (v1 freezer), SIGKILL every pid, thaw; else SIGKILL every listed pid
+    /// until no new one appears. Does not wait for them to exit ([`Cgroup::destroy`] does).
+    pub fn kill(&self) -> Result<(), CgroupError> {
+        self.kill_with(self.kill_method())
+    }
+
+    fn kill_with(&self, method: KillMethod) -> Result<(), CgroupError> {
+        match method {
+            KillMethod::CgroupKill(file) => write_file(&file, "1"),
+            KillMethod::Freezer(dir) => {
+                let state = dir.join("freezer.state");
+                write_file(&state, "FROZEN")?;
+                // Once FROZEN, no task forks or exits, so the pid list is complete and no
+                // listed pid can be recycled before our signal lands.
+                let deadline = Instant::now() + FREEZE_WAIT;
+                while read_file(&state)?.trim() != "FROZEN" && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                let signalled = self.signal_members(&HashSet::new());
+                // Frozen tasks act on SIGKILL once thawed; thaw even if signalling failed.
+                let thawed = write_file(&state, "THAWED");
+                signalled.and(thawed)
+            }
+            KillMethod::Loop => {
+                let deadline = Instant::now() + KILL_LOOP_WAIT;
+                let mut seen = HashSet::new();
+                loop {
+                    let fresh = self.signal_members(&seen)?;
+                    if fresh.is_empty() || Instant::now() >= deadline {
+                        return Ok(());
+                    }
+                    seen.extend(fresh);
+                }
+            }
+        }
+    }
+
+    /// Every pid listed in any directory of this cgroup.
+    fn members(&self) -> Result<BTreeSet<i32>, CgroupError> {
+        let mut pids = BTreeSet::new();
+        for dir in &self.dirs {
+            pids.extend(read_pids(&dir.path.join("cgroup.procs"))?);
+        }
+        Ok(pids)
+    }
+
+    /// SIGKILLs every member not in `skip`; returns the pids signalled.
+    ///
+    /// A pid read from `cgroup.procs` may exit and be recycled by an unrelated process
+    /// before we signal it, so each is first pinned with a pidfd, then the list is read
+    /// again: a pid still listed after its pidfd was opened is the member itself. Without
+    /// pidfd (Linux < 5.3) plain `kill` after the re-read leaves a tiny window.
+    fn signal_members(&self, skip: &HashSet<i32>) -> Result<Vec<i32>, CgroupError> {
+        if self.fs == Fs::Fake {
+            return Ok(Vec::new());
+        }
+        let me = i32::try_from(std::process::id()).unwrap_or(0);
+        let listed = self.members()?;
+        let mut pinned = Vec::new();
+        for &pid in listed.iter().filter(|p| **p > 0 && **p != me && !skip.contains(p)) {
+            match sys::pidfd_open(pid) {
+                Ok(fd) => pinned.push((pid, Some(fd))),
+                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => pinned.push((pid, None)),
+                // Already gone.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(source) => return Err(self.signal_error(pid, source)),
+            }
+        }
+        if pinned.is_empty() {
+            return Ok(Vec::new());
+        }
+        let still = self.members()?;
+        let mut signalled = Vec::new();
+        for (pid, fd) in pinned {
+            if !still.contains(&pid) {
+                continue;
+            }
+            let sent = match &fd {
+                Some(fd) => sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL),
+                None => nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .map_err(io::Error::from),
+            };
+            match sent {
+                Ok(()) => signalled.push(pid),
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(source) => return Err(self.signal_error(pid, source)),
+            }
+        }
+        Ok(signalled)
+    }
+
+    fn signal_error(&self, pid: i32, source: io::Error) -> CgroupError {
+        let path = self
+            .dirs
+            .first()
+            .map(|d| d.path.clone())
+            .unwrap_or_default();
+        CgroupError::Signal { pid, path, source }
+    }
+
+    /// Waits (bounded by [`DESTROY_WAIT`]) until no process is left, sweeping leftovers
+    /// with SIGKILL now and then: a process only in v1 directories, or one forked while
+    /// `kill` ran.
+    fn wait_empty(&self, deadline: Instant) -> Result<(), CgroupError> {
+        if self.fs == Fs::Fake {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut nap = Duration::from_millis(1);
+        let mut next_sweep = start + Duration::from_millis(100);
+        loop {
+            let left = self.members()?;
+            if left.is_empty() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let path = self
+                    .dirs
+                    .iter()
+                    .find(|d| read_pids(&d.path.join("cgroup.procs")).is_ok_and(|p| !p.is_empty()))
+                    .or(self.dirs.first())
+                    .map(|d| d.path.clone())
+                    .unwrap_or_default();
+                return Err(CgroupError::StillPopulated {
+                    path,
+                    pids: left.into_iter().collect(),
+                    waited: now - start,
+                });
+            }
+            if now >= next_sweep {
+                let _ = self.signal_members(&HashSet::new());
+                next_sweep = now + Duration::from_millis(100);
+            }
+            thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    /// Kill, wait, rmdir every directory and the owner parents; returns the first error
+    /// but always tries every step. Idempotent: a second call finds nothing to do.
+    fn teardown(&mut self) -> Result<(), CgroupError> {
+        if self.dirs.is_empty() && self.owner_dirs.is_empty() {
+            return Ok(());
+        }
+        self.clone_fd = None;
+        let deadline = Instant::now() + DESTROY_WAIT;
+        let mut first_err = self.kill().err();
+        if let Err(e) = self.wait_empty(deadline) {
+            first_err.get_or_insert(e);
+        }
+        for dir in std::mem::take(&mut self.dirs) {
+            // rmdir can report EBUSY for a moment after the last task left.
+            let removed = loop {
+                match self.fs.rmdir_tree(&dir.path) {
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+                    {
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                    other => break other,
+                }
+            };
+            if let Err(source) = removed {
+                first_err.get_or_insert(CgroupError::Rmdir {
+                    path: dir.path,
+                    source,
+                });
+            }
+        }
+        for owner_dir in std::mem::take(&mut self.owner_dirs) {
+            self.fs.rmdir_if_childless(&owner_dir);
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Kills every process, waits (about 2 s at most) until none is left, and removes
+    /// every directory, then the per-owner parent if no other sandbox uses it.
+    pub fn destroy(mut self) -> Result<(), CgroupError> {
+        self.teardown()
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = self.teardown();
+    }
+}

@@ -1,4 +1,116 @@
-//! The Linux isolation engine.
+//! The Linux isolation engine of airlock: one sandbox = fresh user, pid, mount, net, ipc,
+//! uts and cgroup namespaces + one cgroup + landlock + seccomp + a tmpfs root, torn down
+//! completely when the run ends.
+//!
+//! ```no_run
+//! use airlock_sandbox::{Capture, Engine};
+//! use airlock_spec::Spec;
+//!
+//! // First thing in main: a sandbox's init is this same binary, re-executed.
+//! airlock_sandbox::maybe_run_init();
+//! let engine = Engine::new()?;
+//! let spec = Spec::new(vec!["python3".into(), "-c".into(), "print(6*7)".into()]);
+//! let result = engine.run(&spec, &mut Capture, None)?;
+//! assert_eq!(result.stdout, "42\n");
+//! # Ok::<(), airlock_sandbox::SandboxError>(())
+//! ```
+//!
+//! The binary that embeds the engine must call [`maybe_run_init`] first thing in `main`.
 #![deny(missing_docs)]
+
 pub mod cgroup;
-pub mod seccomp;
+pub mod doctor;
+mod etc;
+mod init;
+pub mod landlock;
+mod mounts;
+mod payload;
+mod protocol;
+mod supervisor;
+pub mod sys;
+
+use airlock_spec::{ExecResult, Spec, SpecError};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub use init::{INIT_ARG, maybe_run_init};
+pub use supervisor::{Capture, HOST_UID_BASE, HOST_UID_SLOTS, OutputSink};
+
+/// Why a sandbox could not be run. Every variant means the program did not run (or was
+/// stopped before a result existed); a program that fails is an `ExecResult`, not this.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The request is invalid.
+    #[error("invalid request: {0}")]
+    Spec(#[from] SpecError),
+    /// The host cannot provide an isolation the run needs.
+    #[error("{0}")]
+    Host(String),
+    /// Creating or configuring the cgroup failed.
+    #[error("cgroup: {0}")]
+    Cgroup(#[from] cgroup::CgroupError),
+    /// Building the seccomp filter failed.
+    #[error("seccomp: {0}")]
+    Seccomp(#[from] airlock_seccomp::SeccompError),
+    /// Creating the sandbox's processes or pipes failed.
+    #[error("spawning the sandbox: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// Building the sandbox or starting the program failed (message from init).
+    #[error("{0}")]
+    Setup(String),
+    /// The caller cancelled the run (the sandbox was killed and purged).
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// What is needed to run sandboxes on this host, detected and built once.
+#[derive(Debug)]
+pub struct Engine {
+    /// The host's cgroup layout.
+    cgroups: cgroup::CgroupHost,
+    /// The compiled seccomp filter, as the bytes sent to every init.
+    seccomp: Vec<u8>,
+    /// Counter that spreads sandboxes over host uid slots.
+    slot: AtomicU32,
+}
+
+impl Engine {
+    /// Checks the host, builds the seccomp filter, and purges cgroups that crashed
+    /// airlock processes left behind.
+    pub fn new() -> Result<Engine, SandboxError> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(SandboxError::Host(
+                "airlock must run as root to enforce memory, CPU and process limits with cgroups (try sudo)".into(),
+            ));
+        }
+        if crate::landlock::kernel_abi() < 1 {
+            return Err(SandboxError::Host(crate::landlock::LandlockError::NotEnforced.to_string()));
+        }
+        let cgroups = cgroup::CgroupHost::detect()?;
+        cgroups.purge_stale();
+        let program = airlock_seccomp::build()?;
+        Ok(Engine { cgroups, seccomp: airlock_seccomp::to_bytes(&program), slot: AtomicU32::new(0) })
+    }
+
+    /// Runs `spec` in a fresh sandbox and returns its result. Output within the limit is
+    /// also passed to `sink` as it arrives. When `cancel` becomes readable, the sandbox
+    /// is killed and purged and [`SandboxError::Cancelled`] is returned.
+    pub fn run(
+        &self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: Option<BorrowedFd<'_>>,
+    ) -> Result<ExecResult, SandboxError> {
+        supervisor::run(self, spec, sink, cancel)
+    }
+
+    /// The host's cgroup layout.
+    pub fn cgroups(&self) -> &cgroup::CgroupHost {
+        &self.cgroups
+    }
+
+    fn next_slot(&self) -> u32 {
+        self.slot.fetch_add(1, Ordering::Relaxed)
+    }
+}

@@ -1,1 +1,55 @@
-fn main() {}
+//! The `airlock` command: `run` a program in a fresh sandbox, check the host with
+//! `doctor`. The same binary is the sandbox's init (see `airlock_sandbox::maybe_run_init`).
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Run untrusted code in an ephemeral, isolated sandbox.
+#[derive(Debug, Parser)]
+#[command(name = "airlock", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run COMMAND in a fresh sandbox and purge it afterwards.
+    Run(cmd::run::RunArgs),
+    /// Report what this host provides and what airlock will use.
+    Doctor,
+}
+
+/// Exit status for bad flags and hosts that cannot provide a required isolation.
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    airlock_sandbox::maybe_run_init();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One clear line: clap's first line names the flag and what is allowed.
+            let text = e.to_string();
+            let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            eprintln!("airlock: {}", line.trim_start_matches("error: "));
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let result = match cli.command {
+        Command::Run(args) => cmd::run::run(args),
+        Command::Doctor => cmd::doctor::run(),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("airlock: {e:#}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}

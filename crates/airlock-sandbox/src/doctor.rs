@@ -1,0 +1,113 @@
+//! `airlock doctor`: what this host provides and what airlock will use, one check each.
+//! Every probe tries the feature rather than trusting a file's presence.
+
+use std::path::Path;
+
+use crate::cgroup::CgroupHost;
+
+/// One line of the report.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// What was checked.
+    pub name: &'static str,
+    /// Whether it is present and usable.
+    pub ok: bool,
+    /// Whether airlock refuses to run without it.
+    pub required: bool,
+    /// What was found.
+    pub detail: String,
+    /// How to fix it when missing.
+    pub fix: &'static str,
+}
+
+fn check(name: &'static str, required: bool, ok: bool, detail: String, fix: &'static str) -> Check {
+    Check { name, ok, required, detail, fix }
+}
+
+/// Probes the host.
+pub fn run() -> Vec<Check> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut checks = vec![check(
+        "root",
+        true,
+        root,
+        if root { "running as root".into() } else { "not root".into() },
+        "run airlock as root (cgroup limits need it)",
+    )];
+
+    let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    checks.push(check(
+        "user namespaces",
+        true,
+        userns > 0,
+        format!("max_user_namespaces = {userns}"),
+        "sysctl -w user.max_user_namespaces=15000",
+    ));
+
+    match CgroupHost::detect() {
+        Ok(host) => {
+            checks.push(check("cgroups", true, true, host.describe(), ""));
+            checks.push(check(
+                "cgroup.kill",
+                false,
+                host.has_kill(),
+                if host.has_kill() { "present".into() } else { "absent: freezer + SIGKILL fallback".into() },
+                "Linux >= 5.14 with a cgroup2 mount",
+            ));
+        }
+        Err(e) => checks.push(check("cgroups", true, false, e.to_string(), "mount cgroup2 at /sys/fs/cgroup, or the v1 memory, pids and cpu controllers")),
+    }
+
+    let seccomp = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| s.contains("Seccomp_filters:") || s.contains("Seccomp:"));
+    checks.push(check(
+        "seccomp",
+        true,
+        seccomp,
+        if seccomp { "seccomp filters supported".into() } else { "no seccomp in this kernel".into() },
+        "a kernel built with CONFIG_SECCOMP_FILTER",
+    ));
+
+    let abi = crate::landlock::kernel_abi();
+    let extras = match abi {
+        0 => "off",
+        1..=3 => "filesystem rules",
+        4 | 5 => "filesystem + TCP rules",
+        _ => "filesystem + TCP rules + signal/abstract-socket scoping",
+    };
+    checks.push(check("landlock", true, abi >= 1, format!("ABI {abi}: {extras}"), "Linux >= 5.13 with landlock in the lsm= boot parameter"));
+
+    // clone3 with a zero size fails with EINVAL where it exists and ENOSYS where not.
+    // SAFETY: a null pointer with size 0 is rejected by the kernel before any access.
+    let clone3 = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
+    let has_clone3 = clone3 == -1 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS);
+    checks.push(check(
+        "clone3 + CLONE_INTO_CGROUP",
+        false,
+        has_clone3,
+        if has_clone3 { "present".into() } else { "absent: clone(2) + cgroup.procs fallback".into() },
+        "Linux >= 5.7",
+    ));
+
+    // SAFETY: pidfd_open on our own pid; the returned fd is closed at once.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+    if pidfd >= 0 {
+        // SAFETY: pidfd is a fresh fd we own.
+        unsafe { libc::close(pidfd as i32) };
+    }
+    checks.push(check("pidfd", true, pidfd >= 0, if pidfd >= 0 { "present".into() } else { "absent".into() }, "Linux >= 5.3"));
+
+    let kvm = Path::new("/dev/kvm");
+    let kvm_ok = std::fs::OpenOptions::new().read(true).write(true).open(kvm).is_ok();
+    checks.push(check(
+        "/dev/kvm",
+        false,
+        kvm_ok,
+        if kvm_ok { "openable (used by the micro-VM backend, not by namespaces)".into() } else { "absent or not openable".into() },
+        "load kvm_intel or kvm_amd",
+    ));
+    checks
+}

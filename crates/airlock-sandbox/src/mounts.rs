@@ -1,0 +1,331 @@
+//! Builds the sandbox's filesystem inside its new mount namespace. Runs in init, as root
+//! of the sandbox's user namespace, before the program exists.
+//!
+//! The order matters and is fixed:
+//! 1. make every mount private, so nothing propagates back to the host;
+//! 2. mount a small tmpfs as the future root and `pivot_root` into it, keeping the host's
+//!    root reachable at `/oldroot` (so paths under the host's /tmp stay reachable);
+//! 3. bind the system directories read-only, nosuid, nodev; synthesize /etc;
+//! 4. one size- and inode-capped tmpfs provides /tmp, /workspace and /dev/shm;
+//! 5. a minimal /dev, then a fresh /proc with dangerous paths masked (proc must be mounted
+//!    while the host's /proc is still visible: the kernel requires it in a user namespace);
+//! 6. detach the host's root, make / read-only, and enter /workspace.
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::stat::Mode;
+use nix::sys::statvfs::{FsFlags, statvfs};
+use nix::unistd::{Gid, Uid, chown, mkdir};
+use std::fs;
+use std::io;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use crate::etc;
+
+/// uid and gid of the sandbox user inside the user namespace.
+pub const SANDBOX_ID: u32 = 1000;
+
+/// Where the host's root stays until it is detached.
+const OLD: &str = "/oldroot";
+/// Where the scratch tmpfs is mounted before its parts are bound into place.
+const SCRATCH: &str = "/.scratch";
+
+/// System directories taken from the host (or the rootfs): real directories are bound
+/// read-only, symlinks (merged-/usr hosts) are recreated as symlinks.
+const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Device nodes bound from the host's /dev. No tty, no pts: the program gets no terminal.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+
+/// /proc files replaced by an empty, unreadable view (/dev/null bound over them):
+/// kernel memory, keys, timers and triggers a sandbox has no business reading or poking.
+const PROC_MASKED_FILES: &[&str] = &[
+    "kcore",
+    "keys",
+    "key-users",
+    "timer_list",
+    "sched_debug",
+    "sysrq-trigger",
+    "kallsyms",
+    "kmsg",
+    "latency_stats",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "vmallocinfo",
+    "iomem",
+    "ioports",
+    "slabinfo",
+    "modules",
+    "config.gz",
+];
+
+/// /proc directories made read-only: kernel tunables and hardware.
+const PROC_READONLY_DIRS: &[&str] = &["sys", "irq", "bus", "fs", "asound", "acpi", "scsi", "driver", "tty"];
+
+/// Why building the filesystem failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// A mount-related syscall failed.
+    #[error("{op} {target}: {source}")]
+    Syscall {
+        /// What was being done.
+        op: &'static str,
+        /// The path it was done to.
+        target: String,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+    /// A file of the spec did not fit.
+    #[error("writing /workspace/{path}: {source} (does it fit in --disk?)")]
+    WriteFile {
+        /// The file's path relative to /workspace.
+        path: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn sys<T>(op: &'static str, target: impl AsRef<Path>, r: nix::Result<T>) -> Result<T, MountError> {
+    r.map_err(|e| MountError::Syscall {
+        op,
+        target: target.as_ref().display().to_string(),
+        source: io::Error::from(e),
+    })
+}
+
+fn io_op<T>(op: &'static str, target: impl AsRef<Path>, r: io::Result<T>) -> Result<T, MountError> {
+    r.map_err(|source| MountError::Syscall { op, target: target.as_ref().display().to_string(), source })
+}
+
+/// What the filesystem is built from.
+#[derive(Debug)]
+pub struct Layout<'a> {
+    /// Host directory holding the system directories (`/` for the host's own).
+    pub rootfs: Option<&'a Path>,
+    /// Size of the writable tmpfs behind /tmp, /workspace and /dev/shm.
+    pub disk_bytes: u64,
+}
+
+/// Builds the whole filesystem and leaves the process in /workspace.
+pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
+    // 1. Nothing we mount may propagate to the host, and nothing of the host's later
+    //    mounts may appear here.
+    sys("make private", "/", mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>))?;
+
+    // 2. The new root: a small tmpfs on /tmp of *this* mount namespace (the host never
+    //    sees it). After pivot_root the host's root hangs at /oldroot.
+    sys(
+        "mount root tmpfs",
+        "/tmp",
+        mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=4m,nr_inodes=4096")),
+    )?;
+    mkdir_p(Path::new("/tmp/oldroot"), 0o755)?;
+    sys("pivot_root", "/tmp", nix::unistd::pivot_root("/tmp", "/tmp/oldroot"))?;
+    sys("chdir", "/", nix::unistd::chdir("/"))?;
+
+    let source_root = match layout.rootfs {
+        Some(dir) => Path::new(OLD).join(dir.strip_prefix("/").unwrap_or(dir)),
+        None => PathBuf::from(OLD),
+    };
+
+    // 3. System directories, read-only.
+    for name in SYSTEM_DIRS {
+        let src = source_root.join(name);
+        let dst = Path::new("/").join(name);
+        match fs::symlink_metadata(&src) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = io_op("readlink", &src, fs::read_link(&src))?;
+                io_op("symlink", &dst, symlink(target, &dst))?;
+            }
+            Ok(meta) if meta.is_dir() => bind_dir_readonly(&src, &dst)?,
+            _ => {}
+        }
+    }
+    etc::build(&source_root)?;
+
+    // 4. One tmpfs, capped in bytes and inodes, shared by /tmp, /workspace and /dev/shm:
+    //    --disk is one budget for all writable space. Its pages are charged to the
+    //    sandbox's memory cgroup too.
+    let inodes = (layout.disk_bytes / 4096).max(4096);
+    mkdir_p(Path::new(SCRATCH), 0o755)?;
+    let opts = format!("mode=0755,size={},nr_inodes={inodes}", layout.disk_bytes);
+    sys(
+        "mount scratch tmpfs",
+        SCRATCH,
+        mount(Some("tmpfs"), SCRATCH, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_str())),
+    )?;
+    for (part, mode, owner) in [("tmp", 0o1777, 0), ("workspace", 0o755, SANDBOX_ID), ("shm", 0o1777, 0)] {
+        let dir = Path::new(SCRATCH).join(part);
+        mkdir_p(&dir, mode)?;
+        sys("chown", &dir, chown(&dir, Some(Uid::from_raw(owner)), Some(Gid::from_raw(owner))))?;
+    }
+    for (part, dst) in [("tmp", "/tmp"), ("workspace", "/workspace")] {
+        mkdir_p(Path::new(dst), 0o755)?;
+        bind(&Path::new(SCRATCH).join(part), Path::new(dst))?;
+    }
+
+    // 5. /dev: a read-only tmpfs holding bound device nodes and a few links.
+    build_dev()?;
+    build_proc()?;
+
+    // 6. Let go of the host: the old root and the scratch mount point disappear.
+    sys("detach old root", OLD, umount2(OLD, MntFlags::MNT_DETACH))?;
+    sys("detach scratch", SCRATCH, umount2(SCRATCH, MntFlags::MNT_DETACH))?;
+    io_op("rmdir", OLD, fs::remove_dir(OLD))?;
+    io_op("rmdir", SCRATCH, fs::remove_dir(SCRATCH))?;
+    sys("chdir", "/workspace", nix::unistd::chdir("/workspace"))?;
+    Ok(())
+}
+
+/// Makes the root tmpfs read-only. Called after init has written the spec's files.
+pub fn seal_root() -> Result<(), MountError> {
+    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    sys("remount read-only", "/", mount(None::<&str>, "/", None::<&str>, flags, None::<&str>))
+}
+
+fn build_dev() -> Result<(), MountError> {
+    mkdir_p(Path::new("/dev"), 0o755)?;
+    sys(
+        "mount /dev tmpfs",
+        "/dev",
+        mount(
+            Some("tmpfs"),
+            "/dev",
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("mode=0755,size=64k,nr_inodes=64"),
+        ),
+    )?;
+    for name in DEVICES {
+        let dst = Path::new("/dev").join(name);
+        io_op("create", &dst, fs::File::create(&dst))?;
+        let src = Path::new(OLD).join("dev").join(name);
+        sys("bind device", &dst, mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>))?;
+        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | locked_flags(&src);
+        sys("remount device", &dst, mount(None::<&str>, &dst, None::<&str>, flags, None::<&str>))?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("core", "/proc/kcore"),
+    ] {
+        let dst = Path::new("/dev").join(link);
+        io_op("symlink", &dst, symlink(target, &dst))?;
+    }
+    mkdir_p(Path::new("/dev/shm"), 0o1777)?;
+    bind(&Path::new(SCRATCH).join("shm"), Path::new("/dev/shm"))?;
+    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
+    sys("remount /dev read-only", "/dev", mount(None::<&str>, "/dev", None::<&str>, flags, Some("mode=0755")))?;
+    Ok(())
+}
+
+fn build_proc() -> Result<(), MountError> {
+    mkdir_p(Path::new("/proc"), 0o555)?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    sys("mount proc", "/proc", mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>))?;
+    for name in PROC_MASKED_FILES {
+        let path = Path::new("/proc").join(name);
+        if path.exists() {
+            sys("mask", &path, mount(Some("/dev/null"), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>))?;
+        }
+    }
+    for name in PROC_READONLY_DIRS {
+        let path = Path::new("/proc").join(name);
+        if path.is_dir() {
+            bind_dir_readonly(&path, &path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Bind-mounts `src` on `dst` (created if missing), read-write.
+fn bind(src: &Path, dst: &Path) -> Result<(), MountError> {
+    sys("bind", dst, mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>))
+}
+
+/// Bind-mounts directory `src` on `dst` read-only, nosuid, nodev. A remount in a user
+/// namespace must keep the flags the source mount has locked (noexec, atime modes...),
+/// so those are read from the source and kept.
+pub(crate) fn bind_dir_readonly(src: &Path, dst: &Path) -> Result<(), MountError> {
+    if !dst.exists() {
+        mkdir_p(dst, 0o755)?;
+    }
+    sys("bind", dst, mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>))?;
+    remount_readonly(src, dst)
+}
+
+/// Remounts the bind at `dst` read-only, nosuid, nodev, keeping `src`'s locked flags.
+pub(crate) fn remount_readonly(src: &Path, dst: &Path) -> Result<(), MountError> {
+    let flags = MsFlags::MS_REMOUNT
+        | MsFlags::MS_BIND
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV
+        | locked_flags(src);
+    sys("remount read-only", dst, mount(None::<&str>, dst, None::<&str>, flags, None::<&str>))
+}
+
+/// The flags of the mount holding `path` that a user namespace may not clear.
+fn locked_flags(path: &Path) -> MsFlags {
+    let Ok(st) = statvfs(path) else { return MsFlags::empty() };
+    let f = st.flags();
+    let mut out = MsFlags::empty();
+    for (have, keep) in [
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+    ] {
+        if f.contains(have) {
+            out |= keep;
+        }
+    }
+    out
+}
+
+/// `mkdir -p` with `mode` on the last component (umask does not apply).
+pub(crate) fn mkdir_p(path: &Path, mode: u32) -> Result<(), MountError> {
+    match mkdir(path, Mode::from_bits_truncate(mode)) {
+        Ok(()) => {}
+        Err(nix::errno::Errno::EEXIST) => return Ok(()),
+        Err(nix::errno::Errno::ENOENT) => {
+            if let Some(parent) = path.parent() {
+                mkdir_p(parent, 0o755)?;
+            }
+            sys("mkdir", path, mkdir(path, Mode::from_bits_truncate(mode)))?;
+        }
+        Err(e) => return sys("mkdir", path, Err(e)),
+    }
+    io_op("chmod", path, fs::set_permissions(path, fs::Permissions::from_mode(mode)))
+}
+
+/// Writes the spec's files into /workspace, owned by the sandbox user.
+pub fn write_files(files: &[(String, u32, u64)], data: &[Vec<u8>]) -> Result<(), MountError> {
+    let owner = (Some(Uid::from_raw(SANDBOX_ID)), Some(Gid::from_raw(SANDBOX_ID)));
+    for ((rel, mode, _), content) in files.iter().zip(data) {
+        let path = Path::new("/workspace").join(rel);
+        let wrap = |source| MountError::WriteFile { path: rel.clone(), source };
+        // Parent directories belong to the sandbox user too.
+        let mut dir = PathBuf::from("/workspace");
+        if let Some(parent) = Path::new(rel).parent() {
+            for part in parent.components() {
+                dir.push(part);
+                if !dir.is_dir() {
+                    fs::create_dir(&dir).map_err(wrap)?;
+                    chown(&dir, owner.0, owner.1).map_err(|e| wrap(e.into()))?;
+                }
+            }
+        }
+        fs::write(&path, content).map_err(wrap)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(*mode)).map_err(wrap)?;
+        chown(&path, owner.0, owner.1).map_err(|e| wrap(e.into()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! Thin wrappers over the raw syscalls that neither `nix` nor `std` expose in the form the
+//! engine needs. Each returns `io::Result`, turning errno into an error at once.
+//!
+//! Functions marked "async-signal-safe" may be called in the child between `clone` and
+//! `execve`: they do not allocate and take no locks.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+/// Turns a `-1`-on-error return value into `io::Result`. Async-signal-safe.
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+/// The kernel's `struct clone_args` (linux/sched.h), version 2 (with `cgroup`).
+#[repr(C)]
+#[derive(Debug, Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// What `clone_process` returns in the parent.
+#[derive(Debug)]
+pub struct Cloned {
+    /// The child's pid in our pid namespace.
+    pub pid: libc::pid_t,
+    /// A pidfd for the child.
+    pub pidfd: OwnedFd,
+    /// Whether the child was born in the cgroup given (CLONE_INTO_CGROUP worked).
+    pub in_cgroup: bool,
+}
+
+/// Forks like `fork(2)` but with namespace `flags`, a pidfd, and when `cgroup` is given,
+/// directly into that cgroup2 directory. Tries clone3 first and falls back to clone(2)
+/// on kernels without it (then the caller must move the child into its cgroup).
+///
+/// Returns `Ok(None)` in the child.
+///
+/// # Safety
+/// As with `fork`: in a multi-threaded caller, the child may only call async-signal-safe
+/// functions until it execs or exits.
+pub unsafe fn clone_process(flags: u64, cgroup: Option<RawFd>) -> io::Result<Option<Cloned>> {
+    let mut pidfd: libc::c_int = -1;
+    let mut args = CloneArgs {
+        flags: flags | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..CloneArgs::default()
+    };
+    if let Some(fd) = cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = fd as u64;
+    }
+    // SAFETY: `args` is a valid clone_args of the size passed; with stack 0 the child
+    // continues on a copy of this stack like fork(2). The caller upholds fork's rules.
+    let mut ret = unsafe {
+        libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, size_of::<CloneArgs>())
+    };
+    let mut in_cgroup = cgroup.is_some();
+    if ret == -1 {
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            // No clone3 (before 5.3), or no CLONE_INTO_CGROUP (before 5.7): plain clone.
+            Some(libc::ENOSYS) | Some(libc::E2BIG) | Some(libc::EINVAL) => {
+                in_cgroup = false;
+                let clone_flags = (flags | libc::CLONE_PIDFD as u64) as libc::c_ulong
+                    | libc::SIGCHLD as libc::c_ulong;
+                // SAFETY: clone(2) with a null stack behaves like fork; on x86_64 the
+                // argument order is (flags, stack, parent_tid, child_tid, tls) and
+                // CLONE_PIDFD stores the pidfd through parent_tid, which points at a
+                // live c_int.
+                ret = unsafe {
+                    libc::syscall(
+                        libc::SYS_clone,
+                        clone_flags,
+                        0usize,
+                        &mut pidfd as *mut libc::c_int,
+                        0usize,
+                        0usize,
+                    )
+                };
+                check(ret)?;
+            }
+            _ => return Err(err),
+        }
+    }
+    if ret == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the kernel stored a fresh pidfd that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok(Some(Cloned { pid: ret as libc::pid_t, pidfd, in_cgroup }))
+}
+
+/// `CLONE_INTO_CGROUP` (linux/sched.h); libc does not export it for every target.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Sends `sig` to the process behind `pidfd`: no pid-reuse race.
+pub fn pidfd_send_signal(pidfd: RawFd, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd; null siginfo means "as kill(2) would send".
+    check(unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd, sig, std::ptr::null::<u8>(), 0)
+    })
+    .map(drop)
+}
+
+/// Marks every fd from `first` up close-on-exec (`CLOSE_RANGE_CLOEXEC`), so nothing the
+/// process happened to hold crosses execve. Async-signal-safe.
+pub fn cloexec_from(first: libc::c_uint) -> io::Result<()> {
+    // SAFETY: plain syscall with integer arguments.
+    check(unsafe {
+        libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC)
+    })
+    .map(drop)
+}
+
+/// Closes every fd from `first` up. Async-signal-safe.
+pub fn close_from(first: libc::c_uint) -> io::Result<()> {
+    // SAFETY: plain syscall with integer arguments; the caller owns no Rust handles to
+    // the fds closed (it runs in a fresh child or deliberately drops inheritance).
+    check(unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) }).map(drop)
+}
+
+/// `pivot_root(new_root, put_old)`.
+pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
+    // SAFETY: both pointers are valid NUL-terminated strings for the call's duration.
+    check(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })
+        .map(drop)
+}
+
+/// Capability sets (`struct __user_cap_data_struct`, version 3 has two of them).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Clears the effective, permitted and inheritable capability sets of this thread.
+pub fn clear_capabilities() -> io::Result<()> {
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: libc::c_int,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let data = [CapData::default(); 2];
+    // SAFETY: header and data are the v3 layout the kernel reads; pid 0 is this thread.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })
+        .map(drop)
+}
+
+/// The effective capability mask of this thread (for self-checks and tests).
+pub fn effective_capabilities() -> io::Result<u64> {
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: libc::c_int,
+    }
+    let header = CapHeader { version: 0x2008_0522, pid: 0 };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: as above; the kernel writes two CapData into `data`.
+    check(unsafe {
+        libc::syscall(libc::SYS_capget, &header as *const CapHeader, data.as_mut_ptr())
+    })?;
+    Ok(u64::from(data[0].effective) | (u64::from(data[1].effective) << 32))
+}
+
+/// `prctl` with integer arguments, errno as error.
+pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
+    // SAFETY: every prctl option used by this crate takes integer arguments only.
+    let ret = unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    check(ret as libc::c_long).map(|r| r as libc::c_int)
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket(2) with constant arguments; the fd is owned below at once.
+    let fd = check(unsafe {
+        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) as libc::c_long
+    })? as RawFd;
+    // SAFETY: fd was just created and is owned by nothing else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: SIOCGIFFLAGS reads the name and writes ifru_flags of a valid ifreq.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) as libc::c_long })?;
+    // SAFETY: reading and writing the flags member of the union the kernel just filled.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads a valid ifreq.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) as libc::c_long })?;
+    Ok(())
+}
+
+/// Fills `buf` from the kernel's random source.
+pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writes at most `len - done` bytes into the live buffer.
+        let n = unsafe {
+            libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0)
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        done += n as usize;
+    }
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! `airlock run [OPTIONS] [--] COMMAND [ARGS...]`.
+
+use airlock_sandbox::{Engine, OutputSink, SandboxError};
+use airlock_spec::{FileSpec, Limits, Spec, parse_duration, parse_size};
+use anyhow::{Context, bail};
+use clap::Args;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::SignalFd;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Reading `--stdin` is bounded: the whole input is held in memory before the run.
+const MAX_STDIN: u64 = 256 << 20;
+
+#[derive(Debug, Args)]
+#[command(trailing_var_arg = true)]
+pub struct RunArgs {
+    /// Memory cap for everything in the sandbox, tmpfs pages included (128M, 1G).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = size)]
+    memory: u64,
+    /// CPU quota in cores (0.5 = half a core).
+    #[arg(long, value_name = "N", default_value_t = 0.5)]
+    cpus: f64,
+    /// Processes plus threads.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pids: u32,
+    /// Wall-clock limit (500ms, 10s, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_ms)]
+    timeout: u64,
+    /// Size of the writable tmpfs; /tmp, /workspace and /dev/shm share it.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = size)]
+    disk: u64,
+    /// Bytes kept per stream; the rest is counted and dropped.
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size)]
+    output_limit: u64,
+    /// Copy a host file into the sandbox (DEST relative to /workspace; default: its name).
+    #[arg(long = "file", value_name = "SRC:DEST")]
+    files: Vec<String>,
+    /// Add an environment variable; the caller's environment is never inherited.
+    #[arg(long = "env", value_name = "K=V")]
+    env: Vec<String>,
+    /// What the program reads: a file, or - for airlock's own stdin (default: empty).
+    #[arg(long, value_name = "FILE")]
+    stdin: Option<PathBuf>,
+    /// A root filesystem directory to take /usr, /bin, /lib… and /etc data from.
+    #[arg(long, value_name = "DIR")]
+    rootfs: Option<PathBuf>,
+    /// Print the result as JSON on stdout (exit 0 whenever the sandbox ran).
+    #[arg(long)]
+    json: bool,
+    /// The program and its arguments.
+    #[arg(required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.reason.to_string())
+}
+
+fn duration_ms(s: &str) -> Result<u64, String> {
+    let d = parse_duration(s).map_err(|e| e.reason.to_string())?;
+    Ok(d.as_millis().try_into().unwrap_or(u64::MAX))
+}
+
+impl RunArgs {
+    /// Raw flags -> a validated spec (reads --file and --stdin from the host).
+    fn into_spec(self) -> anyhow::Result<(Spec, bool)> {
+        let mut spec = Spec::new(self.command);
+        spec.limits = Limits {
+            memory_bytes: self.memory,
+            cpus: self.cpus,
+            pids: self.pids,
+            timeout_ms: self.timeout,
+            disk_bytes: self.disk,
+            output_bytes: self.output_limit,
+        };
+        for kv in &self.env {
+            let Some((k, v)) = kv.split_once('=') else {
+                bail!("--env {kv:?}: expected K=V");
+            };
+            spec.env.push((k.to_owned(), v.to_owned()));
+        }
+        for arg in &self.files {
+            let (src, dest) = match arg.split_once(':') {
+                Some((src, dest)) => (PathBuf::from(src), dest.to_owned()),
+                None => {
+                    let src = PathBuf::from(arg);
+                    let name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    (src, name)
+                }
+            };
+            let meta = std::fs::metadata(&src).with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
+            if !meta.is_file() {
+                bail!("--file {arg}: {} is not a regular file", src.display());
+            }
+            let content = std::fs::read(&src).with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
+            let mode = if meta.permissions().mode() & 0o111 != 0 { 0o755 } else { 0o644 };
+            spec.files.push(FileSpec { path: dest, content, mode });
+        }
+        if let Some(path) = &self.stdin {
+            let mut data = Vec::new();
+            if path.as_os_str() == "-" {
+                std::io::stdin().take(MAX_STDIN).read_to_end(&mut data).context("--stdin -: reading stdin")?;
+            } else {
+                std::fs::File::open(path)
+                    .and_then(|f| f.take(MAX_STDIN).read_to_end(&mut data))
+                    .with_context(|| format!("--stdin {}: cannot read it", path.display()))?;
+            }
+            spec.stdin = data;
+        }
+        if let Some(root) = self.rootfs {
+            let root = std::fs::canonicalize(&root).with_context(|| format!("--rootfs {}: cannot open it", root.display()))?;
+            if !root.is_dir() {
+                bail!("--rootfs {}: not a directory", root.display());
+            }
+            spec.rootfs = Some(root);
+        }
+        spec.validate().map_err(|e| anyhow::anyhow!("{}: {}", flag_for(&e.field), e.message))?;
+        Ok((spec, self.json))
+    }
+}
+
+/// The CLI flag behind a spec field, so errors name what the user typed.
+fn flag_for(field: &str) -> String {
+    let name = match field.split(['[', '.']).next_back().unwrap_or(field) {
+        "memory_bytes" => "--memory",
+        "cpus" => "--cpus",
+        "pids" => "--pids",
+        "timeout_ms" => "--timeout",
+        "disk_bytes" => "--disk",
+        "output_bytes" => "--output-limit",
+        _ if field.starts_with("files") => "--file",
+        _ if field.starts_with("env") => "--env",
+        _ => return field.to_owned(),
+    };
+    name.to_owned()
+}
+
+/// Streams output live to airlock's own stdout/stderr.
+struct Live;
+impl OutputSink for Live {
+    fn stdout(&mut self, data: &[u8]) {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(data).and_then(|()| out.flush());
+    }
+    fn stderr(&mut self, data: &[u8]) {
+        let _ = std::io::stderr().lock().write_all(data);
+    }
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let (spec, json) = args.into_spec()?;
+    // Ctrl-C, SIGTERM and SIGHUP end the run cleanly (sandbox killed and purged) instead
+    // of killing airlock mid-way; they arrive on a signalfd the supervisor polls.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals.thread_block().context("blocking signals")?;
+    let cancel = SignalFd::new(&signals).context("signalfd")?;
+
+    let engine = Engine::new()?;
+    let mut live = Live;
+    let mut quiet = airlock_sandbox::Capture;
+    let sink: &mut dyn OutputSink = if json { &mut quiet } else { &mut live };
+    let result = match engine.run(&spec, sink, Some(cancel.as_fd())) {
+        Ok(r) => r,
+        Err(SandboxError::Cancelled) => {
+            eprintln!("airlock: interrupted; the sandbox was killed and purged");
+            return Ok(ExitCode::from(130));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if json {
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &result).context("writing the result")?;
+        writeln!(out).context("writing the result")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (name, truncated, bytes) in
+        [("stdout", result.stdout_truncated, result.stdout_bytes), ("stderr", result.stderr_truncated, result.stderr_bytes)]
+    {
+        if truncated {
+            eprintln!("airlock: {name} cut at --output-limit ({bytes} bytes written in all)");
+        }
+    }
+    match result.outcome {
+        airlock_spec::Outcome::Timeout => eprintln!("airlock: killed at the {} ms deadline", spec.limits.timeout_ms),
+        airlock_spec::Outcome::Oom => eprintln!("airlock: killed: exceeded the {} byte memory limit", spec.limits.memory_bytes),
+        _ => {}
+    }
+    Ok(ExitCode::from(result.shell_status().clamp(0, 255) as u8))
+}
