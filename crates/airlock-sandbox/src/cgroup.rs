@@ -740,13 +740,16 @@ impl CgroupHost {
         line
     }
 
-    /// True when `cgroup.kill` (Linux >= 5.14) is usable: the cgroup2 root never has the
-    /// file, so we look at child cgroups (ours first).
+    /// True when `cgroup.kill` (Linux >= 5.14) is usable. The cgroup2 root never has the
+    /// file, so we look in a child cgroup: `airlock` (created if missing, as `create`
+    /// would), else the first few others.
     pub fn has_kill(&self) -> bool {
         let Some(root) = &self.cgroup2 else {
             return false;
         };
-        if root.join(AIRLOCK_DIR).join("cgroup.kill").exists() {
+        let airlock = root.join(AIRLOCK_DIR);
+        let _ = self.fs.mkdir(&airlock, root);
+        if airlock.join("cgroup.kill").exists() {
             return true;
         }
         fs::read_dir(root).is_ok_and(|entries| {
@@ -1360,6 +1363,13 @@ impl Cgroup {
         self.clone_fd = None;
         let deadline = Instant::now() + DESTROY_WAIT;
         let mut first_err = self.kill().err();
+        // A predecessor that crashed between freeze and thaw leaves tasks frozen, and a
+        // frozen v1 task does not act on SIGKILL: thaw, whatever the kill method was.
+        if let Some(state) = self.dir_with("freezer").map(|d| d.join("freezer.state"))
+            && state.exists()
+        {
+            let _ = write_file(&state, "THAWED");
+        }
         if let Err(e) = self.wait_empty(deadline) {
             first_err.get_or_insert(e);
         }

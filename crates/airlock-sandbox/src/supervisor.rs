@@ -266,6 +266,17 @@ pub(crate) fn run(
             if libc::read(3, (&mut go as *mut u8).cast(), 1) != 1 {
                 libc::_exit(122);
             }
+            // Become the namespace's root: until now the credentials are the host's
+            // (unmapped here), and an exec under them would drop every capability.
+            // Drop the host's supplementary groups too. Raw syscalls, not glibc's
+            // wrappers: those signal every thread glibc believes exists, and the
+            // supervisor's other threads do not exist in this child.
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+                || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+            {
+                libc::_exit(124);
+            }
             libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
             libc::_exit(123)
         }

@@ -69,10 +69,10 @@ mod sys;
 
 use std::io;
 
-use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
 /// The BPF program type ([`Vec`] of [`sock_filter`]) and its instruction, re-exported so callers
 /// need not depend on seccompiler themselves.
 pub use seccompiler::{BpfProgram, sock_filter};
+use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
 
 /// The kernel's limit on the length of a classic BPF program (`BPF_MAXINSNS`), and so the bound
 /// on what [`from_bytes`] accepts.
@@ -120,8 +120,12 @@ pub enum SeccompError {
 pub fn build() -> Result<BpfProgram, SeccompError> {
     let mut program = BpfProgram::new();
     for (errno, rules) in policy::errno_overrides()? {
-        let filter =
-            SeccompFilter::new(rules, FALL_THROUGH, SeccompAction::Errno(errno), TARGET_ARCH)?;
+        let filter = SeccompFilter::new(
+            rules,
+            FALL_THROUGH,
+            SeccompAction::Errno(errno),
+            TARGET_ARCH,
+        )?;
         let mut segment = BpfProgram::try_from(filter)?;
         fall_through(&mut segment);
         program.append(&mut segment);
@@ -350,7 +354,10 @@ mod tests {
         let mut seen = BTreeSet::new();
         for (nr, name) in always_allowed() {
             assert!(seen.insert(nr), "{name} ({nr}) is allowed twice");
-            assert!(nr >= 0 && nr < X32_SYSCALL_BIT, "{name}: odd number {nr}");
+            assert!(
+                (0..X32_SYSCALL_BIT).contains(&nr),
+                "{name}: odd number {nr}"
+            );
         }
         let conditioned = [
             libc::SYS_clone,
@@ -367,7 +374,10 @@ mod tests {
         for (nr, name) in denied() {
             assert!(seen_denied.insert(nr), "{name} is denied twice");
             assert!(!seen.contains(&nr), "{name} is both allowed and denied");
-            assert!(!conditioned.contains(&nr), "{name} is conditioned and denied");
+            assert!(
+                !conditioned.contains(&nr),
+                "{name} is conditioned and denied"
+            );
         }
     }
 
@@ -495,7 +505,13 @@ mod tests {
             | libc::CLONE_PARENT_SETTID
             | libc::CLONE_CHILD_CLEARTID) as u64;
         let vfork = (libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD) as u64;
-        for flags in [0, fork, thread, vfork, u64::from(u32::MAX) & !CLONE_NAMESPACE_FLAGS] {
+        for flags in [
+            0,
+            fork,
+            thread,
+            vfork,
+            u64::from(u32::MAX) & !CLONE_NAMESPACE_FLAGS,
+        ] {
             assert_eq!(clone(flags), ALLOW, "clone({flags:#x})");
         }
         for bit in 0..32 {
@@ -510,10 +526,7 @@ mod tests {
         assert_eq!(clone(0xffff_ffff_0000_0000 | fork), ALLOW);
         // clone3's flags are out of reach: always ENOSYS, so libc falls back to clone.
         for args in ARG_SAMPLES {
-            assert_eq!(
-                check(&prog, libc::SYS_clone3, args),
-                errno(libc::ENOSYS)
-            );
+            assert_eq!(check(&prog, libc::SYS_clone3, args), errno(libc::ENOSYS));
         }
     }
 
@@ -541,7 +554,6 @@ mod tests {
             0x5411,
             0x5412_0000,
         ] {
-            let request = request as u64;
             assert_eq!(ioctl(request), ALLOW, "ioctl({request:#x})");
         }
     }

@@ -70,6 +70,9 @@ pub(crate) mod nr {
     /// Linux 6.6: `fchmodat` with a flags argument (glibc 2.39 uses it for `lchmod`).
     #[cfg(target_arch = "aarch64")]
     pub(crate) const SYS_fchmodat2: c_long = 452;
+    /// `sync_file_range` (arm64 does not want the `sync_file_range2` variant).
+    #[cfg(target_arch = "aarch64")]
+    pub(crate) const SYS_sync_file_range: c_long = 84;
 }
 
 /// `[(number, "SYS_name"), ...]` from syscall constant names in [`nr`].
@@ -78,6 +81,10 @@ macro_rules! syscalls {
         &[$((nr::$name as i64, stringify!($name))),*]
     };
 }
+
+/// Syscall number -> rules, any one of which must match; an empty list matches the syscall
+/// whatever its arguments.
+pub(crate) type RuleMap = BTreeMap<i64, Vec<SeccompRule>>;
 
 /// A syscall by number, with its name for error messages and tests.
 pub(crate) type Syscall = (i64, &'static str);
@@ -416,7 +423,7 @@ const ALWAYS_X86_64: &[Syscall] = syscalls![
 
 /// Syscalls we refuse on purpose. The filter does not use this list (anything not allowed is
 /// refused); the tests check that none of these is ever allowed and that each gets `EPERM`.
-#[cfg(test)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) const DENIED: &[Syscall] = syscalls![
     // Mounts and the filesystem root.
     SYS_mount,
@@ -490,7 +497,8 @@ pub(crate) const DENIED: &[Syscall] = syscalls![
 ];
 
 /// Legacy x86_64 calls refused on purpose (see [`DENIED`]).
-#[cfg(all(test, target_arch = "x86_64"))]
+#[cfg(target_arch = "x86_64")]
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) const DENIED_X86_64: &[Syscall] = syscalls![
     SYS_iopl,
     SYS_ioperm,
@@ -575,8 +583,8 @@ fn low32(index: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, Ba
 
 /// The rules of the allowlist: syscall number -> rules, any one of which must match (an empty
 /// list allows the syscall whatever its arguments).
-pub(crate) fn allowed() -> Result<BTreeMap<i64, Vec<SeccompRule>>, BackendError> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = always_allowed()
+pub(crate) fn allowed() -> Result<RuleMap, BackendError> {
+    let mut rules: RuleMap = always_allowed()
         .into_iter()
         .map(|(number, _)| (number, Vec::new()))
         .collect();
@@ -636,8 +644,7 @@ pub(crate) fn allowed() -> Result<BTreeMap<i64, Vec<SeccompRule>>, BackendError>
 
 /// Refusals that answer with a more useful errno than `EPERM`: errno -> rules that select the
 /// syscalls (and arguments) that get it. These are checked before the allowlist.
-pub(crate) fn errno_overrides() -> Result<Vec<(u32, BTreeMap<i64, Vec<SeccompRule>>)>, BackendError>
-{
+pub(crate) fn errno_overrides() -> Result<Vec<(u32, RuleMap)>, BackendError> {
     // clone3 passes its flags behind a pointer that a seccomp filter cannot read, so we cannot
     // tell a thread from a new user namespace. ENOSYS makes glibc (2.34+) and the Rust and Go
     // runtimes fall back to clone, whose flags we can check.

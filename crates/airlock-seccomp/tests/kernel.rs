@@ -87,7 +87,8 @@ fn true_runs() {
 
 #[test]
 fn filter_is_installed_and_no_new_privs_set() {
-    let output = run(filtered("/bin/sh").args(["-c", "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status"]));
+    let output =
+        run(filtered("/bin/sh").args(["-c", "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status"]));
     let status = stdout(&output);
     assert!(status.contains("Seccomp:\t2"), "{status}");
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
@@ -111,64 +112,290 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
     let mut probes: Vec<(&'static str, String, Expect)> = vec![
         ("getpid", format!("{}", libc::SYS_getpid), Ok),
         // New namespaces: in this throwaway Python process, or a throwaway clone of it.
-        ("unshare_newuser", format!("{}, {}", libc::SYS_unshare, libc::CLONE_NEWUSER), eperm),
-        ("unshare_newns", format!("{}, {}", libc::SYS_unshare, libc::CLONE_NEWNS), eperm),
-        ("unshare_newnet", format!("{}, {}", libc::SYS_unshare, libc::CLONE_NEWNET), eperm),
+        (
+            "unshare_newuser",
+            format!("{}, {}", libc::SYS_unshare, libc::CLONE_NEWUSER),
+            eperm,
+        ),
+        (
+            "unshare_newns",
+            format!("{}, {}", libc::SYS_unshare, libc::CLONE_NEWNS),
+            eperm,
+        ),
+        (
+            "unshare_newnet",
+            format!("{}, {}", libc::SYS_unshare, libc::CLONE_NEWNET),
+            eperm,
+        ),
         ("setns", format!("{}, -1, 0", libc::SYS_setns), eperm),
         // Mounts: onto paths that do not exist.
-        ("mount", format!("{}, b'none', {nowhere}, b'tmpfs', 0, null", libc::SYS_mount), eperm),
-        ("umount2", format!("{}, {nowhere}, 0", libc::SYS_umount2), eperm),
-        ("pivot_root", format!("{}, {nowhere}, {nowhere}", libc::SYS_pivot_root), eperm),
+        (
+            "mount",
+            format!("{}, b'none', {nowhere}, b'tmpfs', 0, null", libc::SYS_mount),
+            eperm,
+        ),
+        (
+            "umount2",
+            format!("{}, {nowhere}, 0", libc::SYS_umount2),
+            eperm,
+        ),
+        (
+            "pivot_root",
+            format!("{}, {nowhere}, {nowhere}", libc::SYS_pivot_root),
+            eperm,
+        ),
         ("chroot", format!("{}, {nowhere}", libc::SYS_chroot), eperm),
-        ("fsopen", format!("{}, b'airlock-no-such-fs', 0", libc::SYS_fsopen), eperm),
-        ("open_tree", format!("{}, -1, {nowhere}, 0", libc::SYS_open_tree), eperm),
+        (
+            "fsopen",
+            format!("{}, b'airlock-no-such-fs', 0", libc::SYS_fsopen),
+            eperm,
+        ),
+        (
+            "open_tree",
+            format!("{}, -1, {nowhere}, 0", libc::SYS_open_tree),
+            eperm,
+        ),
         // Other processes: a pid that does not exist.
-        ("ptrace_attach", format!("{}, {}, 0x3ffffff0, 0, 0", libc::SYS_ptrace, libc::PTRACE_ATTACH), eperm),
-        ("process_vm_readv", format!("{}, os.getpid(), null, 0, null, 0, 0", libc::SYS_process_vm_readv), eperm),
-        ("kcmp", format!("{}, os.getpid(), os.getpid(), 0, 0, 0", libc::SYS_kcmp), eperm),
-        ("pidfd_getfd", format!("{}, -1, -1, 0", libc::SYS_pidfd_getfd), eperm),
+        (
+            "ptrace_attach",
+            format!(
+                "{}, {}, 0x3ffffff0, 0, 0",
+                libc::SYS_ptrace,
+                libc::PTRACE_ATTACH
+            ),
+            eperm,
+        ),
+        (
+            "process_vm_readv",
+            format!(
+                "{}, os.getpid(), null, 0, null, 0, 0",
+                libc::SYS_process_vm_readv
+            ),
+            eperm,
+        ),
+        (
+            "kcmp",
+            format!("{}, os.getpid(), os.getpid(), 0, 0, 0", libc::SYS_kcmp),
+            eperm,
+        ),
+        (
+            "pidfd_getfd",
+            format!("{}, -1, -1, 0", libc::SYS_pidfd_getfd),
+            eperm,
+        ),
         // Kernel attack surface, with arguments the kernel would reject.
         ("keyctl", format!("{}, 0, -3, 0", libc::SYS_keyctl), eperm),
         ("bpf", format!("{}, 0, null, 0", libc::SYS_bpf), eperm),
-        ("perf_event_open", format!("{}, null, 0, -1, -1, 0", libc::SYS_perf_event_open), eperm),
-        ("userfaultfd", format!("{}, 0", libc::SYS_userfaultfd), eperm),
-        ("io_uring_setup", format!("{}, 1, null", libc::SYS_io_uring_setup), eperm),
-        ("init_module", format!("{}, null, 0, b''", libc::SYS_init_module), eperm),
-        ("finit_module", format!("{}, -1, b'', 0", libc::SYS_finit_module), eperm),
-        ("open_by_handle_at", format!("{}, -1, null, 0", libc::SYS_open_by_handle_at), eperm),
-        ("name_to_handle_at", format!("{}, -1, {nowhere}, null, null, 0", libc::SYS_name_to_handle_at), eperm),
-        ("fanotify_init", format!("{}, 0, 0", libc::SYS_fanotify_init), eperm),
-        ("process_madvise", format!("{}, -1, null, 0, 0, 0", libc::SYS_process_madvise), eperm),
+        (
+            "perf_event_open",
+            format!("{}, null, 0, -1, -1, 0", libc::SYS_perf_event_open),
+            eperm,
+        ),
+        (
+            "userfaultfd",
+            format!("{}, 0", libc::SYS_userfaultfd),
+            eperm,
+        ),
+        (
+            "io_uring_setup",
+            format!("{}, 1, null", libc::SYS_io_uring_setup),
+            eperm,
+        ),
+        (
+            "init_module",
+            format!("{}, null, 0, b''", libc::SYS_init_module),
+            eperm,
+        ),
+        (
+            "finit_module",
+            format!("{}, -1, b'', 0", libc::SYS_finit_module),
+            eperm,
+        ),
+        (
+            "open_by_handle_at",
+            format!("{}, -1, null, 0", libc::SYS_open_by_handle_at),
+            eperm,
+        ),
+        (
+            "name_to_handle_at",
+            format!(
+                "{}, -1, {nowhere}, null, null, 0",
+                libc::SYS_name_to_handle_at
+            ),
+            eperm,
+        ),
+        (
+            "fanotify_init",
+            format!("{}, 0, 0", libc::SYS_fanotify_init),
+            eperm,
+        ),
+        (
+            "process_madvise",
+            format!("{}, -1, null, 0, 0, 0", libc::SYS_process_madvise),
+            eperm,
+        ),
         // The machine: reboot with an invalid magic; a clock id that does not exist; a
         // size-of-buffer query; accounting to a path that does not exist.
-        ("reboot", format!("{}, 0, 0, 0, null", libc::SYS_reboot), eperm),
-        ("clock_settime", format!("{}, -1, null", libc::SYS_clock_settime), eperm),
-        ("settimeofday", format!("{}, null, null", libc::SYS_settimeofday), eperm),
-        ("syslog", format!("{}, 10, null, 0", libc::SYS_syslog), eperm),
+        (
+            "reboot",
+            format!("{}, 0, 0, 0, null", libc::SYS_reboot),
+            eperm,
+        ),
+        (
+            "clock_settime",
+            format!("{}, -1, null", libc::SYS_clock_settime),
+            eperm,
+        ),
+        (
+            "settimeofday",
+            format!("{}, null, null", libc::SYS_settimeofday),
+            eperm,
+        ),
+        (
+            "syslog",
+            format!("{}, 10, null, 0", libc::SYS_syslog),
+            eperm,
+        ),
         ("acct", format!("{}, {nowhere}", libc::SYS_acct), eperm),
-        ("swapon", format!("{}, {nowhere}, 0", libc::SYS_swapon), eperm),
-        ("set_mempolicy", format!("{}, 0, null, 0", libc::SYS_set_mempolicy), eperm),
+        (
+            "swapon",
+            format!("{}, {nowhere}, 0", libc::SYS_swapon),
+            eperm,
+        ),
+        (
+            "set_mempolicy",
+            format!("{}, 0, null, 0", libc::SYS_set_mempolicy),
+            eperm,
+        ),
         // Terminal injection: stdin is /dev/null, so an escape would only get ENOTTY.
-        ("ioctl_tiocsti", format!("{}, 0, 0x5412, null", libc::SYS_ioctl), eperm),
-        ("ioctl_tiocsti_high_bits", format!("{}, 0, 0x100005412, null", libc::SYS_ioctl), eperm),
-        ("ioctl_tioclinux", format!("{}, 0, 0x541C, null", libc::SYS_ioctl), eperm),
-        ("ioctl_fionread", format!("{}, pipe_r, {}, buf", libc::SYS_ioctl, libc::FIONREAD), Ok),
+        (
+            "ioctl_tiocsti",
+            format!("{}, 0, 0x5412, null", libc::SYS_ioctl),
+            eperm,
+        ),
+        (
+            "ioctl_tiocsti_high_bits",
+            format!("{}, 0, 0x100005412, null", libc::SYS_ioctl),
+            eperm,
+        ),
+        (
+            "ioctl_tioclinux",
+            format!("{}, 0, 0x541C, null", libc::SYS_ioctl),
+            eperm,
+        ),
+        (
+            "ioctl_fionread",
+            format!("{}, pipe_r, {}, buf", libc::SYS_ioctl, libc::FIONREAD),
+            Ok,
+        ),
         // Socket families.
-        ("socket_netlink", format!("{}, {}, {}, 0", libc::SYS_socket, libc::AF_NETLINK, libc::SOCK_RAW), Errno(libc::EAFNOSUPPORT)),
-        ("socket_vsock", format!("{}, {}, {}, 0", libc::SYS_socket, libc::AF_VSOCK, libc::SOCK_STREAM), Errno(libc::EAFNOSUPPORT)),
-        ("socket_packet", format!("{}, {}, {}, 0", libc::SYS_socket, libc::AF_PACKET, libc::SOCK_RAW), Errno(libc::EAFNOSUPPORT)),
-        ("socket_alg", format!("{}, {}, {}, 0", libc::SYS_socket, libc::AF_ALG, libc::SOCK_SEQPACKET), Errno(libc::EAFNOSUPPORT)),
-        ("socket_unix", format!("{}, {}, {}, 0", libc::SYS_socket, libc::AF_UNIX, libc::SOCK_STREAM), Ok),
-        ("socket_inet", format!("{}, {}, {}, 0", libc::SYS_socket, libc::AF_INET, libc::SOCK_STREAM), Ok),
-        ("socketpair_unix", format!("{}, {}, {}, 0, buf", libc::SYS_socketpair, libc::AF_UNIX, libc::SOCK_STREAM), Ok),
-        ("socketpair_inet", format!("{}, {}, {}, 0, buf", libc::SYS_socketpair, libc::AF_INET, libc::SOCK_STREAM), Errno(libc::EAFNOSUPPORT)),
+        (
+            "socket_netlink",
+            format!(
+                "{}, {}, {}, 0",
+                libc::SYS_socket,
+                libc::AF_NETLINK,
+                libc::SOCK_RAW
+            ),
+            Errno(libc::EAFNOSUPPORT),
+        ),
+        (
+            "socket_vsock",
+            format!(
+                "{}, {}, {}, 0",
+                libc::SYS_socket,
+                libc::AF_VSOCK,
+                libc::SOCK_STREAM
+            ),
+            Errno(libc::EAFNOSUPPORT),
+        ),
+        (
+            "socket_packet",
+            format!(
+                "{}, {}, {}, 0",
+                libc::SYS_socket,
+                libc::AF_PACKET,
+                libc::SOCK_RAW
+            ),
+            Errno(libc::EAFNOSUPPORT),
+        ),
+        (
+            "socket_alg",
+            format!(
+                "{}, {}, {}, 0",
+                libc::SYS_socket,
+                libc::AF_ALG,
+                libc::SOCK_SEQPACKET
+            ),
+            Errno(libc::EAFNOSUPPORT),
+        ),
+        (
+            "socket_unix",
+            format!(
+                "{}, {}, {}, 0",
+                libc::SYS_socket,
+                libc::AF_UNIX,
+                libc::SOCK_STREAM
+            ),
+            Ok,
+        ),
+        (
+            "socket_inet",
+            format!(
+                "{}, {}, {}, 0",
+                libc::SYS_socket,
+                libc::AF_INET,
+                libc::SOCK_STREAM
+            ),
+            Ok,
+        ),
+        (
+            "socketpair_unix",
+            format!(
+                "{}, {}, {}, 0, buf",
+                libc::SYS_socketpair,
+                libc::AF_UNIX,
+                libc::SOCK_STREAM
+            ),
+            Ok,
+        ),
+        (
+            "socketpair_inet",
+            format!(
+                "{}, {}, {}, 0, buf",
+                libc::SYS_socketpair,
+                libc::AF_INET,
+                libc::SOCK_STREAM
+            ),
+            Errno(libc::EAFNOSUPPORT),
+        ),
         // clone3 says "not implemented" so libc falls back to clone.
-        ("clone3", format!("{}, null, 0", libc::SYS_clone3), Errno(libc::ENOSYS)),
+        (
+            "clone3",
+            format!("{}, null, 0", libc::SYS_clone3),
+            Errno(libc::ENOSYS),
+        ),
         // personality: query and PER_LINUX only; ADDR_NO_RANDOMIZE is refused.
-        ("personality_query", format!("{}, 0xffffffff", libc::SYS_personality), Ok),
-        ("personality_linux", format!("{}, 0", libc::SYS_personality), Ok),
-        ("personality_no_aslr", format!("{}, 0x0040000", libc::SYS_personality), eperm),
-        ("pidfd_open", format!("{}, os.getpid(), 0", libc::SYS_pidfd_open), Ok),
+        (
+            "personality_query",
+            format!("{}, 0xffffffff", libc::SYS_personality),
+            Ok,
+        ),
+        (
+            "personality_linux",
+            format!("{}, 0", libc::SYS_personality),
+            Ok,
+        ),
+        (
+            "personality_no_aslr",
+            format!("{}, 0x0040000", libc::SYS_personality),
+            eperm,
+        ),
+        (
+            "pidfd_open",
+            format!("{}, os.getpid(), 0", libc::SYS_pidfd_open),
+            Ok,
+        ),
     ];
     // IPv6 may be compiled out or disabled on the host; expect what the host says without the
     // filter.
@@ -180,7 +407,12 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
         unsafe { libc::close(inet6) };
         probes.push((
             "socket_inet6",
-            format!("{}, {}, {}, 0", libc::SYS_socket, libc::AF_INET6, libc::SOCK_STREAM),
+            format!(
+                "{}, {}, {}, 0",
+                libc::SYS_socket,
+                libc::AF_INET6,
+                libc::SOCK_STREAM
+            ),
             Ok,
         ));
     }
@@ -217,7 +449,12 @@ def sc(name, nr, *args):
     print(name, r, e, flush=True)
 "#,
     );
-    for (name, call, _) in &probes {
+    // The unshare probes go last: should one get through, the process would be in a new user
+    // namespace, and every later probe would see that namespace's errors instead of the host's.
+    let (unshares, others): (Vec<_>, Vec<_>) = probes
+        .iter()
+        .partition(|(name, _, _)| name.starts_with("unshare"));
+    for (name, call, _) in others {
         script.push_str(&format!("sc({name:?}, {call})\n"));
     }
     // A clone that asks for a new user namespace. Should it get through, the child is a copy
@@ -240,6 +477,9 @@ for name, flag in (("clone_newuser", {newuser}), ("clone_newpid", {newpid}), ("c
         clone = libc::SYS_clone,
         sigchld = libc::SIGCHLD,
     ));
+    for (name, call, _) in unshares {
+        script.push_str(&format!("sc({name:?}, {call})\n"));
+    }
 
     let output = run(filtered(PYTHON).args(["-c", &script]));
     let results: BTreeMap<String, (i64, i32)> = stdout(&output)
@@ -353,8 +593,9 @@ fn gcc_and_make_build_and_run_hello_world() {
         "hello: hello.c\n\tgcc -O1 -pthread -o $@ $<\n",
     )
     .unwrap();
-    let output = run(filtered("bash")
-        .current_dir(dir.path())
-        .args(["-c", "make -s && ./hello && gcc -o hello2 hello.c -pthread && ./hello2"]));
+    let output = run(filtered("bash").current_dir(dir.path()).args([
+        "-c",
+        "make -s && ./hello && gcc -o hello2 hello.c -pthread && ./hello2",
+    ]));
     assert_eq!(stdout(&output), "hello\nhello");
 }
