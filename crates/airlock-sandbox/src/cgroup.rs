@@ -404,13 +404,10 @@ fn unescape_mountinfo(field: &str) -> PathBuf {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).filter(|d| {
-            bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c))
-        });
-        match octal.map(|d| {
-            d.iter()
-                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'))
-        }) {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal.map(|d| d.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'))) {
             Some(v) if v <= 0xff => {
                 out.push(v as u8);
                 i += 4;
@@ -1170,8 +1167,8 @@ impl Cgroup {
                 usage.memory_peak_bytes = read_u64(&dir.join("memory.peak"), None)
                     .or_else(|| read_u64(&dir.join("memory.current"), None))
                     .unwrap_or(0);
-                usage.oom_kills = read_u64(&dir.join("memory.events"), Some("oom_kill"))
-                    .unwrap_or(0);
+                usage.oom_kills =
+                    read_u64(&dir.join("memory.events"), Some("oom_kill")).unwrap_or(0);
             }
             usage.cpu_ns = self
                 .dir_with("cpu")
@@ -1271,7 +1268,10 @@ impl Cgroup {
         let me = i32::try_from(std::process::id()).unwrap_or(0);
         let listed = self.members()?;
         let mut pinned = Vec::new();
-        for &pid in listed.iter().filter(|p| **p > 0 && **p != me && !skip.contains(p)) {
+        for &pid in listed
+            .iter()
+            .filter(|p| **p > 0 && **p != me && !skip.contains(p))
+        {
             match sys::pidfd_open(pid) {
                 Ok(fd) => pinned.push((pid, Some(fd))),
                 Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => pinned.push((pid, None)),
@@ -1408,5 +1408,768 @@ impl Cgroup {
 impl Drop for Cgroup {
     fn drop(&mut self) {
         let _ = self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::process::{Child, Command, Stdio};
+
+    /// This build machine's mount table (hybrid: v1 controllers, controller-less cgroup2).
+    const HYBRID: &str = "\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    /// A systemd v1 host without cgroup2, `cpu,cpuacct` co-mounted.
+    const COMOUNTED: &str = "\
+25 18 0:22 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+27 25 0:24 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:11 - cgroup cgroup rw,xattr,name=systemd
+30 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:14 - cgroup cgroup rw,cpu,cpuacct
+31 25 0:28 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:15 - cgroup cgroup rw,memory
+32 25 0:29 / /sys/fs/cgroup/pids rw,nosuid,nodev,noexec,relatime shared:16 - cgroup cgroup rw,pids
+34 25 0:31 / /sys/fs/cgroup/net_cls,net_prio rw,nosuid,nodev,noexec,relatime shared:18 - cgroup cgroup rw,net_cls,net_prio
+";
+
+    /// A pure v2 host (systemd default).
+    const V2: &str = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+24 18 0:22 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+";
+
+    const MIB64: CgroupLimits = CgroupLimits {
+        memory_bytes: 64 << 20,
+        cpus: 0.5,
+        pids: 16,
+    };
+
+    /// Interface files of a v1 hybrid root, as the kernel offers them (and the fake copies
+    /// them into every new directory).
+    const HYBRID_FILES: &[(&str, &str)] = &[
+        ("sys/fs/cgroup/memory/cgroup.procs", ""),
+        ("sys/fs/cgroup/memory/memory.limit_in_bytes", ""),
+        ("sys/fs/cgroup/memory/memory.memsw.limit_in_bytes", ""),
+        ("sys/fs/cgroup/memory/memory.swappiness", ""),
+        ("sys/fs/cgroup/memory/memory.max_usage_in_bytes", ""),
+        ("sys/fs/cgroup/memory/memory.oom_control", ""),
+        ("sys/fs/cgroup/pids/cgroup.procs", ""),
+        ("sys/fs/cgroup/pids/pids.max", ""),
+        ("sys/fs/cgroup/cpu/cgroup.procs", ""),
+        ("sys/fs/cgroup/cpu/cpu.cfs_period_us", ""),
+        ("sys/fs/cgroup/cpu/cpu.cfs_quota_us", ""),
+        ("sys/fs/cgroup/cpuacct/cgroup.procs", ""),
+        ("sys/fs/cgroup/cpuacct/cpuacct.usage", ""),
+        ("sys/fs/cgroup/freezer/cgroup.procs", ""),
+        ("sys/fs/cgroup/freezer/freezer.state", ""),
+        ("sys/fs/cgroup/unified/cgroup.procs", ""),
+        ("sys/fs/cgroup/unified/cgroup.controllers", ""),
+        ("sys/fs/cgroup/unified/cpu.stat", ""),
+    ];
+
+    const V2_FILES: &[(&str, &str)] = &[
+        (
+            "sys/fs/cgroup/cgroup.controllers",
+            "cpuset cpu io memory hugetlb pids rdma misc\n",
+        ),
+        ("sys/fs/cgroup/cgroup.subtree_control", ""),
+        ("sys/fs/cgroup/cgroup.procs", ""),
+        ("sys/fs/cgroup/cgroup.kill", ""),
+        ("sys/fs/cgroup/memory.max", ""),
+        ("sys/fs/cgroup/memory.swap.max", ""),
+        ("sys/fs/cgroup/memory.current", ""),
+        ("sys/fs/cgroup/memory.events", ""),
+        ("sys/fs/cgroup/pids.max", ""),
+        ("sys/fs/cgroup/cpu.max", ""),
+        ("sys/fs/cgroup/cpu.stat", ""),
+    ];
+
+    /// A fake cgroupfs in a temp dir: every cgroup mount point of `mountinfo` as a plain
+    /// directory, plus the given root files.
+    fn fake(mountinfo: &str, files: &[(&str, &str)]) -> (tempfile::TempDir, CgroupHost) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        for m in parse_mountinfo(mountinfo) {
+            fs::create_dir_all(tmp.path().join(m.point.strip_prefix("/").unwrap()))
+                .expect("mkdir mount point");
+        }
+        for (rel, content) in files {
+            fs::write(tmp.path().join(rel), content).expect("write root file");
+        }
+        let host = CgroupHost::from_mountinfo(mountinfo, tmp.path()).expect("layout");
+        assert_eq!(host.fs, Fs::Fake);
+        (tmp, host)
+    }
+
+    fn read(path: &Path) -> String {
+        fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+            .trim()
+            .to_owned()
+    }
+
+    fn sandbox_dir(tmp: &tempfile::TempDir, mount: &str, host: &CgroupHost, id: &str) -> PathBuf {
+        tmp.path()
+            .join(mount)
+            .join(AIRLOCK_DIR)
+            .join(host.owner())
+            .join(id)
+    }
+
+    #[test]
+    fn parses_hybrid_mountinfo() {
+        let (tmp, host) = fake(HYBRID, HYBRID_FILES);
+        assert!(!host.is_v2());
+        let root = tmp.path().join("sys/fs/cgroup");
+        assert_eq!(
+            host.describe(),
+            format!(
+                "hybrid: v1 memory, pids, cpu, cpuacct, freezer; cgroup2 (no controllers) at {}",
+                root.join("unified").display()
+            )
+        );
+        let plan = host.plan();
+        let shape: Vec<(PathBuf, Vec<&str>, bool)> = plan
+            .into_iter()
+            .map(|s| (s.mount, s.controllers, s.cgroup2))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (root.join("memory"), vec!["memory"], false),
+                (root.join("pids"), vec!["pids"], false),
+                (root.join("cpu"), vec!["cpu"], false),
+                (root.join("cpuacct"), vec!["cpuacct"], false),
+                (root.join("freezer"), vec!["freezer"], false),
+                (root.join("unified"), vec![], true),
+            ]
+        );
+    }
+
+    #[test]
+    fn parses_v2_mountinfo_and_writes_v2_limits() {
+        let (tmp, host) = fake(V2, V2_FILES);
+        assert!(host.is_v2());
+        let root = tmp.path().join("sys/fs/cgroup");
+        assert_eq!(
+            host.describe(),
+            format!("v2 at {} (memory, pids, cpu)", root.display())
+        );
+        assert!(host.has_kill());
+        let cg = host.create("sb-v2", &MIB64).expect("create");
+        let dir = sandbox_dir(&tmp, "sys/fs/cgroup", &host, "sb-v2");
+        assert_eq!(cg.paths().collect::<Vec<_>>(), vec![dir.as_path()]);
+        assert_eq!(read(&dir.join("memory.max")), "67108864");
+        assert_eq!(read(&dir.join("memory.swap.max")), "0");
+        assert_eq!(read(&dir.join("pids.max")), "16");
+        assert_eq!(read(&dir.join("cpu.max")), "50000 100000");
+        // Controllers enabled at every level above the sandbox.
+        for level in [
+            root.clone(),
+            root.join(AIRLOCK_DIR),
+            root.join(AIRLOCK_DIR).join(host.owner()),
+        ] {
+            assert_eq!(
+                read(&level.join("cgroup.subtree_control")),
+                "+memory +pids +cpu",
+                "{}",
+                level.display()
+            );
+        }
+        assert!(cg.clone_into_fd().is_some());
+        // cgroup.kill is preferred.
+        assert_eq!(
+            cg.kill_method(),
+            KillMethod::CgroupKill(dir.join("cgroup.kill"))
+        );
+        cg.kill().expect("kill");
+        assert_eq!(read(&dir.join("cgroup.kill")), "1");
+        cg.destroy().expect("destroy");
+        assert!(!dir.exists());
+        assert!(!root.join(AIRLOCK_DIR).join(host.owner()).exists());
+        assert!(root.join(AIRLOCK_DIR).exists());
+    }
+
+    #[test]
+    fn v2_only_enables_missing_controllers() {
+        let mut files = V2_FILES.to_vec();
+        files.retain(|(p, _)| !p.ends_with("cgroup.subtree_control"));
+        files.push(("sys/fs/cgroup/cgroup.subtree_control", "cpu memory pids\n"));
+        let (tmp, host) = fake(V2, &files);
+        let _cg = host.create("sb", &MIB64).expect("create");
+        let root = tmp.path().join("sys/fs/cgroup");
+        assert_eq!(
+            read(&root.join("cgroup.subtree_control")),
+            "cpu memory pids"
+        );
+    }
+
+    #[test]
+    fn v2_missing_controller_fails() {
+        let mut files = V2_FILES.to_vec();
+        files[0] = ("sys/fs/cgroup/cgroup.controllers", "cpu io memory\n");
+        let (_tmp, host) = fake(V2, &files);
+        assert!(host.describe().ends_with("(memory, cpu); missing: pids"));
+        let err = host.create("sb", &MIB64).expect_err("no pids controller");
+        assert!(matches!(
+            err,
+            CgroupError::MissingController {
+                controller: "pids",
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("`pids`"), "{err}");
+        assert_eq!(host.count_sandboxes(), 0);
+    }
+
+    #[test]
+    fn v2_usage_falls_back_to_memory_current() {
+        let (tmp, host) = fake(V2, V2_FILES);
+        let cg = host.create("sb-usage", &MIB64).expect("create");
+        let dir = sandbox_dir(&tmp, "sys/fs/cgroup", &host, "sb-usage");
+        fs::write(dir.join("memory.current"), "4096\n").unwrap();
+        fs::write(
+            dir.join("cpu.stat"),
+            "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n",
+        )
+        .unwrap();
+        fs::write(
+            dir.join("memory.events"),
+            "low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cg.usage(),
+            Usage {
+                memory_peak_bytes: 4096,
+                cpu_ns: 1_500_000,
+                oom_kills: 2
+            }
+        );
+        fs::write(dir.join("memory.peak"), "8192\n").unwrap();
+        assert_eq!(cg.usage().memory_peak_bytes, 8192);
+    }
+
+    #[test]
+    fn hybrid_writes_v1_limits() {
+        let (tmp, host) = fake(HYBRID, HYBRID_FILES);
+        let id = "sb-hybrid";
+        let cg = host.create(id, &MIB64).expect("create");
+        let dir = |m: &str| sandbox_dir(&tmp, &format!("sys/fs/cgroup/{m}"), &host, id);
+        let mem = dir("memory");
+        assert_eq!(read(&mem.join("memory.limit_in_bytes")), "67108864");
+        assert_eq!(read(&mem.join("memory.memsw.limit_in_bytes")), "67108864");
+        assert_eq!(read(&mem.join("memory.swappiness")), "0");
+        assert_eq!(read(&dir("pids").join("pids.max")), "16");
+        assert_eq!(read(&dir("cpu").join("cpu.cfs_period_us")), "100000");
+        assert_eq!(read(&dir("cpu").join("cpu.cfs_quota_us")), "50000");
+        for m in ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"] {
+            assert!(dir(m).is_dir(), "{m}");
+        }
+        // Unused hierarchies are left alone.
+        assert!(!tmp.path().join("sys/fs/cgroup/cpuset/airlock").exists());
+        assert!(
+            !tmp.path()
+                .join("sys/fs/cgroup/unified/airlock/cgroup.subtree_control")
+                .exists()
+        );
+        assert!(cg.clone_into_fd().is_some());
+        assert_eq!(host.count_sandboxes(), 1);
+        cg.destroy().expect("destroy");
+        assert_eq!(host.count_sandboxes(), 0);
+        for m in ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"] {
+            assert!(!dir(m).exists(), "{m}");
+            assert!(!dir(m).parent().unwrap().exists(), "{m} owner dir");
+        }
+    }
+
+    #[test]
+    fn memsw_is_skipped_without_swap_accounting_and_quota_has_a_floor() {
+        let files: Vec<_> = HYBRID_FILES
+            .iter()
+            .copied()
+            .filter(|(p, _)| !p.contains("memsw"))
+            .collect();
+        let (tmp, host) = fake(HYBRID, &files);
+        let limits = CgroupLimits {
+            memory_bytes: 1 << 30,
+            cpus: 0.001,
+            pids: 65,
+        };
+        let _cg = host.create("sb", &limits).expect("create");
+        let mem = sandbox_dir(&tmp, "sys/fs/cgroup/memory", &host, "sb");
+        assert_eq!(read(&mem.join("memory.limit_in_bytes")), "1073741824");
+        assert!(!mem.join("memory.memsw.limit_in_bytes").exists());
+        let cpu = sandbox_dir(&tmp, "sys/fs/cgroup/cpu", &host, "sb");
+        assert_eq!(read(&cpu.join("cpu.cfs_quota_us")), "1000");
+        assert_eq!(cpu_quota_us(2.0), 200_000);
+        assert_eq!(cpu_quota_us(0.255), 25_500);
+    }
+
+    #[test]
+    fn write_error_names_file_and_value() {
+        let files: Vec<_> = HYBRID_FILES
+            .iter()
+            .copied()
+            .filter(|(p, _)| !p.ends_with("pids.max"))
+            .collect();
+        let (tmp, host) = fake(HYBRID, &files);
+        let err = host.create("sb", &MIB64).expect_err("pids.max missing");
+        let msg = err.to_string();
+        assert!(msg.contains("pids.max") && msg.contains("\"16\""), "{msg}");
+        // A failed create leaves nothing behind.
+        assert_eq!(host.count_sandboxes(), 0);
+        assert!(
+            !tmp.path()
+                .join("sys/fs/cgroup/memory/airlock")
+                .join(host.owner())
+                .exists()
+        );
+    }
+
+    #[test]
+    fn comounted_cpu_cpuacct() {
+        let files: &[(&str, &str)] = &[
+            ("sys/fs/cgroup/memory/cgroup.procs", ""),
+            ("sys/fs/cgroup/memory/memory.limit_in_bytes", ""),
+            ("sys/fs/cgroup/memory/memory.max_usage_in_bytes", ""),
+            ("sys/fs/cgroup/memory/memory.oom_control", ""),
+            ("sys/fs/cgroup/pids/cgroup.procs", ""),
+            ("sys/fs/cgroup/pids/pids.max", ""),
+            ("sys/fs/cgroup/cpu,cpuacct/cgroup.procs", ""),
+            ("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", ""),
+            ("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", ""),
+            ("sys/fs/cgroup/cpu,cpuacct/cpuacct.usage", ""),
+        ];
+        let (tmp, host) = fake(COMOUNTED, files);
+        assert!(!host.is_v2());
+        assert_eq!(
+            host.describe(),
+            "v1: memory, pids, cpu, cpuacct; no cgroup2"
+        );
+        assert!(!host.has_kill());
+        let cg = host.create("sb-co", &MIB64).expect("create");
+        // One directory serves both cpu and cpuacct.
+        assert_eq!(cg.paths().count(), 3);
+        let cpu = sandbox_dir(&tmp, "sys/fs/cgroup/cpu,cpuacct", &host, "sb-co");
+        assert_eq!(read(&cpu.join("cpu.cfs_quota_us")), "50000");
+        assert!(cg.clone_into_fd().is_none());
+        // v1 usage files.
+        fs::write(cpu.join("cpuacct.usage"), "123456789\n").unwrap();
+        let mem = sandbox_dir(&tmp, "sys/fs/cgroup/memory", &host, "sb-co");
+        fs::write(mem.join("memory.max_usage_in_bytes"), "5242880\n").unwrap();
+        fs::write(
+            mem.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cg.usage(),
+            Usage {
+                memory_peak_bytes: 5 << 20,
+                cpu_ns: 123_456_789,
+                oom_kills: 3
+            }
+        );
+        // No cgroup.kill, no freezer: the SIGKILL loop (a no-op on a fake fs).
+        assert_eq!(cg.kill_method(), KillMethod::Loop);
+        cg.kill().expect("kill");
+    }
+
+    #[test]
+    fn v1_without_pids_fails_naming_pids() {
+        let mountinfo: String = HYBRID
+            .lines()
+            .filter(|l| !l.ends_with("rw,pids"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let (_tmp, host) = fake(&mountinfo, &[]);
+        assert!(
+            host.describe().ends_with("; missing: pids"),
+            "{}",
+            host.describe()
+        );
+        let err = host.create("sb", &MIB64).expect_err("no pids");
+        assert!(
+            matches!(
+                err,
+                CgroupError::MissingController {
+                    controller: "pids",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("`pids`"), "{err}");
+        assert_eq!(host.count_sandboxes(), 0);
+    }
+
+    #[test]
+    fn attach_writes_every_dir_it_is_not_yet_in() {
+        let (tmp, host) = fake(HYBRID, HYBRID_FILES);
+        let cg = host.create("sb-attach", &MIB64).expect("create");
+        let dir = |m: &str| sandbox_dir(&tmp, &format!("sys/fs/cgroup/{m}"), &host, "sb-attach");
+        cg.attach(4242, true).expect("attach");
+        for m in ["memory", "pids", "cpu", "cpuacct", "freezer"] {
+            assert_eq!(read(&dir(m).join("cgroup.procs")), "4242", "{m}");
+        }
+        assert_eq!(read(&dir("unified").join("cgroup.procs")), "");
+        cg.attach(4343, false).expect("attach");
+        assert_eq!(read(&dir("unified").join("cgroup.procs")), "4343");
+        // Freezer method without cgroup.kill: the fake ends thawed.
+        assert_eq!(cg.kill_method(), KillMethod::Freezer(dir("freezer")));
+        cg.kill().expect("kill");
+        assert_eq!(read(&dir("freezer").join("freezer.state")), "THAWED");
+        // Attaching to a removed cgroup fails naming the file.
+        fs::remove_dir_all(dir("pids")).unwrap();
+        let err = cg.attach(1, true).expect_err("gone");
+        assert!(
+            matches!(&err, CgroupError::Attach { pid: 1, path, .. } if path.ends_with("sb-attach/cgroup.procs")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn drop_removes_and_owner_dir_stays_while_shared() {
+        let (tmp, host) = fake(HYBRID, HYBRID_FILES);
+        let a = host.create("sb-a", &MIB64).expect("create a");
+        let b = host.create("sb-b", &MIB64).expect("create b");
+        assert_eq!(host.count_sandboxes(), 2);
+        assert_eq!(host.count_own_sandboxes(), 2);
+        drop(a);
+        assert_eq!(host.count_sandboxes(), 1);
+        let owner = tmp
+            .path()
+            .join("sys/fs/cgroup/memory/airlock")
+            .join(host.owner());
+        assert!(owner.join("sb-b").is_dir());
+        b.destroy().expect("destroy b");
+        assert!(!owner.exists());
+        assert_eq!(host.count_sandboxes(), 0);
+    }
+
+    #[test]
+    fn rejects_bad_ids_and_limits() {
+        let (_tmp, host) = fake(V2, V2_FILES);
+        for id in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            ".hidden",
+            "sp ace",
+            &"x".repeat(129),
+        ] {
+            assert!(
+                matches!(host.create(id, &MIB64), Err(CgroupError::InvalidId { .. })),
+                "{id:?}"
+            );
+        }
+        for limits in [
+            CgroupLimits {
+                memory_bytes: 0,
+                ..MIB64
+            },
+            CgroupLimits { pids: 0, ..MIB64 },
+            CgroupLimits { cpus: 0.0, ..MIB64 },
+            CgroupLimits {
+                cpus: f64::NAN,
+                ..MIB64
+            },
+            CgroupLimits {
+                cpus: f64::INFINITY,
+                ..MIB64
+            },
+        ] {
+            assert!(matches!(
+                host.create("sb", &limits),
+                Err(CgroupError::InvalidLimits { .. })
+            ));
+        }
+        assert_eq!(host.count_sandboxes(), 0);
+    }
+
+    #[test]
+    fn create_rejects_a_duplicate_id() {
+        let (_tmp, host) = fake(V2, V2_FILES);
+        let _a = host.create("sb-dup", &MIB64).expect("create");
+        let err = host.create("sb-dup", &MIB64).expect_err("duplicate");
+        assert!(
+            matches!(&err, CgroupError::Mkdir { source, .. } if source.kind() == io::ErrorKind::AlreadyExists),
+            "{err:?}"
+        );
+        // The failed create must not have removed the first one's directory.
+        assert_eq!(host.count_sandboxes(), 1);
+    }
+
+    #[test]
+    fn purge_stale_removes_dead_owners_only() {
+        let (tmp, host) = fake(HYBRID, HYBRID_FILES);
+        let live = host.create("sb-live", &MIB64).expect("create");
+        let (me, my_start) = parse_owner(host.owner()).unwrap();
+        // A dead pid, and our own pid with another start time (a recycled pid).
+        let dead = ["999999999-1".to_owned(), format!("{me}-{}", my_start + 1)];
+        for owner in &dead {
+            for m in ["memory", "pids", "cpu", "unified"] {
+                let dir = tmp
+                    .path()
+                    .join("sys/fs/cgroup")
+                    .join(m)
+                    .join(AIRLOCK_DIR)
+                    .join(owner);
+                fs::create_dir_all(dir.join("sb-old-1")).unwrap();
+                fs::create_dir_all(dir.join("sb-old-2")).unwrap();
+            }
+        }
+        // An empty dead owner directory, and a name that is not ours.
+        let memory_airlock = tmp.path().join("sys/fs/cgroup/memory").join(AIRLOCK_DIR);
+        fs::create_dir_all(memory_airlock.join("999999998-5")).unwrap();
+        fs::create_dir_all(memory_airlock.join("not-an-owner/keep")).unwrap();
+        assert_eq!(host.count_sandboxes(), 6);
+        assert_eq!(host.purge_stale(), 4);
+        assert_eq!(host.count_sandboxes(), 2);
+        for owner in dead.iter().map(String::as_str).chain(["999999998-5"]) {
+            for m in ["memory", "pids", "cpu", "unified"] {
+                let dir = tmp
+                    .path()
+                    .join("sys/fs/cgroup")
+                    .join(m)
+                    .join(AIRLOCK_DIR)
+                    .join(owner);
+                assert!(!dir.exists(), "{}", dir.display());
+            }
+        }
+        assert!(memory_airlock.join(host.owner()).join("sb-live").is_dir());
+        assert!(memory_airlock.join("not-an-owner/keep").is_dir());
+        assert_eq!(host.purge_stale(), 0);
+        live.destroy().expect("destroy");
+    }
+
+    #[test]
+    fn mountinfo_parsing_details() {
+        assert_eq!(
+            unescape_mountinfo(r"/sys/fs/cgroup/with\040space\\x"),
+            PathBuf::from(r"/sys/fs/cgroup/with space\\x")
+        );
+        let mounts = parse_mountinfo(
+            "41 31 0:38 /docker/abc /sys/fs/cgroup/unified rw shared:5 master:1 - cgroup2 cgroup2 rw\n\
+             42 31 0:39 / /sys/fs/cgroup/x rw - cgroup cgroup rw,noprefix,name=foo\n\
+             garbage line\n",
+        );
+        assert_eq!(
+            mounts,
+            vec![
+                CgMount {
+                    point: "/sys/fs/cgroup/unified".into(),
+                    full: false,
+                    v1_controllers: None
+                },
+                CgMount {
+                    point: "/sys/fs/cgroup/x".into(),
+                    full: true,
+                    v1_controllers: Some(vec![])
+                },
+            ]
+        );
+        assert!(matches!(
+            CgroupHost::from_mountinfo("22 27 0:21 / /proc rw - proc proc rw\n", Path::new("/")),
+            Err(CgroupError::NoCgroupFs)
+        ));
+        assert_eq!(
+            parse_start_time(
+                "12 (a) b (c) S 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 4242 23"
+            ),
+            Some(4242)
+        );
+        assert_eq!(parse_owner("123-456"), Some((123, 456)));
+        assert_eq!(parse_owner("123"), None);
+        assert_eq!(parse_owner("x-1"), None);
+    }
+
+    // ---- real cgroups on this host (requires root) ----
+
+    fn real_host() -> CgroupHost {
+        let host = CgroupHost::detect().expect("detect");
+        assert_eq!(host.fs, Fs::Real);
+        host
+    }
+
+    /// `sh` that waits for one line on stdin, then runs `then`: lets the test attach the
+    /// process before it does the interesting part.
+    fn gated(then: &str, arg0: &str) -> Child {
+        Command::new("sh")
+            .args(["-c", &format!("read x; {then}"), arg0])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("spawn sh")
+    }
+
+    fn open_gate(child: &mut Child) {
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"go\n").expect("write gate");
+    }
+
+    fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn pid_of(child: &Child) -> i32 {
+        i32::try_from(child.id()).expect("pid")
+    }
+
+    #[test]
+    fn real_describe() {
+        let host = real_host();
+        let line = host.describe();
+        assert!(line.starts_with("v2 at ") || line.contains("v1 "), "{line}");
+        assert!(!line.contains("missing"), "{line}");
+        println!("{line}; cgroup.kill: {}", host.has_kill());
+    }
+
+    #[test]
+    fn real_lifecycle() {
+        let host = real_host();
+        let id = "test-real-lifecycle";
+        let cg = host.create(id, &MIB64).expect("create");
+        let mem = cg.dir_with("memory").expect("memory dir").to_owned();
+        if host.is_v2() {
+            assert_eq!(read(&mem.join("memory.max")), "67108864");
+            assert_eq!(read(&mem.join("pids.max")), "16");
+            assert_eq!(read(&mem.join("cpu.max")), "50000 100000");
+        } else {
+            let expected = host
+                .v1_mount("memory")
+                .unwrap()
+                .join(AIRLOCK_DIR)
+                .join(host.owner())
+                .join(id);
+            assert_eq!(mem, expected);
+            assert_eq!(read(&mem.join("memory.limit_in_bytes")), "67108864");
+            let memsw = mem.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                assert_eq!(read(&memsw), "67108864");
+            }
+            assert_eq!(read(&cg.dir_with("pids").unwrap().join("pids.max")), "16");
+            let cpu = cg.dir_with("cpu").unwrap();
+            assert_eq!(read(&cpu.join("cpu.cfs_period_us")), "100000");
+            assert_eq!(read(&cpu.join("cpu.cfs_quota_us")), "50000");
+        }
+        assert_eq!(cg.clone_into_fd().is_some(), host.cgroup2.is_some());
+
+        let mut child = gated("exec sleep 30", "sh");
+        let pid = pid_of(&child);
+        cg.attach(pid, false).expect("attach");
+        for dir in cg.paths() {
+            let procs = read_pids(&dir.join("cgroup.procs")).unwrap();
+            assert!(procs.contains(&pid), "{pid} not in {}", dir.display());
+        }
+        // Let it exec after attaching, so the cgroup is charged for its memory.
+        open_gate(&mut child);
+        wait_until("exec sleep", || {
+            fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+        });
+        let usage = cg.usage();
+        assert!(usage.memory_peak_bytes > 0, "{usage:?}");
+        assert_eq!(usage.oom_kills, 0);
+        println!("usage after exec: {usage:?}");
+
+        cg.kill().expect("kill");
+        let status = child.wait().expect("wait");
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+
+        let paths: Vec<PathBuf> = cg.paths().map(Path::to_owned).collect();
+        cg.destroy().expect("destroy");
+        for p in paths {
+            assert!(!p.exists(), "{} left behind", p.display());
+        }
+    }
+
+    #[test]
+    fn real_oom_kill_is_counted() {
+        let host = real_host();
+        let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap_or("python3");
+        let limits = CgroupLimits { cpus: 1.0, ..MIB64 };
+        let cg = host.create("test-real-oom", &limits).expect("create");
+        let mut child = gated(
+            r#"exec "$0" -c 'x = bytearray(200 * 1024 * 1024); print(len(x))'"#,
+            python,
+        );
+        cg.attach(pid_of(&child), false).expect("attach");
+        open_gate(&mut child);
+        let status = child.wait().expect("wait");
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+        let usage = cg.usage();
+        assert!(usage.oom_kills >= 1, "{usage:?}");
+        assert!(usage.memory_peak_bytes <= 64 << 20, "{usage:?}");
+        assert!(usage.memory_peak_bytes > 32 << 20, "{usage:?}");
+        cg.destroy().expect("destroy");
+    }
+
+    /// The fallbacks for hosts without cgroup.kill, forced on this one: a shell and two
+    /// grandchildren forked inside the cgroup all die, and destroy leaves nothing.
+    #[test]
+    fn real_kill_fallbacks() {
+        let host = real_host();
+        let mut methods = vec![("loop", None)];
+        if !host.is_v2() && host.v1_mount("freezer").is_some() {
+            methods.push(("freezer", Some(())));
+        }
+        for (name, freezer) in methods {
+            let cg = host
+                .create(&format!("test-real-kill-{name}"), &MIB64)
+                .expect("create");
+            let mut child = gated("sleep 30 & sleep 30 & wait", "sh");
+            cg.attach(pid_of(&child), false).expect("attach");
+            open_gate(&mut child);
+            wait_until("two sleeps", || cg.members().is_ok_and(|m| m.len() == 3));
+            let method = match freezer {
+                Some(()) => KillMethod::Freezer(cg.dir_with("freezer").unwrap().to_owned()),
+                None => KillMethod::Loop,
+            };
+            cg.kill_with(method).expect("kill");
+            let status = child.wait().expect("wait");
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{name}: {status:?}");
+            cg.wait_empty(Instant::now() + DESTROY_WAIT)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            if let Some(dir) = cg.dir_with("freezer") {
+                assert_eq!(read(&dir.join("freezer.state")), "THAWED");
+            }
+            cg.destroy().unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    /// Dropping a cgroup with a live process kills it and removes every directory.
+    #[test]
+    fn real_drop_kills_and_removes() {
+        let host = real_host();
+        let cg = host.create("test-real-drop", &MIB64).expect("create");
+        let mut child = Command::new("sleep").arg("30").spawn().expect("spawn");
+        cg.attach(pid_of(&child), false).expect("attach");
+        let paths: Vec<PathBuf> = cg.paths().map(Path::to_owned).collect();
+        drop(cg);
+        assert_eq!(child.wait().expect("wait").signal(), Some(libc::SIGKILL));
+        for p in paths {
+            assert!(!p.exists(), "{} left behind", p.display());
+        }
     }
 }

@@ -60,6 +60,13 @@ pub(crate) mod nr {
     #[cfg(target_arch = "x86_64")]
     pub(crate) const SYS_query_module: c_long = 178;
 
+    /// `io_pgetevents` (Linux 4.18; the old AIO's `io_getevents` with a signal mask).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) const SYS_io_pgetevents: c_long = 333;
+    /// `io_pgetevents`.
+    #[cfg(target_arch = "aarch64")]
+    pub(crate) const SYS_io_pgetevents: c_long = 292;
+
     // Generic-table calls that `libc` does not name for aarch64.
     /// `getrlimit` (arm64 defines `__ARCH_WANT_SET_GET_RLIMIT`).
     #[cfg(target_arch = "aarch64")]
@@ -375,6 +382,7 @@ const ALWAYS: &[Syscall] = syscalls![
     SYS_io_submit,
     SYS_io_cancel,
     SYS_io_getevents,
+    SYS_io_pgetevents,
 ];
 
 /// The legacy x86_64 calls that the generic syscall table (aarch64) replaced with `*at` or
