@@ -339,11 +339,8 @@ impl Fs {
                 let _ = fs::remove_dir(path);
             }
             Fs::Fake => {
-                let has_child = fs::read_dir(path).is_ok_and(|entries| {
-                    entries
-                        .flatten()
-                        .any(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                });
+                let has_child = fs::read_dir(path)
+                    .is_ok_and(|entries| entries.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir())));
                 if !has_child {
                     let _ = fs::remove_dir_all(path);
                 }
@@ -625,8 +622,7 @@ impl CgroupHost {
     /// Detects the layout of this host from `/proc/self/mountinfo`.
     pub fn detect() -> Result<Self, CgroupError> {
         let path = PathBuf::from("/proc/self/mountinfo");
-        let text = fs::read_to_string(&path)
-            .map_err(|source| CgroupError::ReadMountinfo { path, source })?;
+        let text = fs::read_to_string(&path).map_err(|source| CgroupError::ReadMountinfo { path, source })?;
         Self::from_mountinfo(&text, Path::new("/"))
     }
 
@@ -712,16 +708,21 @@ impl CgroupHost {
         }
         let (have, missing): (Vec<&str>, Vec<&str>) =
             V1_USED.iter().partition(|c| self.v1_mount(c).is_some());
-        let missing: Vec<&str> = missing
-            .into_iter()
-            .filter(|c| V1_REQUIRED.contains(c))
-            .collect();
+        let missing: Vec<&str> = missing.into_iter().filter(|c| V1_REQUIRED.contains(c)).collect();
         let mut line = match &self.cgroup2 {
             Some(root) => {
-                let ctl = if self.cgroup2_controllers.is_empty() {
+                // Only controllers we could use matter here (a hybrid host may leave e.g.
+                // hugetlb on cgroup2).
+                let ours: Vec<&str> = self
+                    .cgroup2_controllers
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|c| V1_USED.contains(c))
+                    .collect();
+                let ctl = if ours.is_empty() {
                     "no controllers".to_owned()
                 } else {
-                    format!("controllers: {}", self.cgroup2_controllers.join(", "))
+                    format!("controllers: {}", ours.join(", "))
                 };
                 format!(
                     "hybrid: v1 {}; cgroup2 ({ctl}) at {}",
@@ -804,10 +805,7 @@ impl CgroupHost {
                 if !self.cgroup2_controllers.iter().any(|c| c == controller) {
                     return Err(CgroupError::MissingController {
                         controller,
-                        detail: format!(
-                            "{} does not list it",
-                            root.join("cgroup.controllers").display()
-                        ),
+                        detail: format!("{} does not list it", root.join("cgroup.controllers").display()),
                     });
                 }
             }
@@ -848,12 +846,7 @@ impl CgroupHost {
 
     /// `mkdir -p mount/airlock/<owner>` (enabling `enable` at each level), then
     /// `mkdir mount/airlock/<owner>/<id>`. Returns (owner dir, sandbox dir).
-    fn make_dirs(
-        &self,
-        mount: &Path,
-        enable: &[&str],
-        id: &str,
-    ) -> Result<(PathBuf, PathBuf), CgroupError> {
+    fn make_dirs(&self, mount: &Path, enable: &[&str], id: &str) -> Result<(PathBuf, PathBuf), CgroupError> {
         let mkdir_p = |path: &Path| match self.fs.mkdir(path, mount) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(CgroupError::Mkdir {
                 path: path.to_owned(),
@@ -867,12 +860,10 @@ impl CgroupHost {
         let leaf = owner.join(id);
         mkdir_p(&airlock)?;
         mkdir_p(&owner)?;
-        self.fs
-            .mkdir(&leaf, mount)
-            .map_err(|source| CgroupError::Mkdir {
-                path: leaf.clone(),
-                source,
-            })?;
+        self.fs.mkdir(&leaf, mount).map_err(|source| CgroupError::Mkdir {
+            path: leaf.clone(),
+            source,
+        })?;
         Ok((owner, leaf))
     }
 
@@ -1081,10 +1072,7 @@ impl Cgroup {
 
     /// The cgroup2 directory (v2, or the unified one on a hybrid host).
     fn cgroup2_dir(&self) -> Option<&Path> {
-        self.dirs
-            .iter()
-            .find(|d| d.cgroup2)
-            .map(|d| d.path.as_path())
+        self.dirs.iter().find(|d| d.cgroup2).map(|d| d.path.as_path())
     }
 
     fn need(&self, controller: &'static str) -> Result<&Path, CgroupError> {
@@ -1167,8 +1155,7 @@ impl Cgroup {
                 usage.memory_peak_bytes = read_u64(&dir.join("memory.peak"), None)
                     .or_else(|| read_u64(&dir.join("memory.current"), None))
                     .unwrap_or(0);
-                usage.oom_kills =
-                    read_u64(&dir.join("memory.events"), Some("oom_kill")).unwrap_or(0);
+                usage.oom_kills = read_u64(&dir.join("memory.events"), Some("oom_kill")).unwrap_or(0);
             }
             usage.cpu_ns = self
                 .dir_with("cpu")
@@ -1177,10 +1164,8 @@ impl Cgroup {
             return usage;
         }
         if let Some(dir) = self.dir_with("memory") {
-            usage.memory_peak_bytes =
-                read_u64(&dir.join("memory.max_usage_in_bytes"), None).unwrap_or(0);
-            usage.oom_kills =
-                read_u64(&dir.join("memory.oom_control"), Some("oom_kill")).unwrap_or(0);
+            usage.memory_peak_bytes = read_u64(&dir.join("memory.max_usage_in_bytes"), None).unwrap_or(0);
+            usage.oom_kills = read_u64(&dir.join("memory.oom_control"), Some("oom_kill")).unwrap_or(0);
         }
         // cpuacct counts in ns; without it, cgroup2's cpu.stat works even controller-less.
         usage.cpu_ns = self
@@ -1291,11 +1276,10 @@ impl Cgroup {
             }
             let sent = match &fd {
                 Some(fd) => sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL),
-                None => nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                )
-                .map_err(io::Error::from),
+                None => {
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+                        .map_err(io::Error::from)
+                }
             };
             match sent {
                 Ok(()) => signalled.push(pid),
@@ -1307,11 +1291,7 @@ impl Cgroup {
     }
 
     fn signal_error(&self, pid: i32, source: io::Error) -> CgroupError {
-        let path = self
-            .dirs
-            .first()
-            .map(|d| d.path.clone())
-            .unwrap_or_default();
+        let path = self.dirs.first().map(|d| d.path.clone()).unwrap_or_default();
         CgroupError::Signal { pid, path, source }
     }
 
@@ -1377,9 +1357,7 @@ impl Cgroup {
             // rmdir can report EBUSY for a moment after the last task left.
             let removed = loop {
                 match self.fs.rmdir_tree(&dir.path) {
-                    Err(e)
-                        if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
-                    {
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
                         thread::sleep(Duration::from_millis(5));
                     }
                     other => break other,
@@ -1414,7 +1392,6 @@ impl Drop for Cgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write as _;
     use std::os::unix::process::ExitStatusExt as _;
     use std::process::{Child, Command, Stdio};
 
@@ -1590,10 +1567,7 @@ mod tests {
         }
         assert!(cg.clone_into_fd().is_some());
         // cgroup.kill is preferred.
-        assert_eq!(
-            cg.kill_method(),
-            KillMethod::CgroupKill(dir.join("cgroup.kill"))
-        );
+        assert_eq!(cg.kill_method(), KillMethod::CgroupKill(dir.join("cgroup.kill")));
         cg.kill().expect("kill");
         assert_eq!(read(&dir.join("cgroup.kill")), "1");
         cg.destroy().expect("destroy");
@@ -1610,10 +1584,7 @@ mod tests {
         let (tmp, host) = fake(V2, &files);
         let _cg = host.create("sb", &MIB64).expect("create");
         let root = tmp.path().join("sys/fs/cgroup");
-        assert_eq!(
-            read(&root.join("cgroup.subtree_control")),
-            "cpu memory pids"
-        );
+        assert_eq!(read(&root.join("cgroup.subtree_control")), "cpu memory pids");
     }
 
     #[test]
@@ -1755,10 +1726,7 @@ mod tests {
         ];
         let (tmp, host) = fake(COMOUNTED, files);
         assert!(!host.is_v2());
-        assert_eq!(
-            host.describe(),
-            "v1: memory, pids, cpu, cpuacct; no cgroup2"
-        );
+        assert_eq!(host.describe(), "v1: memory, pids, cpu, cpuacct; no cgroup2");
         assert!(!host.has_kill());
         let cg = host.create("sb-co", &MIB64).expect("create");
         // One directory serves both cpu and cpuacct.
@@ -1850,10 +1818,7 @@ mod tests {
         assert_eq!(host.count_own_sandboxes(), 2);
         drop(a);
         assert_eq!(host.count_sandboxes(), 1);
-        let owner = tmp
-            .path()
-            .join("sys/fs/cgroup/memory/airlock")
-            .join(host.owner());
+        let owner = tmp.path().join("sys/fs/cgroup/memory/airlock").join(host.owner());
         assert!(owner.join("sb-b").is_dir());
         b.destroy().expect("destroy b");
         assert!(!owner.exists());
@@ -1989,9 +1954,7 @@ mod tests {
             Err(CgroupError::NoCgroupFs)
         ));
         assert_eq!(
-            parse_start_time(
-                "12 (a) b (c) S 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 4242 23"
-            ),
+            parse_start_time("12 (a) b (c) S 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 4242 23"),
             Some(4242)
         );
         assert_eq!(parse_owner("123-456"), Some((123, 456)));
@@ -2155,6 +2118,28 @@ mod tests {
                 assert_eq!(read(&dir.join("freezer.state")), "THAWED");
             }
             cg.destroy().unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    /// A crashed supervisor's sandbox, with a process still in it, is killed and removed.
+    #[test]
+    fn real_purge_stale() {
+        let host = real_host();
+        // pid_max is at most 2^22, so this owner is never alive.
+        let owner = "999999999-424242";
+        let mut child = Command::new("sleep").arg("30").spawn().expect("spawn");
+        let mut dirs = Vec::new();
+        for slot in host.plan() {
+            let dir = slot.mount.join(AIRLOCK_DIR).join(owner).join("test-real-purge");
+            fs::create_dir_all(&dir).expect("mkdir");
+            write_file(&dir.join("cgroup.procs"), &child.id().to_string()).expect("attach");
+            dirs.push(dir);
+        }
+        assert!(host.purge_stale() >= 1);
+        assert_eq!(child.wait().expect("wait").signal(), Some(libc::SIGKILL));
+        for dir in dirs {
+            assert!(!dir.exists(), "{} left behind", dir.display());
+            assert!(!dir.parent().unwrap().exists(), "owner dir left behind");
         }
     }
 

@@ -21,7 +21,13 @@ pub struct Check {
 }
 
 fn check(name: &'static str, required: bool, ok: bool, detail: String, fix: &'static str) -> Check {
-    Check { name, ok, required, detail, fix }
+    Check {
+        name,
+        ok,
+        required,
+        detail,
+        fix,
+    }
 }
 
 /// Probes the host.
@@ -32,7 +38,11 @@ pub fn run() -> Vec<Check> {
         "root",
         true,
         root,
-        if root { "running as root".into() } else { "not root".into() },
+        if root {
+            "running as root".into()
+        } else {
+            "not root".into()
+        },
         "run airlock as root (cgroup limits need it)",
     )];
 
@@ -55,19 +65,34 @@ pub fn run() -> Vec<Check> {
                 "cgroup.kill",
                 false,
                 host.has_kill(),
-                if host.has_kill() { "present".into() } else { "absent: freezer + SIGKILL fallback".into() },
+                if host.has_kill() {
+                    "present".into()
+                } else {
+                    "absent: freezer + SIGKILL fallback".into()
+                },
                 "Linux >= 5.14 with a cgroup2 mount",
             ));
         }
-        Err(e) => checks.push(check("cgroups", true, false, e.to_string(), "mount cgroup2 at /sys/fs/cgroup, or the v1 memory, pids and cpu controllers")),
+        Err(e) => checks.push(check(
+            "cgroups",
+            true,
+            false,
+            e.to_string(),
+            "mount cgroup2 at /sys/fs/cgroup, or the v1 memory, pids and cpu controllers",
+        )),
     }
 
-    let seccomp = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| s.contains("Seccomp_filters:") || s.contains("Seccomp:"));
+    let seccomp = std::fs::read_to_string("/proc/self/status")
+        .is_ok_and(|s| s.contains("Seccomp_filters:") || s.contains("Seccomp:"));
     checks.push(check(
         "seccomp",
         true,
         seccomp,
-        if seccomp { "seccomp filters supported".into() } else { "no seccomp in this kernel".into() },
+        if seccomp {
+            "seccomp filters supported".into()
+        } else {
+            "no seccomp in this kernel".into()
+        },
         "a kernel built with CONFIG_SECCOMP_FILTER",
     ));
 
@@ -78,7 +103,13 @@ pub fn run() -> Vec<Check> {
         4 | 5 => "filesystem + TCP rules",
         _ => "filesystem + TCP rules + signal/abstract-socket scoping",
     };
-    checks.push(check("landlock", true, abi >= 1, format!("ABI {abi}: {extras}"), "Linux >= 5.13 with landlock in the lsm= boot parameter"));
+    checks.push(check(
+        "landlock",
+        true,
+        abi >= 1,
+        format!("ABI {abi}: {extras}"),
+        "Linux >= 5.13 with landlock in the lsm= boot parameter",
+    ));
 
     // clone3 with a zero size fails with EINVAL where it exists and ENOSYS where not.
     // SAFETY: a null pointer with size 0 is rejected by the kernel before any access.
@@ -88,7 +119,11 @@ pub fn run() -> Vec<Check> {
         "clone3 + CLONE_INTO_CGROUP",
         false,
         has_clone3,
-        if has_clone3 { "present".into() } else { "absent: clone(2) + cgroup.procs fallback".into() },
+        if has_clone3 {
+            "present".into()
+        } else {
+            "absent: clone(2) + cgroup.procs fallback".into()
+        },
         "Linux >= 5.7",
     ));
 
@@ -98,15 +133,33 @@ pub fn run() -> Vec<Check> {
         // SAFETY: pidfd is a fresh fd we own.
         unsafe { libc::close(pidfd as i32) };
     }
-    checks.push(check("pidfd", true, pidfd >= 0, if pidfd >= 0 { "present".into() } else { "absent".into() }, "Linux >= 5.3"));
+    checks.push(check(
+        "pidfd",
+        true,
+        pidfd >= 0,
+        if pidfd >= 0 {
+            "present".into()
+        } else {
+            "absent".into()
+        },
+        "Linux >= 5.3",
+    ));
 
     let kvm = Path::new("/dev/kvm");
-    let kvm_ok = std::fs::OpenOptions::new().read(true).write(true).open(kvm).is_ok();
+    let kvm_ok = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(kvm)
+        .is_ok();
     checks.push(check(
         "/dev/kvm",
         false,
         kvm_ok,
-        if kvm_ok { "openable (used by the micro-VM backend, not by namespaces)".into() } else { "absent or not openable".into() },
+        if kvm_ok {
+            "openable (used by the micro-VM backend, not by namespaces)".into()
+        } else {
+            "absent or not openable".into()
+        },
         "load kvm_intel or kvm_amd",
     ));
     checks

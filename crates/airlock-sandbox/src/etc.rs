@@ -17,18 +17,38 @@ const GENERATED: &[(&str, &str)] = &[
     ),
     ("group", "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"),
     ("hostname", "airlock\n"),
-    ("hosts", "127.0.0.1\tlocalhost airlock\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
-    ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files\n"),
+    (
+        "hosts",
+        "127.0.0.1\tlocalhost airlock\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    ),
+    (
+        "nsswitch.conf",
+        "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
+    ),
     ("resolv.conf", ""),
 ];
 
 /// Host files bound read-only when present: the dynamic loader's cache, protocol and
 /// service names, MIME types, time zone.
-const BOUND_FILES: &[&str] = &["ld.so.cache", "ld.so.conf", "protocols", "services", "mime.types", "localtime"];
+const BOUND_FILES: &[&str] = &[
+    "ld.so.cache",
+    "ld.so.conf",
+    "protocols",
+    "services",
+    "mime.types",
+    "localtime",
+];
 
 /// Host directories bound read-only when present: TLS trust, `alternatives` links that
 /// /usr/bin points through (awk, cc, python…), and interpreter configuration.
-const BOUND_DIRS: &[&str] = &["ssl", "ca-certificates", "alternatives", "ld.so.conf.d", "pki", "crypto-policies"];
+const BOUND_DIRS: &[&str] = &[
+    "ssl",
+    "ca-certificates",
+    "alternatives",
+    "ld.so.conf.d",
+    "pki",
+    "crypto-policies",
+];
 
 /// Builds /etc from `source_root` (the host's root or the rootfs, as seen before the old
 /// root is detached).
@@ -60,7 +80,13 @@ pub fn build(source_root: &Path) -> Result<(), MountError> {
                     target: dst.display().to_string(),
                     source,
                 })?;
-                let r = nix::mount::mount(Some(&src), &dst, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>);
+                let r = nix::mount::mount(
+                    Some(&src),
+                    &dst,
+                    None::<&str>,
+                    nix::mount::MsFlags::MS_BIND,
+                    None::<&str>,
+                );
                 r.map_err(|e| MountError::Syscall {
                     op: "bind",
                     target: dst.display().to_string(),

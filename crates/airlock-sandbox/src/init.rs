@@ -49,7 +49,8 @@ fn init(report: &mut File) -> Result<Infallible, String> {
     // Nothing but stdio, the config and the report pipe may cross into the sandbox.
     sys::close_from(5).map_err(|e| format!("close_range: {e}"))?;
     // The supervisor blocks the signals it handles; the sandbox starts with none blocked.
-    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None).map_err(|e| format!("sigprocmask: {e}"))?;
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(|e| format!("sigprocmask: {e}"))?;
 
     // SAFETY: fd 3 is the config pipe the supervisor placed there; owned only here.
     let mut config_pipe = unsafe { File::from_raw_fd(CONFIG_FD) };
@@ -57,7 +58,10 @@ fn init(report: &mut File) -> Result<Infallible, String> {
     drop(config_pipe);
     let config = &frame.config;
 
-    let layout = mounts::Layout { rootfs: config.rootfs.as_deref(), disk_bytes: config.disk_bytes };
+    let layout = mounts::Layout {
+        rootfs: config.rootfs.as_deref(),
+        disk_bytes: config.disk_bytes,
+    };
     mounts::build(&layout).map_err(|e| format!("building the filesystem: {e}"))?;
     mounts::write_files(&config.files, &frame.file_data).map_err(|e| e.to_string())?;
     mounts::seal_root().map_err(|e| format!("sealing the root: {e}"))?;
@@ -86,7 +90,9 @@ fn init(report: &mut File) -> Result<Infallible, String> {
         let _ = waitpid(child, None);
         return Err(failure);
     }
-    report.write_all(&InitReport::Started.to_line()).map_err(|e| format!("report: {e}"))?;
+    report
+        .write_all(&InitReport::Started.to_line())
+        .map_err(|e| format!("report: {e}"))?;
 
     // Init keeps no copy of the program's stdio: output pipes close when the program and
     // its descendants are gone, not when init is.
@@ -108,7 +114,9 @@ fn reap_until(program: Pid) -> InitReport {
             }
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => {
-                return InitReport::Failed { message: format!("waitpid: {e}") };
+                return InitReport::Failed {
+                    message: format!("waitpid: {e}"),
+                };
             }
         }
     }
@@ -117,8 +125,16 @@ fn reap_until(program: Pid) -> InitReport {
 fn prepare(config: &InitConfig, seccomp: &[u8]) -> Result<Prepared, String> {
     let path = resolve(&config.command[0], &config.env)?;
     let cstring = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
-    let argv = config.command.iter().map(|a| cstring(a)).collect::<Result<Vec<_>, _>>()?;
-    let envp = config.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<Result<Vec<_>, _>>()?;
+    let argv = config
+        .command
+        .iter()
+        .map(|a| cstring(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let envp = config
+        .env
+        .iter()
+        .map(|(k, v)| cstring(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()?;
     let cap_last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -137,7 +153,10 @@ fn prepare(config: &InitConfig, seccomp: &[u8]) -> Result<Prepared, String> {
 /// Finds the program the way a shell would: a name with a slash is taken as a path
 /// (relative to /workspace), otherwise each PATH entry is tried.
 fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, String> {
-    let executable = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
     if program.contains('/') {
         let path = Path::new("/workspace").join(program);
         if executable(&path) {
@@ -145,12 +164,19 @@ fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, String> {
         }
         return Err(format!("{program}: no such executable file in the sandbox"));
     }
-    let search = env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).unwrap_or("/usr/bin:/bin");
+    let search = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/bin:/bin");
     for dir in search.split(':').filter(|d| !d.is_empty()) {
         let path = Path::new(dir).join(program);
         if executable(&path) {
             return Ok(path);
         }
     }
-    Err(format!("{program}: command not found in the sandbox (searched PATH={search})"))
+    Err(format!(
+        "{program}: command not found in the sandbox (searched PATH={search})"
+    ))
 }

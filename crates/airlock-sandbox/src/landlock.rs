@@ -21,7 +21,9 @@ pub enum LandlockError {
     #[error("landlock ruleset: {0}")]
     Ruleset(#[from] landlock::RulesetError),
     /// The kernel enforced nothing.
-    #[error("landlock is not available on this kernel (it needs Linux >= 5.13 with landlock in the lsm= boot list)")]
+    #[error(
+        "landlock is not available on this kernel (it needs Linux >= 5.13 with landlock in the lsm= boot list)"
+    )]
     NotEnforced,
 }
 
@@ -31,7 +33,12 @@ pub fn kernel_abi() -> i32 {
     // SAFETY: with a null attribute, size 0 and the VERSION flag the call only returns
     // the ABI number (or -1 with errno); it touches no memory.
     let v = unsafe {
-        libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, LANDLOCK_CREATE_RULESET_VERSION)
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
     };
     if v < 0 { 0 } else { v as i32 }
 }
@@ -43,7 +50,8 @@ pub fn prepare() -> Result<RulesetCreated, LandlockError> {
     let read_only = read_exec & !AccessFs::Execute;
     // Writable scratch space: everything but creating device nodes.
     let read_write = AccessFs::from_all(POLICY_ABI) & !(AccessFs::MakeChar | AccessFs::MakeBlock);
-    let devices: BitFlags<AccessFs> = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev | AccessFs::Truncate;
+    let devices: BitFlags<AccessFs> =
+        AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev | AccessFs::Truncate;
 
     let ruleset = Ruleset::default()
         // The filesystem rules are the baseline: without them, refuse.
@@ -56,7 +64,12 @@ pub fn prepare() -> Result<RulesetCreated, LandlockError> {
         .create()?;
     let ruleset = ruleset
         .add_rules(path_beneath_rules(["/"], AccessFs::ReadDir))?
-        .add_rules(path_beneath_rules(["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"], read_exec))?
+        .add_rules(path_beneath_rules(
+            [
+                "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+            ],
+            read_exec,
+        ))?
         .add_rules(path_beneath_rules(["/proc"], read_only))?
         .add_rules(path_beneath_rules(["/dev"], devices | AccessFs::ReadDir))?
         .add_rules(path_beneath_rules(["/tmp", "/workspace", "/dev/shm"], read_write))?;

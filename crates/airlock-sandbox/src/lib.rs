@@ -81,16 +81,23 @@ impl Engine {
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
             return Err(SandboxError::Host(
-                "airlock must run as root to enforce memory, CPU and process limits with cgroups (try sudo)".into(),
+                "airlock must run as root to enforce memory, CPU and process limits with cgroups (try sudo)"
+                    .into(),
             ));
         }
         if crate::landlock::kernel_abi() < 1 {
-            return Err(SandboxError::Host(crate::landlock::LandlockError::NotEnforced.to_string()));
+            return Err(SandboxError::Host(
+                crate::landlock::LandlockError::NotEnforced.to_string(),
+            ));
         }
         let cgroups = cgroup::CgroupHost::detect()?;
         cgroups.purge_stale();
         let program = airlock_seccomp::build()?;
-        Ok(Engine { cgroups, seccomp: airlock_seccomp::to_bytes(&program), slot: AtomicU32::new(0) })
+        Ok(Engine {
+            cgroups,
+            seccomp: airlock_seccomp::to_bytes(&program),
+            slot: AtomicU32::new(0),
+        })
     }
 
     /// Runs `spec` in a fresh sandbox and returns its result. Output within the limit is

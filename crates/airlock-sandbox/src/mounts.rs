@@ -61,7 +61,9 @@ const PROC_MASKED_FILES: &[&str] = &[
 ];
 
 /// /proc directories made read-only: kernel tunables and hardware.
-const PROC_READONLY_DIRS: &[&str] = &["sys", "irq", "bus", "fs", "asound", "acpi", "scsi", "driver", "tty"];
+const PROC_READONLY_DIRS: &[&str] = &[
+    "sys", "irq", "bus", "fs", "asound", "acpi", "scsi", "driver", "tty",
+];
 
 /// Why building the filesystem failed.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +99,11 @@ fn sys<T>(op: &'static str, target: impl AsRef<Path>, r: nix::Result<T>) -> Resu
 }
 
 fn io_op<T>(op: &'static str, target: impl AsRef<Path>, r: io::Result<T>) -> Result<T, MountError> {
-    r.map_err(|source| MountError::Syscall { op, target: target.as_ref().display().to_string(), source })
+    r.map_err(|source| MountError::Syscall {
+        op,
+        target: target.as_ref().display().to_string(),
+        source,
+    })
 }
 
 /// What the filesystem is built from.
@@ -113,17 +119,37 @@ pub struct Layout<'a> {
 pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
     // 1. Nothing we mount may propagate to the host, and nothing of the host's later
     //    mounts may appear here.
-    sys("make private", "/", mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>))?;
+    sys(
+        "make private",
+        "/",
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        ),
+    )?;
 
     // 2. The new root: a small tmpfs on /tmp of *this* mount namespace (the host never
     //    sees it). After pivot_root the host's root hangs at /oldroot.
     sys(
         "mount root tmpfs",
         "/tmp",
-        mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=4m,nr_inodes=4096")),
+        mount(
+            Some("tmpfs"),
+            "/tmp",
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755,size=4m,nr_inodes=4096"),
+        ),
     )?;
     mkdir_p(Path::new("/tmp/oldroot"), 0o755)?;
-    sys("pivot_root", "/tmp", nix::unistd::pivot_root("/tmp", "/tmp/oldroot"))?;
+    sys(
+        "pivot_root",
+        "/tmp",
+        nix::unistd::pivot_root("/tmp", "/tmp/oldroot"),
+    )?;
     sys("chdir", "/", nix::unistd::chdir("/"))?;
 
     let source_root = match layout.rootfs {
@@ -155,12 +181,26 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
     sys(
         "mount scratch tmpfs",
         SCRATCH,
-        mount(Some("tmpfs"), SCRATCH, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_str())),
+        mount(
+            Some("tmpfs"),
+            SCRATCH,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(opts.as_str()),
+        ),
     )?;
-    for (part, mode, owner) in [("tmp", 0o1777, 0), ("workspace", 0o755, SANDBOX_ID), ("shm", 0o1777, 0)] {
+    for (part, mode, owner) in [
+        ("tmp", 0o1777, 0),
+        ("workspace", 0o755, SANDBOX_ID),
+        ("shm", 0o1777, 0),
+    ] {
         let dir = Path::new(SCRATCH).join(part);
         mkdir_p(&dir, mode)?;
-        sys("chown", &dir, chown(&dir, Some(Uid::from_raw(owner)), Some(Gid::from_raw(owner))))?;
+        sys(
+            "chown",
+            &dir,
+            chown(&dir, Some(Uid::from_raw(owner)), Some(Gid::from_raw(owner))),
+        )?;
     }
     for (part, dst) in [("tmp", "/tmp"), ("workspace", "/workspace")] {
         mkdir_p(Path::new(dst), 0o755)?;
@@ -182,8 +222,13 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
 
 /// Makes the root tmpfs read-only. Called after init has written the spec's files.
 pub fn seal_root() -> Result<(), MountError> {
-    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    sys("remount read-only", "/", mount(None::<&str>, "/", None::<&str>, flags, None::<&str>))
+    let flags =
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    sys(
+        "remount read-only",
+        "/",
+        mount(None::<&str>, "/", None::<&str>, flags, None::<&str>),
+    )
 }
 
 fn build_dev() -> Result<(), MountError> {
@@ -203,9 +248,21 @@ fn build_dev() -> Result<(), MountError> {
         let dst = Path::new("/dev").join(name);
         io_op("create", &dst, fs::File::create(&dst))?;
         let src = Path::new(OLD).join("dev").join(name);
-        sys("bind device", &dst, mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>))?;
-        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | locked_flags(&src);
-        sys("remount device", &dst, mount(None::<&str>, &dst, None::<&str>, flags, None::<&str>))?;
+        sys(
+            "bind device",
+            &dst,
+            mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>),
+        )?;
+        let flags = MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NOEXEC
+            | locked_flags(&src);
+        sys(
+            "remount device",
+            &dst,
+            mount(None::<&str>, &dst, None::<&str>, flags, None::<&str>),
+        )?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
@@ -220,18 +277,36 @@ fn build_dev() -> Result<(), MountError> {
     mkdir_p(Path::new("/dev/shm"), 0o1777)?;
     bind(&Path::new(SCRATCH).join("shm"), Path::new("/dev/shm"))?;
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
-    sys("remount /dev read-only", "/dev", mount(None::<&str>, "/dev", None::<&str>, flags, Some("mode=0755")))?;
+    sys(
+        "remount /dev read-only",
+        "/dev",
+        mount(None::<&str>, "/dev", None::<&str>, flags, Some("mode=0755")),
+    )?;
     Ok(())
 }
 
 fn build_proc() -> Result<(), MountError> {
     mkdir_p(Path::new("/proc"), 0o555)?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    sys("mount proc", "/proc", mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>))?;
+    sys(
+        "mount proc",
+        "/proc",
+        mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>),
+    )?;
     for name in PROC_MASKED_FILES {
         let path = Path::new("/proc").join(name);
         if path.exists() {
-            sys("mask", &path, mount(Some("/dev/null"), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>))?;
+            sys(
+                "mask",
+                &path,
+                mount(
+                    Some("/dev/null"),
+                    &path,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                ),
+            )?;
         }
     }
     for name in PROC_READONLY_DIRS {
@@ -245,7 +320,11 @@ fn build_proc() -> Result<(), MountError> {
 
 /// Bind-mounts `src` on `dst` (created if missing), read-write.
 fn bind(src: &Path, dst: &Path) -> Result<(), MountError> {
-    sys("bind", dst, mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>))
+    sys(
+        "bind",
+        dst,
+        mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>),
+    )
 }
 
 /// Bind-mounts directory `src` on `dst` read-only, nosuid, nodev. A remount in a user
@@ -255,7 +334,11 @@ pub(crate) fn bind_dir_readonly(src: &Path, dst: &Path) -> Result<(), MountError
     if !dst.exists() {
         mkdir_p(dst, 0o755)?;
     }
-    sys("bind", dst, mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>))?;
+    sys(
+        "bind",
+        dst,
+        mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>),
+    )?;
     remount_readonly(src, dst)
 }
 
@@ -267,12 +350,18 @@ pub(crate) fn remount_readonly(src: &Path, dst: &Path) -> Result<(), MountError>
         | MsFlags::MS_NOSUID
         | MsFlags::MS_NODEV
         | locked_flags(src);
-    sys("remount read-only", dst, mount(None::<&str>, dst, None::<&str>, flags, None::<&str>))
+    sys(
+        "remount read-only",
+        dst,
+        mount(None::<&str>, dst, None::<&str>, flags, None::<&str>),
+    )
 }
 
 /// The flags of the mount holding `path` that a user namespace may not clear.
 fn locked_flags(path: &Path) -> MsFlags {
-    let Ok(st) = statvfs(path) else { return MsFlags::empty() };
+    let Ok(st) = statvfs(path) else {
+        return MsFlags::empty();
+    };
     let f = st.flags();
     let mut out = MsFlags::empty();
     for (have, keep) in [
@@ -303,7 +392,11 @@ pub(crate) fn mkdir_p(path: &Path, mode: u32) -> Result<(), MountError> {
         }
         Err(e) => return sys("mkdir", path, Err(e)),
     }
-    io_op("chmod", path, fs::set_permissions(path, fs::Permissions::from_mode(mode)))
+    io_op(
+        "chmod",
+        path,
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)),
+    )
 }
 
 /// Writes the spec's files into /workspace, owned by the sandbox user.
@@ -311,7 +404,10 @@ pub fn write_files(files: &[(String, u32, u64)], data: &[Vec<u8>]) -> Result<(),
     let owner = (Some(Uid::from_raw(SANDBOX_ID)), Some(Gid::from_raw(SANDBOX_ID)));
     for ((rel, mode, _), content) in files.iter().zip(data) {
         let path = Path::new("/workspace").join(rel);
-        let wrap = |source| MountError::WriteFile { path: rel.clone(), source };
+        let wrap = |source| MountError::WriteFile {
+            path: rel.clone(),
+            source,
+        };
         // Parent directories belong to the sandbox user too.
         let mut dir = PathBuf::from("/workspace");
         if let Some(parent) = Path::new(rel).parent() {

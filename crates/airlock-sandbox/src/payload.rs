@@ -75,17 +75,29 @@ fn apply(p: Prepared) -> Result<std::convert::Infallible, String> {
             let _ = unsafe { signal(sig, SigHandler::SigDfl) };
         }
     }
-    step("sigprocmask", sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None))?;
+    step(
+        "sigprocmask",
+        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None),
+    )?;
     // 3.
     step("RLIMIT_CORE", setrlimit(Resource::RLIMIT_CORE, 0, 0))?;
-    step("RLIMIT_NOFILE", setrlimit(Resource::RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES))?;
-    step("RLIMIT_FSIZE", setrlimit(Resource::RLIMIT_FSIZE, p.max_file_bytes, p.max_file_bytes))?;
+    step(
+        "RLIMIT_NOFILE",
+        setrlimit(Resource::RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES),
+    )?;
+    step(
+        "RLIMIT_FSIZE",
+        setrlimit(Resource::RLIMIT_FSIZE, p.max_file_bytes, p.max_file_bytes),
+    )?;
     // 4.
     let gid = Gid::from_raw(SANDBOX_ID);
     step("setgroups", setgroups(&[gid]))?;
     step("setresgid", setresgid(gid, gid, gid))?;
     for cap in 0..=p.cap_last_cap {
-        step("drop bounding capability", sys::prctl(libc::PR_CAPBSET_DROP, cap.into()))?;
+        step(
+            "drop bounding capability",
+            sys::prctl(libc::PR_CAPBSET_DROP, cap.into()),
+        )?;
     }
     // 5.
     let uid = Uid::from_raw(SANDBOX_ID);
@@ -94,7 +106,10 @@ fn apply(p: Prepared) -> Result<std::convert::Infallible, String> {
     step("capset", sys::clear_capabilities())?;
     step(
         "clear ambient capabilities",
-        sys::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong),
+        sys::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+        ),
     )?;
     step("no_new_privs", sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1))?;
     // 7.
@@ -104,10 +119,18 @@ fn apply(p: Prepared) -> Result<std::convert::Infallible, String> {
     // 9.
     step("seccomp", airlock_seccomp::apply(&p.seccomp))?;
     // 10.
-    let argv: Vec<*const libc::c_char> =
-        p.argv.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
-    let envp: Vec<*const libc::c_char> =
-        p.envp.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let argv: Vec<*const libc::c_char> = p
+        .argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: Vec<*const libc::c_char> = p
+        .envp
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
     // SAFETY: path, argv and envp are NUL-terminated strings and null-terminated pointer
     // arrays that live until the call returns (it only returns on failure).
     unsafe { libc::execve(p.path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };

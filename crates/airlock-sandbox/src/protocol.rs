@@ -72,7 +72,10 @@ pub fn read_config(input: &mut impl Read) -> io::Result<ConfigFrame> {
     input.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_JSON {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "config header too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "config header too large",
+        ));
     }
     let mut json = vec![0u8; len];
     input.read_exact(&mut json)?;
@@ -83,14 +86,21 @@ pub fn read_config(input: &mut impl Read) -> io::Result<ConfigFrame> {
         .iter()
         .map(|(_, _, len)| read_blob(input, *len))
         .collect::<io::Result<_>>()?;
-    Ok(ConfigFrame { config, seccomp, file_data })
+    Ok(ConfigFrame {
+        config,
+        seccomp,
+        file_data,
+    })
 }
 
 fn read_blob(input: &mut impl Read, len: u64) -> io::Result<Vec<u8>> {
     let mut data = Vec::new();
     input.take(len).read_to_end(&mut data)?;
     if data.len() as u64 != len {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "config frame cut short"));
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "config frame cut short",
+        ));
     }
     Ok(data)
 }

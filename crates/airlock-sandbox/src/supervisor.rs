@@ -71,7 +71,12 @@ struct Stream {
 
 impl Stream {
     fn new(fd: OwnedFd, limit: u64) -> Self {
-        Stream { fd: Some(fd), kept: Vec::new(), total: 0, limit }
+        Stream {
+            fd: Some(fd),
+            kept: Vec::new(),
+            total: 0,
+            limit,
+        }
     }
 
     /// Reads what is available; returns the newly kept bytes' range.
@@ -157,7 +162,9 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map(drop).map_err(io::Error::from)
+    fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+        .map(drop)
+        .map_err(io::Error::from)
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
@@ -177,7 +184,10 @@ fn new_id() -> Result<String, SandboxError> {
 /// The environment every program starts with; the caller's own is never inherited.
 fn base_env() -> Vec<(String, String)> {
     [
-        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
         ("HOME", "/workspace"),
         ("PWD", "/workspace"),
         ("TMPDIR", "/tmp"),
@@ -282,7 +292,12 @@ pub(crate) fn run(
         }
     };
     drop(child_fds);
-    let mut running = Running { cgroup: Some(cgroup), pid: cloned.pid, pidfd: cloned.pidfd, reaped: None };
+    let mut running = Running {
+        cgroup: Some(cgroup),
+        pid: cloned.pid,
+        pidfd: cloned.pidfd,
+        reaped: None,
+    };
 
     // The child waits on its config pipe: map its ids, put it in every cgroup, then go.
     let base = host_uid_base(engine.next_slot());
@@ -297,17 +312,27 @@ pub(crate) fn run(
     let config = InitConfig {
         command: spec.command.clone(),
         env: environment(spec),
-        files: spec.files.iter().map(|f| (f.path.clone(), f.mode, f.content.len() as u64)).collect(),
+        files: spec
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), f.mode, f.content.len() as u64))
+            .collect(),
         disk_bytes: spec.limits.disk_bytes,
         rootfs: spec.rootfs.clone(),
         seccomp_len: engine.seccomp.len() as u64,
     };
     let mut config_w = File::from(config_w);
     let contents: Vec<&[u8]> = spec.files.iter().map(|f| f.content.as_slice()).collect();
-    let sent = config_w.write_all(b"G").and_then(|()| write_config(&mut config_w, &config, &engine.seccomp, &contents));
+    let sent = config_w
+        .write_all(b"G")
+        .and_then(|()| write_config(&mut config_w, &config, &engine.seccomp, &contents));
     drop(config_w);
 
-    let mut stdin = if spec.stdin.is_empty() { None } else { Some(stdin_w) };
+    let mut stdin = if spec.stdin.is_empty() {
+        None
+    } else {
+        Some(stdin_w)
+    };
     if let Some(w) = &stdin {
         set_nonblocking(w).map_err(SandboxError::Spawn)?;
     }
@@ -323,7 +348,11 @@ pub(crate) fn run(
     let mut started: Option<Instant> = None;
     let mut ended: Option<Instant> = None;
     let mut final_report: Option<InitReport> = None;
-    let mut failure: Option<String> = if let Err(e) = sent { Some(format!("sending the config: {e}")) } else { None };
+    let mut failure: Option<String> = if let Err(e) = sent {
+        Some(format!("sending the config: {e}"))
+    } else {
+        None
+    };
     let mut timed_out = false;
     let mut init_gone = false;
     let mut deadline = t0 + SETUP_DEADLINE;
@@ -447,7 +476,9 @@ pub(crate) fn run(
                         report_buf.extend_from_slice(&rest);
                         for line in report_buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                             match serde_json::from_slice::<InitReport>(line) {
-                                Ok(InitReport::Started) if started.is_none() => started = Some(Instant::now()),
+                                Ok(InitReport::Started) if started.is_none() => {
+                                    started = Some(Instant::now())
+                                }
                                 Ok(InitReport::Failed { message }) => failure = Some(message),
                                 Ok(InitReport::Started) => {}
                                 Ok(done) => final_report = Some(done),
@@ -476,7 +507,11 @@ pub(crate) fn run(
             return Err(SandboxError::Setup(message));
         }
     }
-    let started = started.ok_or_else(|| SandboxError::Setup(format!("init ended before starting the program ({init_status:?})")))?;
+    let started = started.ok_or_else(|| {
+        SandboxError::Setup(format!(
+            "init ended before starting the program ({init_status:?})"
+        ))
+    })?;
     let oom_killed = usage.oom_kills > 0;
     let (outcome, exit_code, signal) = if timed_out {
         (Outcome::Timeout, None, Some(libc::SIGKILL))

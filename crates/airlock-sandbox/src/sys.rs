@@ -10,7 +10,11 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 /// Turns a `-1`-on-error return value into `io::Result`. Async-signal-safe.
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 /// The kernel's `struct clone_args` (linux/sched.h), version 2 (with `cgroup`).
@@ -65,7 +69,11 @@ pub unsafe fn clone_process(flags: u64, cgroup: Option<RawFd>) -> io::Result<Opt
     // SAFETY: `args` is a valid clone_args of the size passed; with stack 0 the child
     // continues on a copy of this stack like fork(2). The caller upholds fork's rules.
     let mut ret = unsafe {
-        libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, size_of::<CloneArgs>())
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            size_of::<CloneArgs>(),
+        )
     };
     let mut in_cgroup = cgroup.is_some();
     if ret == -1 {
@@ -74,8 +82,8 @@ pub unsafe fn clone_process(flags: u64, cgroup: Option<RawFd>) -> io::Result<Opt
             // No clone3 (before 5.3), or no CLONE_INTO_CGROUP (before 5.7): plain clone.
             Some(libc::ENOSYS) | Some(libc::E2BIG) | Some(libc::EINVAL) => {
                 in_cgroup = false;
-                let clone_flags = (flags | libc::CLONE_PIDFD as u64) as libc::c_ulong
-                    | libc::SIGCHLD as libc::c_ulong;
+                let clone_flags =
+                    (flags | libc::CLONE_PIDFD as u64) as libc::c_ulong | libc::SIGCHLD as libc::c_ulong;
                 // SAFETY: clone(2) with a null stack behaves like fork; on x86_64 the
                 // argument order is (flags, stack, parent_tid, child_tid, tls) and
                 // CLONE_PIDFD stores the pidfd through parent_tid, which points at a
@@ -100,7 +108,11 @@ pub unsafe fn clone_process(flags: u64, cgroup: Option<RawFd>) -> io::Result<Opt
     }
     // SAFETY: the kernel stored a fresh pidfd that nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    Ok(Some(Cloned { pid: ret as libc::pid_t, pidfd, in_cgroup }))
+    Ok(Some(Cloned {
+        pid: ret as libc::pid_t,
+        pidfd,
+        in_cgroup,
+    }))
 }
 
 /// `CLONE_INTO_CGROUP` (linux/sched.h); libc does not export it for every target.
@@ -109,10 +121,8 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// Sends `sig` to the process behind `pidfd`: no pid-reuse race.
 pub fn pidfd_send_signal(pidfd: RawFd, sig: libc::c_int) -> io::Result<()> {
     // SAFETY: plain syscall on an fd; null siginfo means "as kill(2) would send".
-    check(unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd, sig, std::ptr::null::<u8>(), 0)
-    })
-    .map(drop)
+    check(unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd, sig, std::ptr::null::<u8>(), 0) })
+        .map(drop)
 }
 
 /// Marks every fd from `first` up close-on-exec (`CLOSE_RANGE_CLOEXEC`), so nothing the
@@ -120,7 +130,12 @@ pub fn pidfd_send_signal(pidfd: RawFd, sig: libc::c_int) -> io::Result<()> {
 pub fn cloexec_from(first: libc::c_uint) -> io::Result<()> {
     // SAFETY: plain syscall with integer arguments.
     check(unsafe {
-        libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC)
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
     })
     .map(drop)
 }
@@ -135,8 +150,7 @@ pub fn close_from(first: libc::c_uint) -> io::Result<()> {
 /// `pivot_root(new_root, put_old)`.
 pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
     // SAFETY: both pointers are valid NUL-terminated strings for the call's duration.
-    check(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })
-        .map(drop)
+    check(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) }).map(drop)
 }
 
 /// Capability sets (`struct __user_cap_data_struct`, version 3 has two of them).
@@ -156,11 +170,13 @@ pub fn clear_capabilities() -> io::Result<()> {
         pid: libc::c_int,
     }
     const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
     let data = [CapData::default(); 2];
     // SAFETY: header and data are the v3 layout the kernel reads; pid 0 is this thread.
-    check(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })
-        .map(drop)
+    check(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) }).map(drop)
 }
 
 /// The effective capability mask of this thread (for self-checks and tests).
@@ -170,19 +186,28 @@ pub fn effective_capabilities() -> io::Result<u64> {
         version: u32,
         pid: libc::c_int,
     }
-    let header = CapHeader { version: 0x2008_0522, pid: 0 };
+    let header = CapHeader {
+        version: 0x2008_0522,
+        pid: 0,
+    };
     let mut data = [CapData::default(); 2];
     // SAFETY: as above; the kernel writes two CapData into `data`.
-    check(unsafe {
-        libc::syscall(libc::SYS_capget, &header as *const CapHeader, data.as_mut_ptr())
-    })?;
+    check(unsafe { libc::syscall(libc::SYS_capget, &header as *const CapHeader, data.as_mut_ptr()) })?;
     Ok(u64::from(data[0].effective) | (u64::from(data[1].effective) << 32))
 }
 
 /// `prctl` with integer arguments, errno as error.
 pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
     // SAFETY: every prctl option used by this crate takes integer arguments only.
-    let ret = unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    let ret = unsafe {
+        libc::prctl(
+            option,
+            arg2,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
     check(ret as libc::c_long).map(|r| r as libc::c_int)
 }
 
@@ -214,9 +239,7 @@ pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
         // SAFETY: writes at most `len - done` bytes into the live buffer.
-        let n = unsafe {
-            libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0)
-        };
+        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
         if n < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {

@@ -16,4 +16,4 @@ mod units;
 
 pub use result::{ExecResult, Outcome};
 pub use spec::{FileSpec, Limits, NetworkPolicy, Spec, SpecError};
-pub use units::{parse_duration, parse_size, UnitError};
+pub use units::{UnitError, parse_duration, parse_size};

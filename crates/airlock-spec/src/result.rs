@@ -95,9 +95,22 @@ mod tests {
         assert_eq!(v["outcome"], "oom");
         assert!(v["exit_code"].is_null());
         for key in [
-            "id", "outcome", "exit_code", "signal", "timed_out", "oom_killed", "stdout", "stderr",
-            "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes", "wall_ms",
-            "setup_ms", "cpu_ms", "memory_peak_bytes",
+            "id",
+            "outcome",
+            "exit_code",
+            "signal",
+            "timed_out",
+            "oom_killed",
+            "stdout",
+            "stderr",
+            "stdout_truncated",
+            "stderr_truncated",
+            "stdout_bytes",
+            "stderr_bytes",
+            "wall_ms",
+            "setup_ms",
+            "cpu_ms",
+            "memory_peak_bytes",
         ] {
             assert!(v.get(key).is_some(), "{key}");
         }

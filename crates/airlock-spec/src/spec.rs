@@ -42,7 +42,10 @@ pub struct SpecError {
 impl SpecError {
     /// A new error for `field`.
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        SpecError { field: field.into(), message: message.into() }
+        SpecError {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -185,7 +188,10 @@ impl Limits {
         if !(self.cpus.is_finite() && (MIN_CPUS..=MAX_CPUS).contains(&self.cpus)) {
             return Err(SpecError::new(
                 "limits.cpus",
-                format!("must be between {MIN_CPUS} and {MAX_CPUS} cores, got {}", self.cpus),
+                format!(
+                    "must be between {MIN_CPUS} and {MAX_CPUS} cores, got {}",
+                    self.cpus
+                ),
             ));
         }
         range("limits.pids", u64::from(self.pids), 1, u64::from(MAX_PIDS))?;
@@ -200,7 +206,10 @@ fn range(field: &str, value: u64, min: u64, max: u64) -> Result<(), SpecError> {
     if (min..=max).contains(&value) {
         Ok(())
     } else {
-        Err(SpecError::new(field, format!("must be between {min} and {max}, got {value}")))
+        Err(SpecError::new(
+            field,
+            format!("must be between {min} and {max}, got {value}"),
+        ))
     }
 }
 
@@ -224,24 +233,39 @@ fn validate_files(files: &[FileSpec]) -> Result<(), SpecError> {
     if files.len() > bounds::MAX_FILES {
         return Err(SpecError::new(
             "files",
-            format!("{} files given; at most {} are allowed", files.len(), bounds::MAX_FILES),
+            format!(
+                "{} files given; at most {} are allowed",
+                files.len(),
+                bounds::MAX_FILES
+            ),
         ));
     }
     for (i, file) in files.iter().enumerate() {
         let field = format!("files[{i}].path");
         if file.path.is_empty() || file.path.contains('\0') {
-            return Err(SpecError::new(field, "must be a non-empty path without NUL bytes"));
+            return Err(SpecError::new(
+                field,
+                "must be a non-empty path without NUL bytes",
+            ));
         }
         let path = Path::new(&file.path);
-        let clean = path.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        let clean = path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
         if !clean || path.components().all(|c| matches!(c, Component::CurDir)) {
             return Err(SpecError::new(
                 field,
-                format!("{:?} must be a relative path inside /workspace, without '..'", file.path),
+                format!(
+                    "{:?} must be a relative path inside /workspace, without '..'",
+                    file.path
+                ),
             ));
         }
         if file.mode & !0o777 != 0 {
-            return Err(SpecError::new(format!("files[{i}].mode"), "only permission bits (0o777) are allowed"));
+            return Err(SpecError::new(
+                format!("files[{i}].mode"),
+                "only permission bits (0o777) are allowed",
+            ));
         }
     }
     Ok(())
@@ -283,11 +307,19 @@ mod tests {
     fn file_paths_stay_inside_the_workspace() {
         for bad in ["", "/etc/passwd", "../x", "a/../../x", ".", "a\0b"] {
             let mut s = spec();
-            s.files.push(FileSpec { path: bad.into(), content: vec![], mode: 0o644 });
+            s.files.push(FileSpec {
+                path: bad.into(),
+                content: vec![],
+                mode: 0o644,
+            });
             assert_eq!(s.validate().unwrap_err().field, "files[0].path", "{bad:?}");
         }
         let mut s = spec();
-        s.files.push(FileSpec { path: "dir/sub/x.py".into(), content: vec![], mode: 0o644 });
+        s.files.push(FileSpec {
+            path: "dir/sub/x.py".into(),
+            content: vec![],
+            mode: 0o644,
+        });
         s.validate().unwrap();
     }
 

@@ -13,12 +13,17 @@ pub struct UnitError {
 }
 
 fn err(input: &str, reason: &'static str) -> UnitError {
-    UnitError { input: input.to_owned(), reason }
+    UnitError {
+        input: input.to_owned(),
+        reason,
+    }
 }
 
 /// Splits `"128M"` into `("128", "M")`; the number may have a fraction (`"0.5G"`).
 fn split_number(s: &str) -> (&str, &str) {
-    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     s.split_at(end)
 }
 

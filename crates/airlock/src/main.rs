@@ -29,14 +29,22 @@ fn main() -> ExitCode {
     airlock_sandbox::maybe_run_init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            ) =>
+        {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
         Err(e) => {
             // One clear line: clap's first line names the flag and what is allowed.
             let text = e.to_string();
-            let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            let line = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
             eprintln!("airlock: {}", line.trim_start_matches("error: "));
             return ExitCode::from(EXIT_USAGE);
         }

@@ -10,9 +10,17 @@ pub fn run() -> anyhow::Result<ExitCode> {
             (false, true) => "FAIL",
             (false, false) => "warn",
         };
-        let fix = if c.ok || c.fix.is_empty() { String::new() } else { format!(" (fix: {})", c.fix) };
+        let fix = if c.ok || c.fix.is_empty() {
+            String::new()
+        } else {
+            format!(" (fix: {})", c.fix)
+        };
         println!("{mark} {:<28} {}{fix}", c.name, c.detail);
         missing |= c.required && !c.ok;
     }
-    Ok(if missing { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if missing {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

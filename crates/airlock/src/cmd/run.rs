@@ -88,22 +88,38 @@ impl RunArgs {
                 Some((src, dest)) => (PathBuf::from(src), dest.to_owned()),
                 None => {
                     let src = PathBuf::from(arg);
-                    let name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let name = src
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
                     (src, name)
                 }
             };
-            let meta = std::fs::metadata(&src).with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
+            let meta = std::fs::metadata(&src)
+                .with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
             if !meta.is_file() {
                 bail!("--file {arg}: {} is not a regular file", src.display());
             }
-            let content = std::fs::read(&src).with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
-            let mode = if meta.permissions().mode() & 0o111 != 0 { 0o755 } else { 0o644 };
-            spec.files.push(FileSpec { path: dest, content, mode });
+            let content = std::fs::read(&src)
+                .with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
+            let mode = if meta.permissions().mode() & 0o111 != 0 {
+                0o755
+            } else {
+                0o644
+            };
+            spec.files.push(FileSpec {
+                path: dest,
+                content,
+                mode,
+            });
         }
         if let Some(path) = &self.stdin {
             let mut data = Vec::new();
             if path.as_os_str() == "-" {
-                std::io::stdin().take(MAX_STDIN).read_to_end(&mut data).context("--stdin -: reading stdin")?;
+                std::io::stdin()
+                    .take(MAX_STDIN)
+                    .read_to_end(&mut data)
+                    .context("--stdin -: reading stdin")?;
             } else {
                 std::fs::File::open(path)
                     .and_then(|f| f.take(MAX_STDIN).read_to_end(&mut data))
@@ -112,13 +128,15 @@ impl RunArgs {
             spec.stdin = data;
         }
         if let Some(root) = self.rootfs {
-            let root = std::fs::canonicalize(&root).with_context(|| format!("--rootfs {}: cannot open it", root.display()))?;
+            let root = std::fs::canonicalize(&root)
+                .with_context(|| format!("--rootfs {}: cannot open it", root.display()))?;
             if !root.is_dir() {
                 bail!("--rootfs {}: not a directory", root.display());
             }
             spec.rootfs = Some(root);
         }
-        spec.validate().map_err(|e| anyhow::anyhow!("{}: {}", flag_for(&e.field), e.message))?;
+        spec.validate()
+            .map_err(|e| anyhow::anyhow!("{}: {}", flag_for(&e.field), e.message))?;
         Ok((spec, self.json))
     }
 }
@@ -180,16 +198,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         writeln!(out).context("writing the result")?;
         return Ok(ExitCode::SUCCESS);
     }
-    for (name, truncated, bytes) in
-        [("stdout", result.stdout_truncated, result.stdout_bytes), ("stderr", result.stderr_truncated, result.stderr_bytes)]
-    {
+    for (name, truncated, bytes) in [
+        ("stdout", result.stdout_truncated, result.stdout_bytes),
+        ("stderr", result.stderr_truncated, result.stderr_bytes),
+    ] {
         if truncated {
             eprintln!("airlock: {name} cut at --output-limit ({bytes} bytes written in all)");
         }
     }
     match result.outcome {
-        airlock_spec::Outcome::Timeout => eprintln!("airlock: killed at the {} ms deadline", spec.limits.timeout_ms),
-        airlock_spec::Outcome::Oom => eprintln!("airlock: killed: exceeded the {} byte memory limit", spec.limits.memory_bytes),
+        airlock_spec::Outcome::Timeout => {
+            eprintln!("airlock: killed at the {} ms deadline", spec.limits.timeout_ms)
+        }
+        airlock_spec::Outcome::Oom => eprintln!(
+            "airlock: killed: exceeded the {} byte memory limit",
+            spec.limits.memory_bytes
+        ),
         _ => {}
     }
     Ok(ExitCode::from(result.shell_status().clamp(0, 255) as u8))
