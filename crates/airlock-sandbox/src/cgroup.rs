@@ -46,7 +46,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write as _};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -576,46 +576,19 @@ fn read_u64(path: &Path, key: Option<&str>) -> Option<u64> {
     }
 }
 
-/// Thin wrappers over the pidfd syscalls, which neither std nor nix 0.32 expose.
-mod sys {
-    use std::io;
-    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-
-    /// `pidfd_open(pid, 0)`: a handle that keeps naming this process even if it exits
-    /// and its pid is recycled.
-    pub(super) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
-        // SAFETY: pidfd_open takes two integers by value and reads or writes no memory of
-        // this process; an invalid pid just yields ESRCH.
-        let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(pid), 0) };
-        if ret < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = RawFd::try_from(ret).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-        // SAFETY: on success the kernel returned a new file descriptor that no other
-        // object owns; OwnedFd takes that sole ownership and closes it exactly once.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// `pidfd_open(pid, 0)`: a handle that keeps naming this process even after it exits and
+/// its pid is recycled. (`crate::sys` has `pidfd_send_signal` but not this one yet.)
+fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers by value and reads or writes no memory of this
+    // process; an invalid or exited pid just yields ESRCH.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(pid), 0) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
     }
-
-    /// `pidfd_send_signal(pidfd, sig, NULL, 0)`.
-    pub(super) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
-        // SAFETY: the fd is borrowed, so it stays open for the whole call; a NULL info
-        // pointer is documented to mean "fill siginfo as kill(2) would", so the kernel
-        // dereferences no pointer of ours; flags must be 0.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                libc::c_long::from(pidfd.as_raw_fd()),
-                libc::c_long::from(sig),
-                std::ptr::null::<libc::siginfo_t>(),
-                0 as libc::c_long,
-            )
-        };
-        if ret < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    }
+    let fd = RawFd::try_from(ret).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: on success the kernel returned a new file descriptor that no other object
+    // owns; OwnedFd takes that sole ownership and closes it exactly once.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl CgroupHost {
@@ -1257,7 +1230,7 @@ impl Cgroup {
             .iter()
             .filter(|p| **p > 0 && **p != me && !skip.contains(p))
         {
-            match sys::pidfd_open(pid) {
+            match pidfd_open(pid) {
                 Ok(fd) => pinned.push((pid, Some(fd))),
                 Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => pinned.push((pid, None)),
                 // Already gone.
@@ -1275,7 +1248,7 @@ impl Cgroup {
                 continue;
             }
             let sent = match &fd {
-                Some(fd) => sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL),
+                Some(fd) => crate::sys::pidfd_send_signal(fd.as_raw_fd(), libc::SIGKILL),
                 None => {
                     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
                         .map_err(io::Error::from)

@@ -266,9 +266,6 @@ pub(crate) fn run(
             if sys::close_from(5).is_err() {
                 libc::_exit(121);
             }
-            // Die with the supervisor; the read below catches a supervisor that died
-            // before this prctl.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
             // Own session: a terminal's Ctrl-C reaches the supervisor only.
             libc::setsid();
             // Wait for the uid maps: exec before them would drop all capabilities.
@@ -287,6 +284,10 @@ pub(crate) fn run(
             {
                 libc::_exit(124);
             }
+            // Die with the supervisor. Set only now: a change of effective uid clears
+            // it. A supervisor that died before this line leaves init a config pipe at
+            // EOF, and init exits at once.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
             libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
             libc::_exit(123)
         }
