@@ -52,6 +52,10 @@ fn init(report: &mut File) -> Result<Infallible, String> {
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(|e| format!("sigprocmask: {e}"))?;
 
+    // The supervisor has put init in every cgroup before sending the config: a cgroup
+    // namespace made now is rooted at the sandbox's own cgroups.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| format!("unshare cgroup namespace: {e}"))?;
     // SAFETY: fd 3 is the config pipe the supervisor placed there; owned only here.
     let mut config_pipe = unsafe { File::from_raw_fd(CONFIG_FD) };
     let frame = read_config(&mut config_pipe).map_err(|e| format!("reading the sandbox config: {e}"))?;

@@ -17,14 +17,17 @@ use crate::cgroup::{Cgroup, CgroupLimits};
 use crate::protocol::{InitConfig, InitReport, write_config};
 use crate::{Engine, SandboxError, init::INIT_ARG, sys};
 
-/// Namespaces every sandbox gets.
+/// Namespaces the sandbox is cloned into. The cgroup namespace is not among them: init
+/// unshares it itself once the supervisor has moved it into every v1 cgroup, so that
+/// its cgroup root is the sandbox's own cgroup in every hierarchy (a cgroup namespace
+/// made at clone time would be rooted in the supervisor's v1 cgroups and show the
+/// host's cgroup paths).
 const NAMESPACES: u64 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET
     | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWUTS
-    | libc::CLONE_NEWCGROUP) as u64;
+    | libc::CLONE_NEWUTS) as u64;
 
 /// Building the sandbox takes milliseconds; this bounds a setup that hangs.
 const SETUP_DEADLINE: Duration = Duration::from_secs(30);
