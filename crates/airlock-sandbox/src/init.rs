@@ -52,14 +52,9 @@ fn init(report: &mut File) -> Result<Infallible, String> {
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(|e| format!("sigprocmask: {e}"))?;
 
-    // The supervisor has put init in every cgroup before sending the config: a cgroup
-    // namespace made now is rooted at the sandbox's own cgroups.
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
-        .map_err(|e| format!("unshare cgroup namespace: {e}"))?;
     // SAFETY: fd 3 is the config pipe the supervisor placed there; owned only here.
     let mut config_pipe = unsafe { File::from_raw_fd(CONFIG_FD) };
     let frame = read_config(&mut config_pipe).map_err(|e| format!("reading the sandbox config: {e}"))?;
-    drop(config_pipe);
     let config = &frame.config;
 
     let layout = mounts::Layout {
@@ -67,6 +62,17 @@ fn init(report: &mut File) -> Result<Infallible, String> {
         disk_bytes: config.disk_bytes,
     };
     mounts::build(&layout).map_err(|e| format!("building the filesystem: {e}"))?;
+
+    // The supervisor sends one more byte once init is in every cgroup. Only then are the
+    // spec's files written (their tmpfs pages are charged to the sandbox) and the cgroup
+    // namespace made (rooted at the sandbox's own cgroup in every hierarchy).
+    let mut attached = [0u8; 1];
+    config_pipe
+        .read_exact(&mut attached)
+        .map_err(|e| format!("waiting for the cgroup attach: {e}"))?;
+    drop(config_pipe);
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| format!("unshare cgroup namespace: {e}"))?;
     mounts::write_files(&config.files, &frame.file_data).map_err(|e| e.to_string())?;
     mounts::seal_root().map_err(|e| format!("sealing the root: {e}"))?;
     nix::unistd::sethostname("airlock").map_err(|e| format!("sethostname: {e}"))?;

@@ -2,7 +2,8 @@
 //!
 //! Supervisor -> init (fd 3): one "go" byte once the uid maps and cgroups are in place,
 //! then a [`InitConfig`] frame: `u32` little-endian JSON length, the JSON, then the raw
-//! blobs it announces (the seccomp program, then each file's content, in order).
+//! blobs it announces (the seccomp program, then each file's content, in order); then,
+//! once init has joined every cgroup, one "attached" byte.
 //!
 //! Init -> supervisor (fd 4): one JSON [`InitReport`] per line.
 

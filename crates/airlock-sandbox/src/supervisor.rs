@@ -303,15 +303,12 @@ pub(crate) fn run(
         reaped: None,
     };
 
-    // The child waits on its config pipe: map its ids, put it in every cgroup, then go.
+    // The child waits on its config pipe: map its ids, then go.
     let base = host_uid_base(engine.next_slot());
     let map = format!("0 {base} {}\n", crate::mounts::SANDBOX_ID + 1);
     for file in ["uid_map", "gid_map"] {
         let path = format!("/proc/{}/{file}", cloned.pid);
         std::fs::write(&path, &map).map_err(|e| SandboxError::Setup(format!("writing {path}: {e}")))?;
-    }
-    if let Some(cg) = &running.cgroup {
-        cg.attach(cloned.pid, cloned.in_cgroup)?;
     }
     let config = InitConfig {
         command: spec.command.clone(),
@@ -330,6 +327,13 @@ pub(crate) fn run(
     let sent = config_w
         .write_all(b"G")
         .and_then(|()| write_config(&mut config_w, &config, &engine.seccomp, &contents));
+    // Joining the v1 cgroups can wait for an RCU grace period (milliseconds); init builds
+    // the filesystem meanwhile and waits for this byte before anything it does is worth
+    // charging (the spec's files, the program).
+    if let Some(cg) = &running.cgroup {
+        cg.attach(cloned.pid, cloned.in_cgroup)?;
+    }
+    let sent = sent.and_then(|()| config_w.write_all(b"A"));
     drop(config_w);
 
     let mut stdin = if spec.stdin.is_empty() {
