@@ -46,7 +46,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write as _};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -574,21 +574,6 @@ fn read_u64(path: &Path, key: Option<&str>) -> Option<u64> {
             (k == key).then(|| v.trim().parse().ok())?
         }),
     }
-}
-
-/// `pidfd_open(pid, 0)`: a handle that keeps naming this process even after it exits and
-/// its pid is recycled. (`crate::sys` has `pidfd_send_signal` but not this one yet.)
-fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes two integers by value and reads or writes no memory of this
-    // process; an invalid or exited pid just yields ESRCH.
-    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(pid), 0) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = RawFd::try_from(ret).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-    // SAFETY: on success the kernel returned a new file descriptor that no other object
-    // owns; OwnedFd takes that sole ownership and closes it exactly once.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl CgroupHost {
@@ -1230,7 +1215,7 @@ impl Cgroup {
             .iter()
             .filter(|p| **p > 0 && **p != me && !skip.contains(p))
         {
-            match pidfd_open(pid) {
+            match crate::sys::pidfd_open(pid) {
                 Ok(fd) => pinned.push((pid, Some(fd))),
                 Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => pinned.push((pid, None)),
                 // Already gone.

@@ -72,6 +72,25 @@ pub fn run() -> Vec<Check> {
                 },
                 "Linux >= 5.14 with a cgroup2 mount",
             ));
+            if !host.is_v2() {
+                // Joining a v1 cgroup write-locks a global rwsem, which waits for an RCU
+                // grace period unless a cgroup hierarchy is mounted with favordynmods.
+                let fast = std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+                    m.lines()
+                        .any(|l| l.contains(" - cgroup") && l.contains("favordynmods"))
+                });
+                checks.push(check(
+                    "cgroup v1 attach",
+                    false,
+                    fast,
+                    if fast {
+                        "favordynmods: joining v1 cgroups is fast".into()
+                    } else {
+                        "each sandbox waits an RCU grace period (~5-15 ms) to join its v1 cgroups".into()
+                    },
+                    "mount -o remount,favordynmods /sys/fs/cgroup/unified (or move the host to cgroup v2)",
+                ));
+            }
         }
         Err(e) => checks.push(check(
             "cgroups",
@@ -127,21 +146,12 @@ pub fn run() -> Vec<Check> {
         "Linux >= 5.7",
     ));
 
-    // SAFETY: pidfd_open on our own pid; the returned fd is closed at once.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
-    if pidfd >= 0 {
-        // SAFETY: pidfd is a fresh fd we own.
-        unsafe { libc::close(pidfd as i32) };
-    }
+    let pidfd = crate::sys::pidfd_open(std::process::id() as libc::pid_t).is_ok();
     checks.push(check(
         "pidfd",
         true,
-        pidfd >= 0,
-        if pidfd >= 0 {
-            "present".into()
-        } else {
-            "absent".into()
-        },
+        pidfd,
+        if pidfd { "present".into() } else { "absent".into() },
         "Linux >= 5.3",
     ));
 

@@ -118,6 +118,16 @@ pub unsafe fn clone_process(flags: u64, cgroup: Option<RawFd>) -> io::Result<Opt
 /// `CLONE_INTO_CGROUP` (linux/sched.h); libc does not export it for every target.
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
+/// `pidfd_open(pid, 0)`: a handle that keeps naming this process even after it exits and
+/// its pid is recycled.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers by value and touches no memory of this
+    // process; an invalid or exited pid yields ESRCH.
+    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(pid), 0) })?;
+    // SAFETY: on success the kernel returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// Sends `sig` to the process behind `pidfd`: no pid-reuse race.
 pub fn pidfd_send_signal(pidfd: RawFd, sig: libc::c_int) -> io::Result<()> {
     // SAFETY: plain syscall on an fd; null siginfo means "as kill(2) would send".
