@@ -1077,6 +1077,24 @@ impl Cgroup {
         write_file(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())
     }
 
+    /// Changes the limits of a live cgroup (a session's next exec, a pooled sandbox taken
+    /// for a request). Lowering memory below what is in use fails on v1 (EBUSY).
+    pub fn set_limits(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
+        validate_limits(limits)?;
+        self.write_limits(limits)
+    }
+
+    /// Restarts the peak-memory counter, so the next exec's peak is its own. On v1 the
+    /// counter is reset by writing 0; v2's `memory.peak` resets only for the writer's open
+    /// file, so there the peak stays the sandbox's lifetime peak.
+    pub fn reset_peak(&self) {
+        if !self.v2
+            && let Some(dir) = self.dir_with("memory")
+        {
+            let _ = write_file(&dir.join("memory.max_usage_in_bytes"), "0");
+        }
+    }
+
     /// `O_DIRECTORY|O_CLOEXEC` fd of the cgroup2 directory (v2, or the unified one on a
     /// hybrid host), for `clone3` with `CLONE_INTO_CGROUP`; `None` without cgroup2.
     pub fn clone_into_fd(&self) -> Option<BorrowedFd<'_>> {
@@ -1156,6 +1174,49 @@ impl Cgroup {
     /// until no new one appears. Does not wait for them to exit ([`Cgroup::destroy`] does).
     pub fn kill(&self) -> Result<(), CgroupError> {
         self.kill_with(self.kill_method())
+    }
+
+    /// SIGKILLs every process of the sandbox except `keep` (its init, which a session
+    /// keeps): from outside, so a program that starves init of CPU cannot delay it. The
+    /// cgroup is frozen meanwhile where a freezer exists (cgroup2's `cgroup.freeze`, or
+    /// v1's), so nothing forks between listing and signalling; else the listing repeats
+    /// until no new process appears.
+    pub fn kill_except(&self, keep: i32) -> Result<(), CgroupError> {
+        let skip: HashSet<i32> = [keep].into();
+        let freeze = self
+            .cgroup2_dir()
+            .map(|d| (d.join("cgroup.freeze"), "1", "0"))
+            .filter(|(f, _, _)| f.exists())
+            .or_else(|| {
+                self.dir_with("freezer")
+                    .map(|d| (d.join("freezer.state"), "FROZEN", "THAWED"))
+                    .filter(|(f, _, _)| f.exists())
+            });
+        let Some((file, frozen, thawed)) = freeze else {
+            let deadline = Instant::now() + KILL_LOOP_WAIT;
+            let mut seen = skip;
+            loop {
+                let fresh = self.signal_members(&seen)?;
+                if fresh.is_empty() || Instant::now() >= deadline {
+                    return Ok(());
+                }
+                seen.extend(fresh);
+            }
+        };
+        write_file(&file, frozen)?;
+        // Freezing completes asynchronously; killing a task mid-freeze is fine (SIGKILL
+        // wakes it), the freeze only stops new forks.
+        let deadline = Instant::now() + FREEZE_WAIT;
+        let done = |f: &Path| match f.file_name().and_then(|n| n.to_str()) {
+            Some("cgroup.freeze") => read_u64(&f.with_file_name("cgroup.events"), Some("frozen")) == Some(1),
+            _ => read_file(f).is_ok_and(|s| s.trim() == "FROZEN"),
+        };
+        while !done(&file) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
+        let signalled = self.signal_members(&skip);
+        let thaw = write_file(&file, thawed);
+        signalled.map(drop).and(thaw)
     }
 
     fn kill_with(&self, method: KillMethod) -> Result<(), CgroupError> {

@@ -3,24 +3,27 @@
 //! exec means init may allocate and use any library freely, whatever threads the
 //! supervisor had.
 //!
-//! Init builds the filesystem, prepares landlock, seccomp and the program's argv, forks
-//! the program, reaps every zombie, and when the program exits reports its status and
-//! exits itself, which makes the kernel kill everything else in the namespace.
+//! Init builds the filesystem and prepares landlock and seccomp once, then serves the
+//! supervisor's requests on the control socket (see `protocol`): file operations, and
+//! execs, one at a time. For each exec it forks the program, reaps every zombie, and
+//! when the program ends kills whatever else it left behind before reporting, so each
+//! exec's processes end with it. If the supervisor goes away, init exits, and the kernel
+//! kills everything in the namespace.
 
-use nix::sys::signal::{SigSet, SigmaskHow, sigprocmask};
-use nix::sys::wait::{WaitStatus, waitpid};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
-use std::convert::Infallible;
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::fd::FromRawFd;
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::payload::{self, Prepared};
-use crate::protocol::{CONFIG_FD, InitConfig, InitReport, REPORT_FD, read_config};
-use crate::{mounts, sys};
+use crate::protocol::{self, CHUNK, CONTROL_FD, Frame, Reply, Request};
+use crate::{mounts, sys, workspace};
 
 /// The argument (argv[1]) that turns the airlock binary into the sandbox's init.
 pub const INIT_ARG: &str = "__airlock_init__";
@@ -33,131 +36,353 @@ pub fn maybe_run_init() {
     }
 }
 
+/// What init keeps between requests.
+struct Init {
+    /// The control socket.
+    control: OwnedFd,
+    /// The landlock ruleset, opened once; each exec applies a clone of it.
+    landlock: landlock::RulesetCreated,
+    /// The seccomp filter, decoded once.
+    seccomp: airlock_seccomp::BpfProgram,
+    /// Highest capability number of this kernel.
+    cap_last_cap: u32,
+    /// SIGCHLD, readable without a handler.
+    sigchld: SignalFd,
+}
+
 fn run() -> ! {
-    // SAFETY: fd 4 is the report pipe the supervisor placed there before exec; nothing
-    // else in this fresh process owns it.
-    let mut report = unsafe { File::from_raw_fd(REPORT_FD) };
-    let failure = match init(&mut report) {
-        Ok(never) => match never {},
-        Err(message) => message,
-    };
-    let _ = report.write_all(&InitReport::Failed { message: failure }.to_line());
-    std::process::exit(1)
+    // SAFETY: fd 3 is the control socket the supervisor placed there before exec;
+    // nothing else in this fresh process owns it.
+    let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    match setup(control) {
+        Ok(mut init) => init.serve(),
+        Err((control, message)) => {
+            let _ = protocol::send(control.as_fd(), &Reply::Failed { message }, &[], &[]);
+            std::process::exit(1)
+        }
+    }
 }
 
-fn init(report: &mut File) -> Result<Infallible, String> {
-    // Nothing but stdio, the config and the report pipe may cross into the sandbox.
-    sys::close_from(5).map_err(|e| format!("close_range: {e}"))?;
-    // The supervisor blocks the signals it handles; the sandbox starts with none blocked.
-    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
-        .map_err(|e| format!("sigprocmask: {e}"))?;
+type SetupError = (OwnedFd, String);
 
-    // SAFETY: fd 3 is the config pipe the supervisor placed there; owned only here.
-    let mut config_pipe = unsafe { File::from_raw_fd(CONFIG_FD) };
-    let frame = read_config(&mut config_pipe).map_err(|e| format!("reading the sandbox config: {e}"))?;
-    let config = &frame.config;
+fn setup(control: OwnedFd) -> Result<Init, SetupError> {
+    macro_rules! try_or {
+        ($e:expr, $what:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Err((control, format!("{}: {e}", $what))),
+            }
+        };
+    }
+    // Nothing but /dev/null stdio and the control socket may cross into the sandbox.
+    try_or!(sys::close_from(4), "close_range");
+    // The supervisor blocks the signals it handles; the sandbox starts with none blocked
+    // but SIGCHLD, which init reads from a signalfd.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    try_or!(
+        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None),
+        "sigprocmask"
+    );
+    let sigchld = try_or!(SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC), "signalfd");
 
+    let Frame {
+        msg,
+        payload: seccomp,
+        ..
+    } = match protocol::recv::<Request>(control.as_fd()) {
+        Ok(Some(frame)) => frame,
+        Ok(None) => std::process::exit(1),
+        Err(e) => return Err((control, format!("reading the setup request: {e}"))),
+    };
+    let Request::Setup { disk_bytes, rootfs } = msg else {
+        return Err((control, "the first request was not setup".into()));
+    };
     let layout = mounts::Layout {
-        rootfs: config.rootfs.as_deref(),
-        disk_bytes: config.disk_bytes,
+        rootfs: rootfs.as_deref(),
+        disk_bytes,
     };
-    mounts::build(&layout).map_err(|e| format!("building the filesystem: {e}"))?;
+    try_or!(mounts::build(&layout), "building the filesystem");
 
-    // The supervisor sends one more byte once init is in every cgroup. Only then are the
-    // spec's files written (their tmpfs pages are charged to the sandbox) and the cgroup
-    // namespace made (rooted at the sandbox's own cgroup in every hierarchy).
-    let mut attached = [0u8; 1];
-    config_pipe
-        .read_exact(&mut attached)
-        .map_err(|e| format!("waiting for the cgroup attach: {e}"))?;
-    drop(config_pipe);
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
-        .map_err(|e| format!("unshare cgroup namespace: {e}"))?;
-    mounts::write_files(&config.files, &frame.file_data).map_err(|e| e.to_string())?;
-    mounts::seal_root().map_err(|e| format!("sealing the root: {e}"))?;
-    nix::unistd::sethostname("airlock").map_err(|e| format!("sethostname: {e}"))?;
-    sys::loopback_up().map_err(|e| format!("bringing up loopback: {e}"))?;
-
-    let prepared = prepare(config, &frame.seccomp)?;
-    let (mut err_read, err_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map(|(r, w)| (File::from(r), File::from(w)))
-        .map_err(|e| format!("pipe: {e}"))?;
-
-    // SAFETY: init is single-threaded (a fresh exec that started no threads), so the
-    // child may do anything a normal process does.
-    let child = match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
-        ForkResult::Child => {
-            drop(err_read);
-            payload::exec(prepared, err_write)
-        }
-        ForkResult::Parent { child } => child,
-    };
-    drop(err_write);
-    drop(prepared);
-    let mut failure = String::new();
-    let _ = err_read.read_to_string(&mut failure);
-    if !failure.is_empty() {
-        let _ = waitpid(child, None);
-        return Err(failure);
+    // The supervisor joins init to every cgroup meanwhile (that can wait for an RCU grace
+    // period); nothing worth charging to the sandbox happens before it says so. The
+    // cgroup namespace made then is rooted at the sandbox's own cgroup everywhere.
+    match protocol::recv::<Request>(control.as_fd()) {
+        Ok(Some(Frame {
+            msg: Request::Attached,
+            ..
+        })) => {}
+        Ok(None) => std::process::exit(1),
+        Ok(Some(_)) => return Err((control, "expected the attached request".into())),
+        Err(e) => return Err((control, format!("waiting for the cgroup attach: {e}"))),
     }
-    report
-        .write_all(&InitReport::Started.to_line())
-        .map_err(|e| format!("report: {e}"))?;
-
-    // Init keeps no copy of the program's stdio: output pipes close when the program and
-    // its descendants are gone, not when init is.
-    for fd in 0..3 {
-        let _ = nix::unistd::close(fd);
-    }
-    let status = reap_until(child);
-    let _ = report.write_all(&status.to_line());
-    std::process::exit(0)
-}
-
-/// Reaps every child (orphans are re-parented to init) until `program` ends.
-fn reap_until(program: Pid) -> InitReport {
-    loop {
-        match waitpid(None, None) {
-            Ok(WaitStatus::Exited(pid, code)) if pid == program => return InitReport::Exited { code },
-            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == program => {
-                return InitReport::Signaled { signal: sig as i32 };
-            }
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => {
-                return InitReport::Failed {
-                    message: format!("waitpid: {e}"),
-                };
-            }
-        }
-    }
-}
-
-fn prepare(config: &InitConfig, seccomp: &[u8]) -> Result<Prepared, String> {
-    let path = resolve(&config.command[0], &config.env)?;
-    let cstring = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
-    let argv = config
-        .command
-        .iter()
-        .map(|a| cstring(a))
-        .collect::<Result<Vec<_>, _>>()?;
-    let envp = config
-        .env
-        .iter()
-        .map(|(k, v)| cstring(&format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()?;
+    try_or!(
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP),
+        "unshare cgroup namespace"
+    );
+    try_or!(mounts::seal_root(), "sealing the root");
+    try_or!(nix::unistd::sethostname("airlock"), "sethostname");
+    try_or!(sys::loopback_up(), "bringing up loopback");
+    let landlock = try_or!(crate::landlock::prepare(), "landlock");
+    let seccomp = try_or!(airlock_seccomp::from_bytes(&seccomp), "seccomp program");
     let cap_last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(63);
-    Ok(Prepared {
-        path: cstring(&path.to_string_lossy())?,
-        argv,
-        envp,
-        max_file_bytes: config.disk_bytes,
-        landlock: crate::landlock::prepare().map_err(|e| e.to_string())?,
-        seccomp: airlock_seccomp::from_bytes(seccomp).map_err(|e| format!("seccomp program: {e}"))?,
+    try_or!(
+        protocol::send(control.as_fd(), &Reply::Ready, &[], &[]),
+        "reporting ready"
+    );
+    Ok(Init {
+        control,
+        landlock,
+        seccomp,
         cap_last_cap,
+        sigchld,
     })
+}
+
+impl Init {
+    fn reply(&self, reply: &Reply, payload: &[u8]) {
+        if protocol::send(self.control.as_fd(), reply, payload, &[]).is_err() {
+            // The supervisor is gone: so is the sandbox.
+            std::process::exit(1);
+        }
+    }
+
+    fn serve(&mut self) -> ! {
+        loop {
+            let frame = match protocol::recv::<Request>(self.control.as_fd()) {
+                Ok(Some(frame)) => frame,
+                Ok(None) | Err(_) => std::process::exit(0),
+            };
+            match frame.msg {
+                Request::WriteFile {
+                    path,
+                    mode,
+                    first,
+                    last,
+                } => match workspace::write_chunk(&path, mode, first, &frame.payload) {
+                    Ok(()) if last => self.reply(&Reply::Ok, &[]),
+                    Ok(()) => {}
+                    Err(e) => self.reply(
+                        &Reply::Error {
+                            message: format!("writing {path}: {e}"),
+                        },
+                        &[],
+                    ),
+                },
+                Request::ReadFile { path, max_bytes } => self.read_file(&path, max_bytes),
+                Request::ListFiles => match workspace::list() {
+                    Ok(entries) => self.reply(&Reply::Listing { entries }, &[]),
+                    Err(e) => self.reply(
+                        &Reply::Error {
+                            message: format!("listing /workspace: {e}"),
+                        },
+                        &[],
+                    ),
+                },
+                Request::Exec {
+                    command,
+                    env,
+                    max_file_bytes,
+                } => {
+                    let reply = self.exec(&command, &env, max_file_bytes, frame.fds);
+                    self.reply(&reply, &[]);
+                }
+                Request::Kill => self.reply(
+                    &Reply::Error {
+                        message: "nothing is running".into(),
+                    },
+                    &[],
+                ),
+                Request::Setup { .. } | Request::Attached => self.reply(
+                    &Reply::Error {
+                        message: "the sandbox is already set up".into(),
+                    },
+                    &[],
+                ),
+            }
+        }
+    }
+
+    fn read_file(&self, path: &str, max_bytes: u64) {
+        let (mut file, _) = match workspace::open_read(path, max_bytes) {
+            Ok(f) => f,
+            Err(e) => {
+                return self.reply(
+                    &Reply::Error {
+                        message: format!("reading {path}: {e}"),
+                    },
+                    &[],
+                );
+            }
+        };
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match workspace::read_chunk(&mut file, &mut buf) {
+                Ok(0) => return self.reply(&Reply::FileChunk { last: true }, &[]),
+                Ok(n) => self.reply(&Reply::FileChunk { last: false }, &buf[..n]),
+                Err(e) => {
+                    return self.reply(
+                        &Reply::Error {
+                            message: format!("reading {path}: {e}"),
+                        },
+                        &[],
+                    );
+                }
+            }
+        }
+    }
+
+    /// Runs one program to its end; returns the final reply (after `Started`, sent here).
+    fn exec(
+        &mut self,
+        command: &[String],
+        env: &[(String, String)],
+        max_file_bytes: u64,
+        fds: Vec<OwnedFd>,
+    ) -> Reply {
+        let Ok([stdin, stdout, stderr]) = <[OwnedFd; 3]>::try_from(fds) else {
+            return Reply::Failed {
+                message: "exec needs three stdio fds".into(),
+            };
+        };
+        let prepared = match self.prepare(command, env, max_file_bytes) {
+            Ok(p) => p,
+            Err(message) => return Reply::Failed { message },
+        };
+        let (mut err_read, err_write) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+            Ok((r, w)) => (File::from(r), File::from(w)),
+            Err(e) => {
+                return Reply::Failed {
+                    message: format!("pipe: {e}"),
+                };
+            }
+        };
+        // SAFETY: init is single-threaded (a fresh exec that started no threads), so the
+        // child may do anything a normal process does.
+        let child = match unsafe { fork() } {
+            Err(e) => {
+                return Reply::Failed {
+                    message: format!("fork: {e}"),
+                };
+            }
+            Ok(ForkResult::Child) => {
+                drop(err_read);
+                for (fd, target) in [(&stdin, 0), (&stdout, 1), (&stderr, 2)] {
+                    // SAFETY: dup2 onto 0..=2 in this child; the fds stay valid until exec.
+                    if unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(fd), target) } < 0 {
+                        // SAFETY: leaving the forked child without running destructors.
+                        unsafe { libc::_exit(127) };
+                    }
+                }
+                payload::exec(prepared, err_write)
+            }
+            Ok(ForkResult::Parent { child }) => child,
+        };
+        drop((stdin, stdout, stderr, err_write, prepared));
+        let mut failure = String::new();
+        let _ = err_read.read_to_string(&mut failure);
+        if !failure.is_empty() {
+            self.kill_all();
+            return Reply::Failed { message: failure };
+        }
+        self.reply(&Reply::Started, &[]);
+        let status = self.wait_for(child);
+        // The program is gone: whatever it left running goes too.
+        self.kill_all();
+        status
+    }
+
+    fn prepare(
+        &self,
+        command: &[String],
+        env: &[(String, String)],
+        max_file_bytes: u64,
+    ) -> Result<Prepared, String> {
+        let first = command.first().ok_or("empty command")?;
+        let path = resolve(first, env)?;
+        let cstring = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
+        let argv = command
+            .iter()
+            .map(|a| cstring(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let envp = env
+            .iter()
+            .map(|(k, v)| cstring(&format!("{k}={v}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Prepared {
+            path: cstring(&path.to_string_lossy())?,
+            argv,
+            envp,
+            max_file_bytes,
+            landlock: self.landlock.try_clone().map_err(|e| format!("landlock: {e}"))?,
+            seccomp: self.seccomp.clone(),
+            cap_last_cap: self.cap_last_cap,
+        })
+    }
+
+    /// Reaps children until `program` ends, answering `Kill` meanwhile.
+    fn wait_for(&mut self, program: Pid) -> Reply {
+        loop {
+            // Reap whatever has ended (orphans are re-parented to init).
+            loop {
+                match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(pid, code)) if pid == program => return Reply::Exited { code },
+                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == program => {
+                        return Reply::Signaled { signal: sig as i32 };
+                    }
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            let control = self.control.as_fd();
+            let sigchld = self.sigchld.as_fd();
+            if poll_two(control, sigchld) {
+                let _ = self.sigchld.read_signal();
+                continue;
+            }
+            match protocol::recv::<Request>(control) {
+                Ok(Some(Frame {
+                    msg: Request::Kill, ..
+                })) => self.kill_all(),
+                Ok(Some(_)) => self.reply(
+                    &Reply::Error {
+                        message: "busy: an exec is running".into(),
+                    },
+                    &[],
+                ),
+                Ok(None) | Err(_) => {
+                    self.kill_all();
+                    std::process::exit(0);
+                }
+            }
+        }
+    }
+
+    /// Kills every process in the namespace but init, and reaps them all.
+    fn kill_all(&self) {
+        loop {
+            // From PID 1, kill(-1) reaches every other process of the namespace.
+            let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+            match waitpid(None, None) {
+                Err(nix::errno::Errno::ECHILD) => return,
+                _ => continue,
+            }
+        }
+    }
+}
+
+/// Waits until the control socket or the signalfd is readable; true for the signalfd.
+fn poll_two(control: BorrowedFd<'_>, sigchld: BorrowedFd<'_>) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [
+        PollFd::new(control, PollFlags::POLLIN),
+        PollFd::new(sigchld, PollFlags::POLLIN),
+    ];
+    let _ = poll(&mut fds, PollTimeout::NONE);
+    fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN))
 }
 
 /// Finds the program the way a shell would: a name with a slash is taken as a path
@@ -168,7 +393,7 @@ fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, String> {
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     };
     if program.contains('/') {
-        let path = Path::new("/workspace").join(program);
+        let path = Path::new(workspace::ROOT).join(program);
         if executable(&path) {
             return Ok(path);
         }

@@ -26,15 +26,19 @@ pub mod landlock;
 mod mounts;
 mod payload;
 mod protocol;
+mod sandbox;
 mod supervisor;
 pub mod sys;
+mod workspace;
 
 use airlock_spec::{ExecResult, Spec, SpecError};
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use init::{INIT_ARG, maybe_run_init};
-pub use supervisor::{Capture, HOST_UID_BASE, HOST_UID_SLOTS, OutputSink};
+pub use protocol::FileEntry;
+pub use sandbox::{HOST_UID_BASE, HOST_UID_SLOTS, Sandbox, SandboxConfig};
+pub use supervisor::{Capture, OutputSink};
 
 /// Why a sandbox could not be run. Every variant means the program did not run (or was
 /// stopped before a result existed); a program that fails is an `ExecResult`, not this.
@@ -61,15 +65,22 @@ pub enum SandboxError {
     /// The caller cancelled the run (the sandbox was killed and purged).
     #[error("cancelled")]
     Cancelled,
+    /// The sandbox's init is gone (killed, or dead with its sandbox): nothing more can
+    /// run in it.
+    #[error("the sandbox is gone")]
+    Gone,
+    /// A file operation failed (the sandbox is still usable).
+    #[error("{0}")]
+    File(String),
 }
 
 /// What is needed to run sandboxes on this host, detected and built once.
 #[derive(Debug)]
 pub struct Engine {
     /// The host's cgroup layout.
-    cgroups: cgroup::CgroupHost,
+    pub(crate) cgroups: cgroup::CgroupHost,
     /// The compiled seccomp filter, as the bytes sent to every init.
-    seccomp: Vec<u8>,
+    pub(crate) seccomp: Vec<u8>,
     /// Counter that spreads sandboxes over host uid slots.
     slot: AtomicU32,
 }
@@ -100,16 +111,26 @@ impl Engine {
         })
     }
 
-    /// Runs `spec` in a fresh sandbox and returns its result. Output within the limit is
-    /// also passed to `sink` as it arrives. When `cancel` becomes readable, the sandbox
-    /// is killed and purged and [`SandboxError::Cancelled`] is returned.
+    /// Runs `spec` in a fresh sandbox, purges it, and returns the result. Output within
+    /// the limit is also passed to `sink` as it arrives. When `cancel` becomes readable,
+    /// the sandbox is killed and purged and [`SandboxError::Cancelled`] is returned.
     pub fn run(
         &self,
         spec: &Spec,
         sink: &mut dyn OutputSink,
         cancel: Option<BorrowedFd<'_>>,
     ) -> Result<ExecResult, SandboxError> {
-        supervisor::run(self, spec, sink, cancel)
+        spec.validate()?;
+        let mut sandbox = self.create(&SandboxConfig::of(spec))?;
+        let mut result = sandbox.exec_inner(spec, sink, cancel, true)?;
+        result.setup_ms += sandbox.setup_time().as_secs_f64() * 1e3;
+        result.setup_ms = (result.setup_ms * 1e3).round() / 1e3;
+        Ok(result)
+    }
+
+    /// Builds a sandbox and leaves it waiting for [`Sandbox::exec`] and file operations.
+    pub fn create(&self, config: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        Sandbox::create(self, config)
     }
 
     /// The host's cgroup layout.
@@ -117,7 +138,7 @@ impl Engine {
         &self.cgroups
     }
 
-    fn next_slot(&self) -> u32 {
+    pub(crate) fn next_slot(&self) -> u32 {
         self.slot.fetch_add(1, Ordering::Relaxed)
     }
 }

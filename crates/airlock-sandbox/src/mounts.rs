@@ -79,15 +79,6 @@ pub enum MountError {
         #[source]
         source: io::Error,
     },
-    /// A file of the spec did not fit.
-    #[error("writing /workspace/{path}: {source} (does it fit in --disk?)")]
-    WriteFile {
-        /// The file's path relative to /workspace.
-        path: String,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
 }
 
 fn sys<T>(op: &'static str, target: impl AsRef<Path>, r: nix::Result<T>) -> Result<T, MountError> {
@@ -220,7 +211,7 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
     Ok(())
 }
 
-/// Makes the root tmpfs read-only. Called after init has written the spec's files.
+/// Makes the root tmpfs read-only, once everything is mounted on it.
 pub fn seal_root() -> Result<(), MountError> {
     let flags =
         MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
@@ -397,31 +388,4 @@ pub(crate) fn mkdir_p(path: &Path, mode: u32) -> Result<(), MountError> {
         path,
         fs::set_permissions(path, fs::Permissions::from_mode(mode)),
     )
-}
-
-/// Writes the spec's files into /workspace, owned by the sandbox user.
-pub fn write_files(files: &[(String, u32, u64)], data: &[Vec<u8>]) -> Result<(), MountError> {
-    let owner = (Some(Uid::from_raw(SANDBOX_ID)), Some(Gid::from_raw(SANDBOX_ID)));
-    for ((rel, mode, _), content) in files.iter().zip(data) {
-        let path = Path::new("/workspace").join(rel);
-        let wrap = |source| MountError::WriteFile {
-            path: rel.clone(),
-            source,
-        };
-        // Parent directories belong to the sandbox user too.
-        let mut dir = PathBuf::from("/workspace");
-        if let Some(parent) = Path::new(rel).parent() {
-            for part in parent.components() {
-                dir.push(part);
-                if !dir.is_dir() {
-                    fs::create_dir(&dir).map_err(wrap)?;
-                    chown(&dir, owner.0, owner.1).map_err(|e| wrap(e.into()))?;
-                }
-            }
-        }
-        fs::write(&path, content).map_err(wrap)?;
-        fs::set_permissions(&path, fs::Permissions::from_mode(*mode)).map_err(wrap)?;
-        chown(&path, owner.0, owner.1).map_err(|e| wrap(e.into()))?;
-    }
-    Ok(())
 }

@@ -1,171 +1,265 @@
-//! What the supervisor and the sandbox's init say to each other over their two pipes.
+//! What the supervisor and the sandbox's init say to each other. One `SOCK_SEQPACKET`
+//! socketpair (init's end is fd 3) carries one frame per message: a `u32` little-endian
+//! JSON length, the JSON, then raw payload bytes (a seccomp program, a file chunk). An
+//! exec's stdin/stdout/stderr pipes travel with its request as `SCM_RIGHTS`.
 //!
-//! Supervisor -> init (fd 3): one "go" byte once the uid maps and cgroups are in place,
-//! then a [`InitConfig`] frame: `u32` little-endian JSON length, the JSON, then the raw
-//! blobs it announces (the seccomp program, then each file's content, in order); then,
-//! once init has joined every cgroup, one "attached" byte.
-//!
-//! Init -> supervisor (fd 4): one JSON [`InitReport`] per line.
+//! The conversation: a one-byte "go" (consumed by the cloned child before it execs init),
+//! `Setup` -> `Attached` -> `Ready`, then any number of file
+//! operations and execs, one at a time. Init answers every request; while an exec runs
+//! it accepts only `Kill`.
 
-use serde::{Deserialize, Serialize};
-use std::io::{self, Read, Write};
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
-/// The fd on which init reads its configuration.
-pub const CONFIG_FD: i32 = 3;
-/// The fd on which init writes its reports.
-pub const REPORT_FD: i32 = 4;
+/// The fd on which init holds its end of the control socket.
+pub const CONTROL_FD: i32 = 3;
 
-/// A config frame larger than this is refused: files are bounded by the spec, and the
-/// header is small; this guards init against a corrupt length.
-const MAX_JSON: usize = 16 << 20;
+/// File content travels in chunks of at most this many bytes: a seqpacket message must
+/// fit the socket's buffer whole.
+pub const CHUNK: usize = 48 * 1024;
 
-/// Everything init needs to build the sandbox and start the program.
+/// Largest frame accepted: one chunk, or a seccomp program (at most 4096 instructions of
+/// 8 bytes), plus its JSON header.
+const MAX_FRAME: usize = 96 * 1024;
+
+/// Most fds one message carries (an exec's three stdio pipes).
+const MAX_FDS: usize = 3;
+
+/// Supervisor -> init.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct InitConfig {
-    /// argv of the program.
-    pub command: Vec<String>,
-    /// The program's complete environment.
-    pub env: Vec<(String, String)>,
-    /// Files to place in /workspace: (relative path, mode, length of the blob).
-    pub files: Vec<(String, u32, u64)>,
-    /// Size of the writable tmpfs.
-    pub disk_bytes: u64,
-    /// Where system directories come from (host root when `None`).
-    pub rootfs: Option<PathBuf>,
-    /// Length of the seccomp program blob.
-    pub seccomp_len: u64,
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Build the sandbox. Payload: the compiled seccomp program.
+    Setup {
+        /// Size of the writable tmpfs.
+        disk_bytes: u64,
+        /// Where system directories come from (the host's root when `None`).
+        rootfs: Option<PathBuf>,
+    },
+    /// Init has joined every cgroup: it may now charge memory to the sandbox.
+    Attached,
+    /// Write a chunk of a file under /workspace. Payload: the bytes.
+    WriteFile {
+        /// Path relative to /workspace.
+        path: String,
+        /// Permission bits.
+        mode: u32,
+        /// Whether this chunk starts the file (truncate) or extends it.
+        first: bool,
+        /// Whether this is the last chunk (init answers `Ok` after it).
+        last: bool,
+    },
+    /// Read a file under /workspace; answered by `FileChunk`s.
+    ReadFile {
+        /// Path relative to /workspace.
+        path: String,
+        /// Refuse files larger than this.
+        max_bytes: u64,
+    },
+    /// List /workspace recursively; answered by `Listing`.
+    ListFiles,
+    /// Run a program. Fds: its stdin, stdout, stderr.
+    Exec {
+        /// argv.
+        command: Vec<String>,
+        /// The whole environment.
+        env: Vec<(String, String)>,
+        /// Largest file the program may write.
+        max_file_bytes: u64,
+    },
+    /// Kill every process of the running exec.
+    Kill,
 }
 
-/// A decoded config frame.
-#[derive(Debug)]
-pub struct ConfigFrame {
-    /// The header.
-    pub config: InitConfig,
-    /// The compiled seccomp filter, as bytes.
-    pub seccomp: Vec<u8>,
-    /// The content of each file, in `config.files` order.
-    pub file_data: Vec<Vec<u8>>,
+/// One entry of a `Listing`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Path relative to /workspace.
+    pub path: String,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Whether it is a directory.
+    pub dir: bool,
 }
 
-/// Writes a config frame.
-pub fn write_config(
-    out: &mut impl Write,
-    config: &InitConfig,
-    seccomp: &[u8],
-    files: &[&[u8]],
-) -> io::Result<()> {
-    let json = serde_json::to_vec(config).map_err(io::Error::other)?;
-    let mut head = Vec::with_capacity(4 + json.len());
-    head.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    head.extend_from_slice(&json);
-    out.write_all(&head)?;
-    out.write_all(seccomp)?;
-    for data in files {
-        out.write_all(data)?;
-    }
-    out.flush()
-}
-
-/// Reads a config frame.
-pub fn read_config(input: &mut impl Read) -> io::Result<ConfigFrame> {
-    let mut len = [0u8; 4];
-    input.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_JSON {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "config header too large",
-        ));
-    }
-    let mut json = vec![0u8; len];
-    input.read_exact(&mut json)?;
-    let config: InitConfig = serde_json::from_slice(&json).map_err(io::Error::other)?;
-    let seccomp = read_blob(input, config.seccomp_len)?;
-    let file_data = config
-        .files
-        .iter()
-        .map(|(_, _, len)| read_blob(input, *len))
-        .collect::<io::Result<_>>()?;
-    Ok(ConfigFrame {
-        config,
-        seccomp,
-        file_data,
-    })
-}
-
-fn read_blob(input: &mut impl Read, len: u64) -> io::Result<Vec<u8>> {
-    let mut data = Vec::new();
-    input.take(len).read_to_end(&mut data)?;
-    if data.len() as u64 != len {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "config frame cut short",
-        ));
-    }
-    Ok(data)
-}
-
-/// One message from init.
+/// Init -> supervisor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum InitReport {
-    /// The sandbox is built and the program's execve succeeded.
+pub enum Reply {
+    /// The sandbox is built and waits for requests.
+    Ready,
+    /// A file operation succeeded.
+    Ok,
+    /// A request failed; the sandbox is still usable.
+    Error {
+        /// One line a person can act on.
+        message: String,
+    },
+    /// A chunk of a file being read. Payload: the bytes.
+    FileChunk {
+        /// Whether this is the last chunk.
+        last: bool,
+    },
+    /// The files under /workspace.
+    Listing {
+        /// The entries, sorted by path.
+        entries: Vec<FileEntry>,
+    },
+    /// The program's execve succeeded.
     Started,
-    /// Building the sandbox or starting the program failed; nothing ran.
+    /// Building the sandbox or starting the program failed.
     Failed {
         /// One line a person can act on.
         message: String,
     },
-    /// The program exited with `code`.
+    /// The program exited with `code`; its other processes are gone.
     Exited {
-        /// Its exit status.
+        /// The exit status.
         code: i32,
     },
-    /// A signal ended the program.
+    /// A signal ended the program; its other processes are gone.
     Signaled {
         /// The signal number.
         signal: i32,
     },
 }
 
-impl InitReport {
-    /// Serializes the report as one line.
-    pub fn to_line(&self) -> Vec<u8> {
-        let mut line = serde_json::to_vec(self).unwrap_or_else(|_| b"{}".to_vec());
-        line.push(b'\n');
-        line
+/// Sends one frame with optional fds.
+pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let json = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    let len = (json.len() as u32).to_le_bytes();
+    let iov = [IoSlice::new(&len), IoSlice::new(&json), IoSlice::new(payload)];
+    let cmsgs = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsgs };
+    loop {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(_) => return Ok(()),
+        }
     }
+}
+
+/// The one-byte message that lets the cloned child exec init (see `sandbox`).
+pub fn send_go(sock: BorrowedFd<'_>) -> io::Result<()> {
+    loop {
+        match nix::sys::socket::send(sock.as_raw_fd(), b"G", MsgFlags::MSG_NOSIGNAL) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(_) => return Ok(()),
+        }
+    }
+}
+
+/// A received frame.
+#[derive(Debug)]
+pub struct Frame<T> {
+    /// The message.
+    pub msg: T,
+    /// Raw bytes after the JSON.
+    pub payload: Vec<u8>,
+    /// Fds that came with it.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Receives one frame; `Ok(None)` when the peer has closed the socket.
+pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> io::Result<Option<Frame<T>>> {
+    let mut buf = vec![0u8; MAX_FRAME];
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let (n, fds) = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(m) => {
+                let mut fds = Vec::new();
+                for c in m.cmsgs().map_err(io::Error::from)? {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        // SAFETY: the kernel installed these fds in this process for
+                        // this message; nothing else owns them.
+                        fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                    }
+                }
+                if m.flags.contains(MsgFlags::MSG_TRUNC) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "control frame too large",
+                    ));
+                }
+                break (m.bytes, fds);
+            }
+        }
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed control frame");
+    let len = u32::from_le_bytes(buf.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?) as usize;
+    let json = buf.get(4..4 + len).ok_or_else(bad)?;
+    let msg = serde_json::from_slice(json).map_err(io::Error::other)?;
+    let payload = buf[4 + len..n].to_vec();
+    Ok(Some(Frame { msg, payload, fds }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    use std::os::fd::AsFd;
 
     #[test]
-    fn config_round_trip() {
-        let config = InitConfig {
-            command: vec!["true".into()],
-            env: vec![("A".into(), "b".into())],
-            files: vec![("a.txt".into(), 0o644, 3), ("b".into(), 0o755, 0)],
-            disk_bytes: 1 << 20,
-            rootfs: None,
-            seccomp_len: 2,
+    fn frames_round_trip_with_fds() {
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let (r, _w) = nix::unistd::pipe().unwrap();
+        let req = Request::WriteFile {
+            path: "x".into(),
+            mode: 0o644,
+            first: true,
+            last: true,
         };
-        let mut buf = Vec::new();
-        write_config(&mut buf, &config, b"\x01\x02", &[b"abc", b""]).unwrap();
-        let frame = read_config(&mut buf.as_slice()).unwrap();
-        assert_eq!(frame.seccomp, b"\x01\x02");
-        assert_eq!(frame.file_data, vec![b"abc".to_vec(), vec![]]);
-        assert_eq!(frame.config.command, config.command);
-        assert!(read_config(&mut &buf[..buf.len() - 1]).is_err());
+        send(a.as_fd(), &req, b"data", &[r.as_raw_fd()]).unwrap();
+        let frame: Frame<Request> = recv(b.as_fd()).unwrap().unwrap();
+        assert!(matches!(frame.msg, Request::WriteFile { last: true, .. }));
+        assert_eq!(frame.payload, b"data");
+        assert_eq!(frame.fds.len(), 1);
+        drop(a);
+        assert!(recv::<Request>(b.as_fd()).unwrap().is_none());
     }
 
     #[test]
-    fn report_lines() {
-        let line = InitReport::Exited { code: 3 }.to_line();
-        assert_eq!(line.last(), Some(&b'\n'));
-        let back: InitReport = serde_json::from_slice(&line).unwrap();
-        assert_eq!(back, InitReport::Exited { code: 3 });
+    fn a_full_chunk_fits_one_frame() {
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let data = vec![7u8; CHUNK];
+        let req = Request::WriteFile {
+            path: "a/b/c.bin".into(),
+            mode: 0o755,
+            first: false,
+            last: false,
+        };
+        send(a.as_fd(), &req, &data, &[]).unwrap();
+        let frame: Frame<Request> = recv(b.as_fd()).unwrap().unwrap();
+        assert_eq!(frame.payload.len(), CHUNK);
     }
 }

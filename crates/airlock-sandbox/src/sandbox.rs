@@ -1,0 +1,495 @@
+//! A provisioned sandbox, seen from outside: its cgroup, its init process and the control
+//! socket to it. [`Sandbox::create`] builds one (namespaces, mounts, cgroup, filters
+//! ready) and leaves it waiting; [`Sandbox::exec`] runs programs in it, one at a time;
+//! file operations go through init. Dropping a `Sandbox` kills and reaps init and removes
+//! the cgroup, on every path, which purges everything the sandbox owned (its tmpfs dies
+//! with its mount namespace).
+
+use airlock_spec::{ExecResult, NetworkPolicy, Spec};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{FcntlArg, fcntl};
+use nix::poll::{PollFd, PollFlags, poll};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use nix::sys::wait::WaitStatus;
+
+use crate::cgroup::{Cgroup, CgroupLimits};
+use crate::protocol::{self, CHUNK, FileEntry, Frame, Reply, Request};
+use crate::supervisor::{self, OutputSink};
+use crate::{Engine, SandboxError, init::INIT_ARG, sys};
+
+/// Namespaces the sandbox is cloned into. The cgroup namespace is not among them: init
+/// unshares it itself once the supervisor has moved it into every v1 cgroup, so that its
+/// cgroup root is the sandbox's own cgroup in every hierarchy (one made at clone time
+/// would be rooted in the supervisor's v1 cgroups and show the host's cgroup paths).
+const NAMESPACES: u64 = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS) as u64;
+
+/// Building the sandbox takes milliseconds; this bounds a set-up that hangs.
+const SETUP_DEADLINE: Duration = Duration::from_secs(30);
+/// File operations are quick; this bounds one that hangs.
+const FILE_OP_DEADLINE: Duration = Duration::from_secs(30);
+/// Child-side fds are first moved above this, so the dup2 into 0..=3 never clobbers.
+const HIGH_FD: RawFd = 100;
+
+/// First host uid of the ranges sandboxes are mapped to: well above any real account.
+pub const HOST_UID_BASE: u32 = 0x4000_0000;
+/// Number of distinct 65536-id slots handed out round-robin.
+pub const HOST_UID_SLOTS: u32 = 8192;
+
+/// The host uid that sandbox uid 0 maps to for the `n`th sandbox of this process.
+fn host_uid_base(n: u32) -> u32 {
+    let mix = std::process::id().wrapping_mul(7919).wrapping_add(n);
+    HOST_UID_BASE + (mix % HOST_UID_SLOTS) * 65536
+}
+
+/// The sandbox-wide part of a spec: what is fixed when the sandbox is built.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxConfig {
+    /// cgroup limits (memory, CPU, pids + init).
+    pub limits: CgroupLimits,
+    /// Size of the writable tmpfs.
+    pub disk_bytes: u64,
+    /// Where system directories come from.
+    pub rootfs: Option<std::path::PathBuf>,
+    /// Network policy.
+    pub network: NetworkPolicy,
+}
+
+impl SandboxConfig {
+    /// The sandbox-wide settings of `spec`.
+    pub fn of(spec: &Spec) -> Self {
+        SandboxConfig {
+            limits: cgroup_limits(spec),
+            disk_bytes: spec.limits.disk_bytes,
+            rootfs: spec.rootfs.clone(),
+            network: spec.network.clone(),
+        }
+    }
+}
+
+/// The cgroup limits a spec asks for; airlock's init is one more process.
+pub(crate) fn cgroup_limits(spec: &Spec) -> CgroupLimits {
+    CgroupLimits {
+        memory_bytes: spec.limits.memory_bytes,
+        cpus: spec.limits.cpus,
+        pids: spec.limits.pids + 1,
+    }
+}
+
+/// A provisioned sandbox. See the module docs.
+#[derive(Debug)]
+pub struct Sandbox {
+    /// Its id (also the cgroup directory's name).
+    id: String,
+    /// The cgroup; removed on drop, after init is reaped.
+    cgroup: Option<Cgroup>,
+    /// Limits currently written to the cgroup.
+    limits: CgroupLimits,
+    /// Size of the tmpfs (the programs' file-size cap).
+    disk_bytes: u64,
+    /// Init's pid in the host pid namespace; reaped on drop.
+    pid: libc::pid_t,
+    /// pidfd of init: signals without pid-reuse races; readable once init exits.
+    pidfd: OwnedFd,
+    /// The supervisor's end of the control socket.
+    control: OwnedFd,
+    /// Init's wait status once reaped.
+    reaped: Option<WaitStatus>,
+    /// How long provisioning took.
+    setup: Duration,
+    /// When it was created.
+    created: Instant,
+}
+
+/// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
+fn high(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    let raw = fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(HIGH_FD)).map_err(io::Error::from)?;
+    // SAFETY: F_DUPFD_CLOEXEC returned a new fd that nothing else owns.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
+}
+
+/// A fresh sandbox id: 16 hex digits from the kernel's random source.
+pub(crate) fn new_id() -> Result<String, SandboxError> {
+    let mut bytes = [0u8; 8];
+    sys::getrandom(&mut bytes).map_err(SandboxError::Spawn)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl Sandbox {
+    /// Builds a sandbox and waits until it is ready for requests.
+    pub fn create(engine: &Engine, config: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        let t0 = Instant::now();
+        let id = new_id()?;
+        let cgroup = engine.cgroups.create(&id, &config.limits)?;
+
+        let (control, child_control) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| SandboxError::Spawn(e.into()))?;
+        let null = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(SandboxError::Spawn)?;
+        let null = OwnedFd::from(null);
+        // Init's stdio is /dev/null (never the caller's terminal); fd 3 is its control end.
+        let child_fds = [&null, &null, &null, &child_control]
+            .map(high)
+            .into_iter()
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(SandboxError::Spawn)?;
+        drop((null, child_control));
+
+        // Everything the child touches before execve is prepared here: the child of a
+        // multi-threaded supervisor must not allocate or take locks.
+        let exe = c"/proc/self/exe";
+        let init_arg = CString::new(INIT_ARG).expect("constant has no NUL");
+        let argv: [*const libc::c_char; 3] = [c"airlock-init".as_ptr(), init_arg.as_ptr(), std::ptr::null()];
+        let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+        let raw_fds: [RawFd; 4] = std::array::from_fn(|i| child_fds[i].as_raw_fd());
+
+        let cgroup_fd = cgroup.clone_into_fd().map(|fd| fd.as_raw_fd());
+        // SAFETY: the child branch below only calls async-signal-safe functions (dup2,
+        // close_range, recv, raw setres*id, prctl, setsid, execve, _exit) on data prepared
+        // above.
+        let cloned = unsafe { sys::clone_process(NAMESPACES, cgroup_fd) }.map_err(SandboxError::Spawn)?;
+        let Some(cloned) = cloned else {
+            // SAFETY: see above: async-signal-safe libc calls only; every pointer refers to
+            // memory prepared before the clone and still mapped in this copy of the
+            // address space.
+            unsafe { child_to_init(&raw_fds, exe.as_ptr(), argv.as_ptr(), envp.as_ptr()) }
+        };
+        drop(child_fds);
+        let mut sandbox = Sandbox {
+            id,
+            cgroup: Some(cgroup),
+            limits: config.limits,
+            disk_bytes: config.disk_bytes,
+            pid: cloned.pid,
+            pidfd: cloned.pidfd,
+            control,
+            reaped: None,
+            setup: Duration::ZERO,
+            created: t0,
+        };
+
+        // The child waits on the control socket: map its ids, then go.
+        let base = host_uid_base(engine.next_slot());
+        let map = format!("0 {base} {}\n", crate::mounts::SANDBOX_ID + 1);
+        for file in ["uid_map", "gid_map"] {
+            let path = format!("/proc/{}/{file}", cloned.pid);
+            std::fs::write(&path, &map).map_err(|e| SandboxError::Setup(format!("writing {path}: {e}")))?;
+        }
+        // The child waits for one "go" message before it execs init; then init reads its
+        // set-up request (the seccomp program as payload).
+        protocol::send_go(sandbox.control.as_fd())
+            .map_err(|e| SandboxError::Setup(format!("starting init: {e}")))?;
+        let setup = Request::Setup {
+            disk_bytes: config.disk_bytes,
+            rootfs: config.rootfs.clone(),
+        };
+        sandbox.send(&setup, &engine.seccomp)?;
+        // Joining the v1 cgroups can wait for an RCU grace period (milliseconds); init
+        // builds the filesystem meanwhile and waits for the Attached request before it does
+        // anything worth charging to the sandbox.
+        if let Some(cg) = &sandbox.cgroup {
+            cg.attach(cloned.pid, cloned.in_cgroup)?;
+        }
+        sandbox.send(&Request::Attached, &[])?;
+        match sandbox.recv(t0 + SETUP_DEADLINE)? {
+            Frame {
+                msg: Reply::Ready, ..
+            } => {}
+            Frame {
+                msg: Reply::Failed { message },
+                ..
+            } => return Err(SandboxError::Setup(message)),
+            Frame { msg, .. } => {
+                return Err(SandboxError::Setup(format!(
+                    "unexpected reply from init: {msg:?}"
+                )));
+            }
+        }
+        sandbox.setup = t0.elapsed();
+        Ok(sandbox)
+    }
+}
+
+/// The child's side of the clone, up to the exec of init.
+///
+/// # Safety
+/// Runs in the child of a possibly multi-threaded process: only async-signal-safe calls,
+/// on memory prepared before the clone.
+unsafe fn child_to_init(
+    fds: &[RawFd; 4],
+    exe: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> ! {
+    // SAFETY: the caller guarantees the context; each call below is async-signal-safe and
+    // every pointer is valid for the duration of the call.
+    unsafe {
+        for (target, fd) in fds.iter().enumerate() {
+            if libc::dup2(*fd, target as RawFd) < 0 {
+                libc::_exit(120);
+            }
+        }
+        // Everything else goes, including the supervisor's end of the control socket (so
+        // a dead supervisor reads as EOF here).
+        if sys::close_from(4).is_err() {
+            libc::_exit(121);
+        }
+        // Own session: a terminal's Ctrl-C reaches the supervisor only.
+        libc::setsid();
+        // Wait for the uid maps: an exec before them would drop every capability.
+        let mut go = 0u8;
+        if libc::recv(3, (&mut go as *mut u8).cast(), 1, 0) != 1 {
+            libc::_exit(122);
+        }
+        // Become the namespace's root: until now the credentials are the host's (unmapped
+        // here). Drop the host's supplementary groups too. Raw syscalls, not glibc's
+        // wrappers: those signal every thread glibc believes exists, and the supervisor's
+        // other threads do not exist in this child.
+        if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+            || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+            || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+        {
+            libc::_exit(124);
+        }
+        // Die with the supervisor. Set only now: a change of effective uid clears it. A
+        // supervisor that died before this line leaves init a closed control socket, and
+        // init exits at once.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        libc::execve(exe, argv, envp);
+        libc::_exit(123)
+    }
+}
+
+impl Sandbox {
+    /// Its id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// How long provisioning took.
+    pub fn setup_time(&self) -> Duration {
+        self.setup
+    }
+
+    /// When it was created.
+    pub fn created(&self) -> Instant {
+        self.created
+    }
+
+    /// Whether init is still running (a sandbox whose init died cannot run anything).
+    pub fn is_alive(&self) -> bool {
+        self.reaped.is_none() && sys::pidfd_send_signal(self.pidfd.as_raw_fd(), 0).is_ok()
+    }
+
+    /// Runs the program of `spec` in this sandbox and returns its result. The spec's
+    /// memory, CPU and pids limits are applied to the sandbox first; its disk size and
+    /// rootfs are the sandbox's own and are ignored. Files of the spec are written first.
+    /// When the program ends, every process it started ends too; the sandbox and its
+    /// files remain for the next exec.
+    pub fn exec(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: Option<BorrowedFd<'_>>,
+    ) -> Result<ExecResult, SandboxError> {
+        self.exec_inner(spec, sink, cancel, false)
+    }
+
+    pub(crate) fn exec_inner(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: Option<BorrowedFd<'_>>,
+        one_shot: bool,
+    ) -> Result<ExecResult, SandboxError> {
+        spec.validate()?;
+        if !self.is_alive() {
+            return Err(SandboxError::Gone);
+        }
+        let t0 = Instant::now();
+        let limits = cgroup_limits(spec);
+        if limits != self.limits {
+            if let Some(cg) = &self.cgroup {
+                cg.set_limits(&limits)?;
+            }
+            self.limits = limits;
+        }
+        for file in &spec.files {
+            self.write_file(&file.path, file.mode, &file.content)?;
+        }
+        supervisor::exec(self, spec, sink, cancel, one_shot, t0)
+    }
+
+    /// Writes (creates or replaces) a file under /workspace, owned by the sandbox user.
+    pub fn write_file(&mut self, path: &str, mode: u32, content: &[u8]) -> Result<(), SandboxError> {
+        let mut chunks = content.chunks(CHUNK).peekable();
+        let mut first = true;
+        loop {
+            let chunk = chunks.next().unwrap_or(&[]);
+            let last = chunks.peek().is_none();
+            self.send(
+                &Request::WriteFile {
+                    path: path.to_owned(),
+                    mode,
+                    first,
+                    last,
+                },
+                chunk,
+            )?;
+            first = false;
+            if last {
+                break;
+            }
+        }
+        match self.recv(Instant::now() + FILE_OP_DEADLINE)?.msg {
+            Reply::Ok => Ok(()),
+            Reply::Error { message } => Err(SandboxError::File(message)),
+            other => Err(SandboxError::Setup(format!(
+                "unexpected reply from init: {other:?}"
+            ))),
+        }
+    }
+
+    /// Reads a file under /workspace (at most `max_bytes`).
+    pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, SandboxError> {
+        self.send(
+            &Request::ReadFile {
+                path: path.to_owned(),
+                max_bytes,
+            },
+            &[],
+        )?;
+        let deadline = Instant::now() + FILE_OP_DEADLINE;
+        let mut data = Vec::new();
+        loop {
+            let frame = self.recv(deadline)?;
+            match frame.msg {
+                Reply::FileChunk { last } => {
+                    data.extend_from_slice(&frame.payload);
+                    if last {
+                        return Ok(data);
+                    }
+                }
+                Reply::Error { message } => return Err(SandboxError::File(message)),
+                other => {
+                    return Err(SandboxError::Setup(format!(
+                        "unexpected reply from init: {other:?}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Lists /workspace recursively.
+    pub fn list_files(&mut self) -> Result<Vec<FileEntry>, SandboxError> {
+        self.send(&Request::ListFiles, &[])?;
+        match self.recv(Instant::now() + FILE_OP_DEADLINE)?.msg {
+            Reply::Listing { entries } => Ok(entries),
+            Reply::Error { message } => Err(SandboxError::File(message)),
+            other => Err(SandboxError::Setup(format!(
+                "unexpected reply from init: {other:?}"
+            ))),
+        }
+    }
+
+    pub(crate) fn send(&self, req: &Request, payload: &[u8]) -> Result<(), SandboxError> {
+        self.send_fds(req, payload, &[])
+    }
+
+    pub(crate) fn send_fds(&self, req: &Request, payload: &[u8], fds: &[RawFd]) -> Result<(), SandboxError> {
+        protocol::send(self.control.as_fd(), req, payload, fds).map_err(|_| SandboxError::Gone)
+    }
+
+    /// Waits for init's next reply until `deadline`.
+    pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Frame<Reply>, SandboxError> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(SandboxError::Setup("init did not answer in time".into()));
+            }
+            let ms = left.as_millis().clamp(1, u128::from(u16::MAX)) as u16;
+            let mut fds = [PollFd::new(self.control.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, ms) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                Ok(_) => {}
+                Err(e) => return Err(SandboxError::Spawn(e.into())),
+            }
+            return match protocol::recv::<Reply>(self.control.as_fd()) {
+                Ok(Some(frame)) => Ok(frame),
+                Ok(None) | Err(_) => Err(SandboxError::Gone),
+            };
+        }
+    }
+
+    pub(crate) fn control(&self) -> BorrowedFd<'_> {
+        self.control.as_fd()
+    }
+
+    pub(crate) fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    pub(crate) fn init_pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    pub(crate) fn cgroup(&self) -> Option<&Cgroup> {
+        self.cgroup.as_ref()
+    }
+
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        self.disk_bytes
+    }
+
+    /// Kills everything in the sandbox, init included.
+    pub(crate) fn kill(&self) {
+        let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
+        if let Some(cg) = &self.cgroup {
+            let _ = cg.kill();
+        }
+    }
+
+    /// Reaps init (after it exited or was killed).
+    pub(crate) fn reap(&mut self) -> WaitStatus {
+        if let Some(status) = self.reaped {
+            return status;
+        }
+        let status = loop {
+            match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Ok(status) => break status,
+                Err(_) => break WaitStatus::StillAlive,
+            }
+        };
+        self.reaped = Some(status);
+        status
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if self.reaped.is_none() {
+            self.kill();
+            self.reap();
+        }
+        if let Some(cg) = self.cgroup.take() {
+            let _ = cg.destroy();
+        }
+    }
+}
