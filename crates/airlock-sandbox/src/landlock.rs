@@ -70,7 +70,11 @@ pub fn prepare() -> Result<RulesetCreated, LandlockError> {
             ],
             read_exec,
         ))?
-        .add_rules(path_beneath_rules(["/proc"], read_only))?
+        // /proc is the sandbox's own (its pid namespace); writes there are guarded by
+        // ownership and ptrace checks, /proc/sys is mounted read-only and the dangerous
+        // files are masked. Programs write /proc/self/... (thread names via
+        // /proc/self/task/*/comm, for one), so writing files is allowed.
+        .add_rules(path_beneath_rules(["/proc"], read_only | AccessFs::WriteFile))?
         .add_rules(path_beneath_rules(["/dev"], devices | AccessFs::ReadDir))?
         .add_rules(path_beneath_rules(["/tmp", "/workspace", "/dev/shm"], read_write))?;
     Ok(ruleset)

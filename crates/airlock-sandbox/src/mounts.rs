@@ -260,7 +260,6 @@ fn build_dev() -> Result<(), MountError> {
         ("stdin", "/proc/self/fd/0"),
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
-        ("core", "/proc/kcore"),
     ] {
         let dst = Path::new("/dev").join(link);
         io_op("symlink", &dst, symlink(target, &dst))?;

@@ -12,7 +12,10 @@ pub fn airlock_bin() -> PathBuf {
 
 /// A temp dir for the test's host-side files, and a command builder for `airlock run`.
 pub fn setup(name: &str) -> (tempfile::TempDir, TestCommand) {
-    let dir = tempfile::Builder::new().prefix(&format!("airlock-test-{name}-")).tempdir().expect("tempdir");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("airlock-test-{name}-"))
+        .tempdir()
+        .expect("tempdir");
     (dir, TestCommand::run())
 }
 
@@ -60,7 +63,11 @@ impl TestCommand {
     pub fn output(mut self) -> Output {
         use std::io::Write;
         self.cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        self.cmd.stdin(if self.stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        self.cmd.stdin(if self.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
         let mut child = self.cmd.spawn().expect("spawn airlock");
         if let Some(data) = self.stdin.take() {
             let mut w = child.stdin.take().unwrap();
@@ -81,9 +88,8 @@ impl TestCommand {
             String::from_utf8_lossy(&out.stderr),
             String::from_utf8_lossy(&out.stdout)
         );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
-        })
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
     }
 
     /// `--json -- python3 -c CODE`.
@@ -106,7 +112,9 @@ pub fn ok_stdout(v: &Value) -> String {
 
 /// Compiles a C program from `tests/attacks/NAME.c` into `dir`, returns the binary's path.
 pub fn compile_attack(name: &str, dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/attacks").join(format!("{name}.c"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/attacks")
+        .join(format!("{name}.c"));
     let out = dir.join(name);
     let status = Command::new("gcc")
         .args(["-O1", "-Wall", "-o"])
@@ -126,7 +134,9 @@ pub fn sandbox_processes() -> Vec<String> {
         if !name.to_string_lossy().chars().all(|c| c.is_ascii_digit()) {
             continue;
         }
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
         let uid: u32 = status
             .lines()
             .find_map(|l| l.strip_prefix("Uid:"))
@@ -134,7 +144,11 @@ pub fn sandbox_processes() -> Vec<String> {
             .and_then(|u| u.parse().ok())
             .unwrap_or(0);
         if uid >= airlock_sandbox::HOST_UID_BASE {
-            found.push(format!("{}: {}", name.to_string_lossy(), status.lines().next().unwrap_or("")));
+            found.push(format!(
+                "{}: {}",
+                name.to_string_lossy(),
+                status.lines().next().unwrap_or("")
+            ));
         }
     }
     found
