@@ -83,6 +83,8 @@ pub struct Engine {
     pub(crate) seccomp: Vec<u8>,
     /// Counter that spreads sandboxes over host uid slots.
     slot: AtomicU32,
+    /// Sandboxes of dead airlock processes removed at start.
+    purged: usize,
 }
 
 impl Engine {
@@ -102,18 +104,20 @@ impl Engine {
             ));
         }
         let cgroups = cgroup::CgroupHost::detect()?;
-        cgroups.purge_stale();
+        let purged = cgroups.purge_stale();
         let program = airlock_seccomp::build()?;
         Ok(Engine {
             cgroups,
             seccomp: airlock_seccomp::to_bytes(&program),
             slot: AtomicU32::new(0),
+            purged,
         })
     }
 
     /// Runs `spec` in a fresh sandbox, purges it, and returns the result. Output within
     /// the limit is also passed to `sink` as it arrives. When `cancel` becomes readable,
-    /// the sandbox is killed and purged and [`SandboxError::Cancelled`] is returned.
+    /// the sandbox is killed and purged and [`SandboxError::Cancelled`] is returned (the
+    /// fd is only polled, never read, so one fd can cancel many runs).
     pub fn run(
         &self,
         spec: &Spec,
@@ -122,7 +126,7 @@ impl Engine {
     ) -> Result<ExecResult, SandboxError> {
         spec.validate()?;
         let mut sandbox = self.create(&SandboxConfig::of(spec))?;
-        let mut result = sandbox.exec_inner(spec, sink, cancel, true)?;
+        let mut result = sandbox.exec_once(spec, sink, cancel)?;
         result.setup_ms += sandbox.setup_time().as_secs_f64() * 1e3;
         result.setup_ms = (result.setup_ms * 1e3).round() / 1e3;
         Ok(result)
@@ -131,6 +135,11 @@ impl Engine {
     /// Builds a sandbox and leaves it waiting for [`Sandbox::exec`] and file operations.
     pub fn create(&self, config: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         Sandbox::create(self, config)
+    }
+
+    /// How many sandboxes of dead airlock processes were purged when this engine started.
+    pub fn purged_at_start(&self) -> usize {
+        self.purged
     }
 
     /// The host's cgroup layout.

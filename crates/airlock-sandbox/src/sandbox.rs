@@ -311,7 +311,18 @@ impl Sandbox {
         self.exec_inner(spec, sink, cancel, false)
     }
 
-    pub(crate) fn exec_inner(
+    /// Like [`Sandbox::exec`], for a sandbox that serves this one program: at the deadline
+    /// the whole sandbox is killed from outside. Drop the sandbox afterwards.
+    pub fn exec_once(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: Option<BorrowedFd<'_>>,
+    ) -> Result<ExecResult, SandboxError> {
+        self.exec_inner(spec, sink, cancel, true)
+    }
+
+    fn exec_inner(
         &mut self,
         spec: &Spec,
         sink: &mut dyn OutputSink,

@@ -18,6 +18,8 @@ struct Cli {
 enum Command {
     /// Run COMMAND in a fresh sandbox and purge it afterwards.
     Run(cmd::run::RunArgs),
+    /// Serve the HTTP API: one-shot execs, sessions, warm pool (see README).
+    Serve(cmd::serve::ServeArgs),
     /// Report what this host provides and what airlock will use.
     Doctor,
 }
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run(args) => cmd::run::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
         Command::Doctor => cmd::doctor::run(),
     };
     match result {

@@ -1,0 +1,136 @@
+//! Admission control: at most `max_sandboxes` live at once, the sum of admitted memory
+//! caps within the memory budget, and a per-API-key concurrency cap. Beyond that a
+//! request waits in a bounded queue up to the queue timeout, then gets a 429 with
+//! Retry-After. Nothing here can fail with a 5xx.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+
+/// Memory is admitted in MiB units (semaphore permits).
+const MIB: u64 = 1 << 20;
+
+/// What an admitted request holds; dropping it releases the capacity.
+#[derive(Debug)]
+pub struct Permit {
+    _slot: OwnedSemaphorePermit,
+    _memory: OwnedSemaphorePermit,
+    _key: Option<OwnedSemaphorePermit>,
+}
+
+/// The admission gate.
+#[derive(Debug)]
+pub struct Admission {
+    slots: Arc<Semaphore>,
+    memory_mib: Arc<Semaphore>,
+    per_key: Mutex<HashMap<String, Arc<Semaphore>>>,
+    per_key_cap: usize,
+    waiting: AtomicUsize,
+    max_queue: usize,
+    queue_timeout: Duration,
+}
+
+/// Why a request was not admitted (the `reason` label of `airlock_rejected_total`).
+pub const QUEUE_FULL: &str = "queue_full";
+/// The queue timeout passed.
+pub const QUEUE_TIMEOUT: &str = "queue_timeout";
+/// The API key's concurrency cap is reached.
+pub const KEY_CONCURRENCY: &str = "key_concurrency";
+
+impl Admission {
+    /// A gate sized by `config`.
+    pub fn new(config: &ServerConfig) -> Admission {
+        Admission {
+            slots: Arc::new(Semaphore::new(config.max_sandboxes)),
+            memory_mib: Arc::new(Semaphore::new((config.memory_budget / MIB) as usize)),
+            per_key: Mutex::new(HashMap::new()),
+            per_key_cap: config.per_key_concurrency,
+            waiting: AtomicUsize::new(0),
+            max_queue: config.max_queue,
+            queue_timeout: config.queue_timeout,
+        }
+    }
+
+    /// Sandboxes admitted now.
+    pub fn active(&self, max: usize) -> usize {
+        max - self.slots.available_permits()
+    }
+
+    /// Waits for room for one sandbox with `memory_bytes` cap; returns the permit and
+    /// how long it waited. On refusal the error is a 429 whose code is the reason.
+    pub async fn admit(&self, key: Option<&str>, memory_bytes: u64) -> Result<(Permit, Duration), ApiError> {
+        let t0 = Instant::now();
+        let retry = self.queue_timeout.as_secs().max(1);
+        let key_sem = key.map(|k| {
+            let mut map = self.per_key.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(
+                map.entry(k.to_owned())
+                    .or_insert_with(|| Arc::new(Semaphore::new(self.per_key_cap))),
+            )
+        });
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::rate_limited(
+                QUEUE_FULL,
+                "too many requests are waiting; retry later",
+                retry,
+            ));
+        }
+        let mib = memory_bytes.div_ceil(MIB) as u32;
+        let wait = async {
+            let key_permit = match &key_sem {
+                Some(sem) => Some(
+                    Arc::clone(sem)
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| KEY_CONCURRENCY)?,
+                ),
+                None => None,
+            };
+            let slot = Arc::clone(&self.slots)
+                .acquire_owned()
+                .await
+                .map_err(|_| QUEUE_TIMEOUT)?;
+            let memory = Arc::clone(&self.memory_mib)
+                .acquire_many_owned(mib)
+                .await
+                .map_err(|_| QUEUE_TIMEOUT)?;
+            Ok::<_, &'static str>(Permit {
+                _slot: slot,
+                _memory: memory,
+                _key: key_permit,
+            })
+        };
+        let result = tokio::time::timeout(self.queue_timeout, wait).await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        match result {
+            Ok(Ok(permit)) => Ok((permit, t0.elapsed())),
+            Ok(Err(reason)) => Err(ApiError::rate_limited(
+                reason,
+                "the service is at capacity; retry later",
+                retry,
+            )),
+            Err(_) => {
+                let (reason, what) = match &key_sem {
+                    Some(sem) if sem.available_permits() == 0 => {
+                        (KEY_CONCURRENCY, "this API key's concurrency cap")
+                    }
+                    _ => (QUEUE_TIMEOUT, "capacity"),
+                };
+                Err(ApiError::rate_limited(
+                    reason,
+                    format!(
+                        "waited {} ms for {what}; retry later",
+                        self.queue_timeout.as_millis()
+                    ),
+                    retry,
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! The JSON the API speaks, and the one path from a request body to a validated `Spec`.
+//! Unknown fields are rejected, naming the field; limits above the server's maxima get a
+//! 400 naming the field and the maximum.
+
+use airlock_spec::{ExecResult, FileSpec, Limits, NetworkPolicy, Spec};
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+
+/// Per-request limits; each absent one takes the server's default.
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsRequest {
+    /// Memory cap in bytes.
+    pub memory_bytes: Option<u64>,
+    /// CPU quota in cores.
+    pub cpus: Option<f64>,
+    /// Processes plus threads.
+    pub pids: Option<u32>,
+    /// Wall-clock limit in milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Writable tmpfs size in bytes.
+    pub disk_bytes: Option<u64>,
+    /// Bytes kept per output stream.
+    pub output_bytes: Option<u64>,
+}
+
+/// A file placed in /workspace before the program starts.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRequest {
+    /// Path relative to /workspace.
+    pub path: String,
+    /// Content, in `encoding`.
+    pub content: String,
+    /// `utf8` (default) or `base64`.
+    #[serde(default)]
+    pub encoding: Encoding,
+    /// Permission bits (default 0o644).
+    pub mode: Option<u32>,
+}
+
+/// How a file's content is encoded in JSON.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// Text.
+    #[default]
+    Utf8,
+    /// Bytes.
+    Base64,
+}
+
+/// A language whose code is run by its interpreter.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    /// `python3 -c CODE`.
+    Python,
+    /// `node -e CODE`.
+    Javascript,
+    /// `bash -c CODE`.
+    Bash,
+}
+
+/// `POST /v1/exec` and `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// argv (or give `language` and `code`).
+    pub cmd: Option<Vec<String>>,
+    /// The language of `code`.
+    pub language: Option<Language>,
+    /// Source code to run.
+    pub code: Option<String>,
+    /// What the program reads on stdin.
+    pub stdin: Option<String>,
+    /// Files to write first.
+    #[serde(default)]
+    pub files: Vec<FileRequest>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Limits.
+    #[serde(default)]
+    pub limits: LimitsRequest,
+    /// Network policy (`{"mode": "none"}`).
+    pub network: Option<NetworkPolicy>,
+}
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    /// Lifetime in seconds.
+    pub ttl_s: Option<u64>,
+    /// Limits for every exec (each exec may lower or raise them within the maxima; disk
+    /// is fixed at creation).
+    #[serde(default)]
+    pub limits: LimitsRequest,
+    /// Network policy.
+    pub network: Option<NetworkPolicy>,
+}
+
+/// The result of an exec: the CLI's `ExecResult` plus the time spent queued.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecResponse {
+    /// Everything `airlock run --json` reports.
+    #[serde(flatten)]
+    pub result: ExecResult,
+    /// Waiting for admission, in milliseconds.
+    pub queue_ms: f64,
+}
+
+/// Merges request limits into the server's defaults and checks them against its maxima.
+pub fn limits(req: &LimitsRequest, config: &ServerConfig, base: &Limits) -> Result<Limits, ApiError> {
+    let max = &config.max;
+    let l = Limits {
+        memory_bytes: req.memory_bytes.unwrap_or(base.memory_bytes),
+        cpus: req.cpus.unwrap_or(base.cpus),
+        pids: req.pids.unwrap_or(base.pids),
+        timeout_ms: req.timeout_ms.unwrap_or(base.timeout_ms),
+        disk_bytes: req.disk_bytes.unwrap_or(base.disk_bytes),
+        output_bytes: req.output_bytes.unwrap_or(base.output_bytes),
+    };
+    let over = |field: &str, value: String, maximum: String| {
+        ApiError::invalid(
+            format!("limits.{field}"),
+            format!("{value} is above this server's maximum of {maximum}"),
+        )
+    };
+    if l.memory_bytes > max.memory_bytes {
+        return Err(over(
+            "memory_bytes",
+            l.memory_bytes.to_string(),
+            max.memory_bytes.to_string(),
+        ));
+    }
+    if l.cpus > max.cpus {
+        return Err(over("cpus", l.cpus.to_string(), max.cpus.to_string()));
+    }
+    if l.pids > max.pids {
+        return Err(over("pids", l.pids.to_string(), max.pids.to_string()));
+    }
+    if l.timeout_ms > max.timeout_ms {
+        return Err(over(
+            "timeout_ms",
+            l.timeout_ms.to_string(),
+            max.timeout_ms.to_string(),
+        ));
+    }
+    if l.disk_bytes > max.disk_bytes {
+        return Err(over(
+            "disk_bytes",
+            l.disk_bytes.to_string(),
+            max.disk_bytes.to_string(),
+        ));
+    }
+    if l.output_bytes > max.output_bytes {
+        return Err(over(
+            "output_bytes",
+            l.output_bytes.to_string(),
+            max.output_bytes.to_string(),
+        ));
+    }
+    l.validate().map_err(|e| ApiError::invalid(e.field, e.message))?;
+    Ok(l)
+}
+
+impl ExecRequest {
+    /// The validated spec this request asks for, with `base` limits as defaults.
+    pub fn to_spec(&self, config: &ServerConfig, base: &Limits) -> Result<Spec, ApiError> {
+        let command = match (&self.cmd, self.language, &self.code) {
+            (Some(cmd), None, None) => cmd.clone(),
+            (None, Some(lang), Some(code)) => {
+                let (prog, flag) = match lang {
+                    Language::Python => ("python3", "-c"),
+                    Language::Javascript => ("node", "-e"),
+                    Language::Bash => ("bash", "-c"),
+                };
+                vec![prog.to_owned(), flag.to_owned(), code.clone()]
+            }
+            (None, None, Some(_)) => {
+                return Err(ApiError::invalid(
+                    "language",
+                    "code needs a language: python, javascript or bash",
+                ));
+            }
+            (None, Some(_), None) => return Err(ApiError::invalid("code", "language needs code")),
+            (None, None, None) => return Err(ApiError::invalid("cmd", "give cmd, or language and code")),
+            (Some(_), _, _) => {
+                return Err(ApiError::invalid(
+                    "cmd",
+                    "give either cmd or language and code, not both",
+                ));
+            }
+        };
+        let mut spec = Spec::new(command);
+        spec.limits = limits(&self.limits, config, base)?;
+        spec.env = self.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        spec.stdin = self.stdin.clone().unwrap_or_default().into_bytes();
+        spec.network = self.network.clone().unwrap_or_default();
+        for (i, f) in self.files.iter().enumerate() {
+            let content = match f.encoding {
+                Encoding::Utf8 => f.content.clone().into_bytes(),
+                Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                    .decode(&f.content)
+                    .map_err(|e| {
+                        ApiError::invalid(format!("files[{i}].content"), format!("not valid base64: {e}"))
+                    })?,
+            };
+            spec.files.push(FileSpec {
+                path: f.path.clone(),
+                content,
+                mode: f.mode.unwrap_or(0o644),
+            });
+        }
+        spec.validate()
+            .map_err(|e| ApiError::invalid(e.field, e.message))?;
+        Ok(spec)
+    }
+}
+
+/// Parses a JSON body into `T`: 415 unless JSON, 400 with the position (and the field, for
+/// unknown fields) when malformed.
+pub fn parse_json<T: serde::de::DeserializeOwned>(
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    let json = content_type.is_some_and(|ct| {
+        let ct = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        ct == "application/json" || ct.ends_with("+json")
+    });
+    if !json {
+        return Err(ApiError::unsupported_media_type());
+    }
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| {
+        let text = e.to_string();
+        // serde names unknown fields as: unknown field `name`, expected ...
+        if let Some(rest) = text.strip_prefix("unknown field `")
+            && let Some(name) = rest.split('`').next()
+        {
+            return ApiError::invalid(
+                name,
+                format!("unknown field (line {}, column {})", e.line(), e.column()),
+            );
+        }
+        ApiError::malformed(format!(
+            "invalid JSON at line {}, column {}: {text}",
+            e.line(),
+            e.column()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ServerConfig {
+        ServerConfig::default()
+    }
+
+    #[test]
+    fn language_and_code() {
+        let req: ExecRequest = parse_json(
+            Some("application/json"),
+            br#"{"language":"python","code":"print(1)"}"#,
+        )
+        .unwrap();
+        let spec = req.to_spec(&config(), &Limits::default()).unwrap();
+        assert_eq!(spec.command, ["python3", "-c", "print(1)"]);
+    }
+
+    #[test]
+    fn errors_name_fields() {
+        let err =
+            parse_json::<ExecRequest>(Some("application/json"), br#"{"cmd":["x"],"bogus":1}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("bogus"));
+        let err = parse_json::<ExecRequest>(Some("text/plain"), b"{}").unwrap_err();
+        assert_eq!(err.status, 415);
+        let err = parse_json::<ExecRequest>(Some("application/json"), b"{\"cmd\": [").unwrap_err();
+        assert!(err.message.contains("line 1"), "{}", err.message);
+        let req: ExecRequest = parse_json(
+            Some("application/json"),
+            br#"{"cmd":["x"],"limits":{"memory_bytes":99999999999999}}"#,
+        )
+        .unwrap();
+        let err = req.to_spec(&config(), &Limits::default()).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("limits.memory_bytes"));
+        assert!(err.message.contains("maximum"));
+    }
+}

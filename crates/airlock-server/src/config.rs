@@ -1,0 +1,143 @@
+//! The service's settings and their defaults, derived from the host where that makes sense.
+
+use airlock_spec::Limits;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything `airlock serve` can be told.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Warm sandboxes kept ready (0 disables the pool).
+    pub pool: usize,
+    /// Live sandboxes at most (one-shot execs and sessions).
+    pub max_sandboxes: usize,
+    /// The sum of admitted memory caps never exceeds this.
+    pub memory_budget: u64,
+    /// How long a request may wait for admission before a 429.
+    pub queue_timeout: Duration,
+    /// Requests waiting for admission at most; more get a 429 at once.
+    pub max_queue: usize,
+    /// Per-request maxima.
+    pub max: Limits,
+    /// Request defaults.
+    pub defaults: Limits,
+    /// Largest request body.
+    pub max_body: usize,
+    /// API keys (name, key); empty means no auth (loopback only).
+    pub api_keys: Vec<(String, String)>,
+    /// Concurrent requests per API key.
+    pub per_key_concurrency: usize,
+    /// How long running execs get to finish at shutdown.
+    pub grace: Duration,
+    /// Session TTL when the request gives none, and the longest allowed.
+    pub default_ttl: Duration,
+    /// Longest session TTL.
+    pub max_ttl: Duration,
+}
+
+/// Host memory in bytes (`/proc/meminfo` MemTotal).
+pub fn host_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(4 << 30, |kb| kb * 1024)
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let defaults = Limits::default();
+        let memory_budget = host_memory() / 10 * 8;
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        ServerConfig {
+            // A few per core: enough to absorb a burst while the pool refills.
+            pool: (cpus * 2).clamp(2, 16),
+            max_sandboxes: ((memory_budget / defaults.memory_bytes) as usize).clamp(1, 1024),
+            memory_budget,
+            queue_timeout: Duration::from_secs(10),
+            max_queue: 1024,
+            max: Limits {
+                memory_bytes: 4 << 30,
+                cpus: cpus as f64,
+                pids: 1024,
+                timeout_ms: 10 * 60 * 1000,
+                disk_bytes: 4 << 30,
+                output_bytes: 16 << 20,
+            },
+            defaults,
+            max_body: 16 << 20,
+            api_keys: Vec::new(),
+            per_key_concurrency: 64,
+            grace: Duration::from_secs(10),
+            default_ttl: Duration::from_secs(600),
+            max_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Refuses settings that would run an unprotected service.
+    pub fn check(&self, listen: SocketAddr) -> Result<(), String> {
+        if !listen.ip().is_loopback() && self.api_keys.is_empty() {
+            return Err(format!(
+                "listening on {listen} (not loopback) needs API keys: pass --api-keys FILE or set AIRLOCK_API_KEYS"
+            ));
+        }
+        if self.max.memory_bytes > self.memory_budget {
+            return Err(
+                "--max-memory is larger than --memory-budget: such a request could never be admitted".into(),
+            );
+        }
+        self.max.validate().map_err(|e| format!("server maxima: {e}"))?;
+        Ok(())
+    }
+}
+
+/// Parses API keys: one `name:key` per line (or comma-separated); blank lines and `#`
+/// comments are skipped.
+pub fn parse_api_keys(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut keys = Vec::new();
+    for (i, line) in text.split(['\n', ',']).enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, key)) = line.split_once(':') else {
+            return Err(format!("API key entry {}: expected name:key", i + 1));
+        };
+        let (name, key) = (name.trim(), key.trim());
+        if name.is_empty() || key.len() < 16 {
+            return Err(format!(
+                "API key entry {}: the name must be non-empty and the key at least 16 characters",
+                i + 1
+            ));
+        }
+        keys.push((name.to_owned(), key.to_owned()));
+    }
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys() {
+        let keys = parse_api_keys("# team keys\nalice:0123456789abcdef\n\nbob:fedcba9876543210xx").unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[0].0, "alice");
+        assert!(parse_api_keys("nocolon").is_err());
+        assert!(parse_api_keys("a:short").is_err());
+    }
+
+    #[test]
+    fn non_loopback_needs_keys() {
+        let c = ServerConfig::default();
+        assert!(c.check("127.0.0.1:1".parse().unwrap()).is_ok());
+        assert!(c.check("0.0.0.0:1".parse().unwrap()).is_err());
+    }
+}

@@ -1,0 +1,139 @@
+//! API errors: `{"error": {"code", "message", "field"}}` with the right status. Overload is
+//! always a 429, never a 5xx.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// One API error.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable machine-readable code.
+    pub code: &'static str,
+    /// What is wrong, for a person.
+    pub message: String,
+    /// The request field at fault, in the API's spelling.
+    pub field: Option<String>,
+    /// Seconds after which a retry may succeed (429).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            field: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400: the request is invalid; `field` names what.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::BAD_REQUEST, "invalid_request", message);
+        e.field = Some(field.into());
+        e
+    }
+
+    /// 400 without a specific field (malformed JSON).
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "malformed_json", message)
+    }
+
+    /// 401.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid API key is required (Authorization: Bearer KEY)",
+        )
+    }
+
+    /// 404.
+    pub fn not_found(what: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", what)
+    }
+
+    /// 410: the sandbox existed and expired.
+    pub fn gone(what: impl Into<String>) -> Self {
+        Self::new(StatusCode::GONE, "expired", what)
+    }
+
+    /// 409: the sandbox is busy with another exec.
+    pub fn conflict(what: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "busy", what)
+    }
+
+    /// 413.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body exceeds {limit} bytes (--max-body)"),
+        )
+    }
+
+    /// 415.
+    pub fn unsupported_media_type() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the request as JSON (Content-Type: application/json)",
+        )
+    }
+
+    /// 429 with Retry-After.
+    pub fn rate_limited(reason: &'static str, message: impl Into<String>, retry_after: u64) -> Self {
+        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, reason, message);
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 503: the service is shutting down.
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the service is shutting down",
+        )
+    }
+
+    /// 500: the sandbox could not be built (a host problem, logged).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error", message)
+    }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    code: &'a str,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Body {
+            error: Inner {
+                code: self.code,
+                message: &self.message,
+                field: self.field.as_deref(),
+            },
+        };
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}

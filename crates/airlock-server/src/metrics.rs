@@ -1,0 +1,172 @@
+//! Prometheus metrics, with conventional names and units (seconds, `_total` counters).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::time::Duration;
+
+/// `{outcome}` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// exited, signaled, timeout, oom, error.
+    pub outcome: String,
+}
+
+/// `{pool}` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    /// warm or cold.
+    pub pool: String,
+}
+
+/// `{reason}` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why the request was rejected.
+    pub reason: String,
+}
+
+type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms .. ~16 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Every metric the service exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Execs by outcome.
+    pub exec_total: Family<OutcomeLabel, Counter>,
+    /// Exec wall time (program start to end).
+    pub exec_duration: Histogram,
+    /// Provisioning time by pool (warm: built ahead; cold: built for the request).
+    pub provision: HistFamily<PoolLabel>,
+    /// Sandboxes live now (execs running plus sessions).
+    pub sandboxes_active: Gauge,
+    /// Warm sandboxes ready.
+    pub pool_ready: Gauge,
+    /// Requests refused, by reason.
+    pub rejected: Family<ReasonLabel, Counter>,
+    /// Time spent waiting for admission.
+    pub queue_wait: Histogram,
+}
+
+impl Metrics {
+    /// Registers everything.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let exec_total = Family::<OutcomeLabel, Counter>::default();
+        let exec_duration = latency_histogram();
+        let provision = HistFamily::<PoolLabel>::new_with_constructor(latency_histogram);
+        let sandboxes_active = Gauge::default();
+        let pool_ready = Gauge::default();
+        let rejected = Family::<ReasonLabel, Counter>::default();
+        let queue_wait = latency_histogram();
+        registry.register("airlock_exec", "Execs by outcome", exec_total.clone());
+        registry.register(
+            "airlock_exec_duration_seconds",
+            "Wall time of execs, program start to end",
+            exec_duration.clone(),
+        );
+        registry.register(
+            "airlock_provision_seconds",
+            "Time to build a sandbox (warm: ahead of time for the pool; cold: for the request)",
+            provision.clone(),
+        );
+        registry.register(
+            "airlock_sandboxes_active",
+            "Sandboxes live now",
+            sandboxes_active.clone(),
+        );
+        registry.register("airlock_pool_ready", "Warm sandboxes ready", pool_ready.clone());
+        registry.register(
+            "airlock_rejected",
+            "Requests refused, by reason",
+            rejected.clone(),
+        );
+        registry.register(
+            "airlock_queue_wait_seconds",
+            "Time requests waited for admission",
+            queue_wait.clone(),
+        );
+        Metrics {
+            registry,
+            exec_total,
+            exec_duration,
+            provision,
+            sandboxes_active,
+            pool_ready,
+            rejected,
+            queue_wait,
+        }
+    }
+
+    /// Records a sandbox built for `pool` ("warm" or "cold").
+    pub fn provisioned(&self, pool: &str, took: Duration) {
+        self.provision
+            .get_or_create(&PoolLabel { pool: pool.into() })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts a refused request.
+    pub fn reject(&self, reason: &str) {
+        self.rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts an exec.
+    pub fn exec(&self, outcome: &str, wall: Duration) {
+        self.exec_total
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+        self.exec_duration.observe(wall.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_units() {
+        let m = Metrics::new();
+        m.exec("exited", Duration::from_millis(3));
+        m.reject("queue_full");
+        m.provisioned("warm", Duration::from_millis(5));
+        let text = m.render();
+        for name in [
+            "airlock_exec_total{outcome=\"exited\"} 1",
+            "airlock_exec_duration_seconds_bucket",
+            "airlock_provision_seconds_bucket{le=",
+            "airlock_sandboxes_active",
+            "airlock_pool_ready",
+            "airlock_rejected_total{reason=\"queue_full\"} 1",
+            "airlock_queue_wait_seconds_count",
+        ] {
+            assert!(text.contains(name), "{name} missing in:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! `POST /v1/exec`: one-shot — provision (or take a warm sandbox), run, purge.
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use std::sync::Arc;
+
+use crate::api::ExecRequest;
+use crate::body::JsonBody;
+use crate::error::ApiError;
+use crate::state::{AppState, KeyName};
+use crate::{runner, stream};
+
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyName>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> Result<Response, ApiError> {
+    let spec = req.to_spec(&state.config, &state.config.defaults)?;
+    if super::wants_stream(&headers) {
+        return Ok(stream::respond(move |tx| async move {
+            runner::one_shot(&state, &key, spec, Some(tx)).await
+        }));
+    }
+    Ok(Json(runner::one_shot(&state, &key, spec, None).await?).into_response())
+}

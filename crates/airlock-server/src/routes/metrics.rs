@@ -1,0 +1,20 @@
+//! `GET /metrics`: Prometheus text exposition.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use std::sync::Arc;
+
+use crate::state::AppState;
+
+pub async fn handle(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    state.metrics.pool_ready.set(state.pool.ready() as i64);
+    state.metrics.sandboxes_active.set(state.active() as i64);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}

@@ -1,0 +1,33 @@
+//! `POST /v1/sandboxes/{id}/exec`: run in a session; its files persist between execs,
+//! each exec's processes end with it.
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use std::sync::Arc;
+
+use crate::api::ExecRequest;
+use crate::body::JsonBody;
+use crate::error::ApiError;
+use crate::state::{AppState, KeyName};
+use crate::{runner, stream};
+
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyName>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> Result<Response, ApiError> {
+    let session = state.session(&id, &key)?;
+    let mut spec = req.to_spec(&state.config, &session.limits)?;
+    // The disk is the session's own, fixed when it was created.
+    spec.limits.disk_bytes = session.limits.disk_bytes;
+    if super::wants_stream(&headers) {
+        return Ok(stream::respond(move |tx| async move {
+            runner::in_session(&state, &key, session, spec, Some(tx)).await
+        }));
+    }
+    Ok(Json(runner::in_session(&state, &key, session, spec, None).await?).into_response())
+}

@@ -1,0 +1,156 @@
+//! `POST /v1/sandboxes` (create a session), `GET /v1/sandboxes` (list),
+//! `GET /v1/sandboxes/{id}` (show), `DELETE /v1/sandboxes/{id}` (purge now).
+
+use airlock_sandbox::SandboxConfig;
+use airlock_spec::Spec;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::api::{CreateSandboxRequest, limits};
+use crate::body::JsonBody;
+use crate::error::ApiError;
+use crate::runner::api_error;
+use crate::state::{AppState, KeyName, Session, SessionInner, purge_session};
+
+/// Seconds since the epoch, with millisecond precision.
+fn epoch(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| (d.as_millis() as f64) / 1e3)
+}
+
+/// What `POST /v1/sandboxes` answers.
+#[derive(Serialize)]
+struct Created {
+    id: String,
+    expires_at: f64,
+}
+
+/// One entry of `GET /v1/sandboxes`.
+#[derive(Serialize)]
+pub struct Info {
+    id: String,
+    created_at: f64,
+    expires_at: f64,
+    usage: Usage,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    execs: u64,
+    cpu_ms: f64,
+    memory_peak_bytes: u64,
+}
+
+async fn info(s: &Session) -> Info {
+    let inner = s.inner.lock().await;
+    Info {
+        id: s.id.clone(),
+        created_at: epoch(s.created),
+        expires_at: epoch(s.expires),
+        usage: Usage {
+            execs: inner.execs,
+            cpu_ms: inner.cpu_ms,
+            memory_peak_bytes: inner.memory_peak_bytes,
+        },
+    }
+}
+
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyName>,
+    JsonBody(req): JsonBody<CreateSandboxRequest>,
+) -> Result<Response, ApiError> {
+    if *state.stopping.borrow() {
+        return Err(ApiError::shutting_down());
+    }
+    let ttl = Duration::from_secs(req.ttl_s.unwrap_or(state.config.default_ttl.as_secs()));
+    if ttl.is_zero() || ttl > state.config.max_ttl {
+        return Err(ApiError::invalid(
+            "ttl_s",
+            format!("must be between 1 and {} seconds", state.config.max_ttl.as_secs()),
+        ));
+    }
+    let limits = limits(&req.limits, &state.config, &state.config.defaults)?;
+    let mut spec = Spec::new(vec!["true".into()]);
+    spec.limits = limits.clone();
+    spec.network = req.network.clone().unwrap_or_default();
+    let (permit, _) = match state.admission.admit(key.0.as_deref(), limits.memory_bytes).await {
+        Ok(p) => p,
+        Err(e) => {
+            state.metrics.reject(e.code);
+            return Err(e);
+        }
+    };
+    let (created, took) = state.spawner.create(SandboxConfig::of(&spec)).await;
+    state.metrics.provisioned("cold", took);
+    let sandbox = created.map_err(api_error)?;
+    let now = SystemTime::now();
+    let session = Arc::new(Session {
+        id: sandbox.id().to_owned(),
+        created: now,
+        expires: now + ttl,
+        deadline: Instant::now() + ttl,
+        key: key.0.clone(),
+        limits,
+        inner: tokio::sync::Mutex::new(SessionInner {
+            sandbox: Some(sandbox),
+            execs: 0,
+            cpu_ms: 0.0,
+            memory_peak_bytes: 0,
+            permit: Some(permit),
+        }),
+    });
+    let body = Created {
+        id: session.id.clone(),
+        expires_at: epoch(session.expires),
+    };
+    if let Ok(mut map) = state.sessions.lock() {
+        map.insert(session.id.clone(), session);
+    }
+    state.metrics.sandboxes_active.set(state.active() as i64);
+    tracing::info!(id = %body.id, key = key.0.as_deref().unwrap_or("-"), ttl_s = ttl.as_secs(), "session created");
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+pub async fn list(State(state): State<Arc<AppState>>, Extension(key): Extension<KeyName>) -> Json<Vec<Info>> {
+    let sessions: Vec<Arc<Session>> = state
+        .sessions
+        .lock()
+        .map(|m| m.values().filter(|s| s.key == key.0).cloned().collect())
+        .unwrap_or_default();
+    let mut out = Vec::with_capacity(sessions.len());
+    for s in sessions {
+        out.push(info(&s).await);
+    }
+    out.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
+    Json(out)
+}
+
+pub async fn show(
+    State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyName>,
+    Path(id): Path<String>,
+) -> Result<Json<Info>, ApiError> {
+    let session = state.session(&id, &key)?;
+    Ok(Json(info(&session).await))
+}
+
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyName>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.session(&id, &key)?;
+    let session = state
+        .remove_session(&id, false)
+        .ok_or_else(|| ApiError::not_found(format!("no sandbox {id}")))?;
+    purge_session(session).await;
+    state.metrics.sandboxes_active.set(state.active() as i64);
+    tracing::info!(id = %id, "session deleted");
+    Ok(StatusCode::NO_CONTENT)
+}

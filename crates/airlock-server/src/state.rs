@@ -1,0 +1,194 @@
+//! The service's shared state: the engine and its spawner threads, the warm pool, the
+//! sessions, the admission gate, metrics, keys, and the shutdown switches.
+
+use airlock_sandbox::{Engine, Sandbox};
+use airlock_spec::Limits;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+use subtle::ConstantTimeEq;
+use tokio::sync::watch;
+
+use crate::admission::{Admission, Permit};
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::pool::Pool;
+use crate::spawner::Spawner;
+
+/// Expired session ids remembered (for 410 instead of 404); older ones are forgotten.
+const EXPIRED_MEMORY: usize = 10_000;
+
+/// The name of the API key a request authenticated with (`None` without auth).
+#[derive(Debug, Clone, Default)]
+pub struct KeyName(pub Option<String>);
+
+/// A session sandbox: lives until deleted or its TTL passes.
+#[derive(Debug)]
+pub struct Session {
+    /// Its id (the sandbox's).
+    pub id: String,
+    /// When it was created.
+    pub created: SystemTime,
+    /// When it expires.
+    pub expires: SystemTime,
+    /// The same instant on the monotonic clock.
+    pub deadline: Instant,
+    /// The API key that owns it.
+    pub key: Option<String>,
+    /// Limits every exec starts from.
+    pub limits: Limits,
+    /// The sandbox and what it has used; locked by one exec or file operation at a time.
+    pub inner: tokio::sync::Mutex<SessionInner>,
+}
+
+/// The mutable part of a session.
+#[derive(Debug)]
+pub struct SessionInner {
+    /// The sandbox; `None` once purged.
+    pub sandbox: Option<Sandbox>,
+    /// Execs run so far.
+    pub execs: u64,
+    /// CPU time of all execs.
+    pub cpu_ms: f64,
+    /// Highest memory peak seen.
+    pub memory_peak_bytes: u64,
+    /// Its admission (a session is a live sandbox).
+    pub permit: Option<Permit>,
+}
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    /// Settings.
+    pub config: ServerConfig,
+    /// Creates sandboxes on long-lived threads.
+    pub spawner: Arc<Spawner>,
+    /// Warm sandboxes.
+    pub pool: Arc<Pool>,
+    /// The admission gate.
+    pub admission: Admission,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Live sessions by id.
+    pub sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Recently expired session ids, for 410.
+    expired: Mutex<(HashSet<String>, VecDeque<String>)>,
+    /// Readable once running execs must be killed (shutdown grace over). Polled, never read.
+    pub cancel: Arc<OwnedFd>,
+    /// Dropping it makes `cancel` readable.
+    pub cancel_trigger: Mutex<Option<OwnedFd>>,
+    /// True once shutdown began.
+    pub stopping: watch::Sender<bool>,
+}
+
+/// Resolves when `rx` is (or becomes) true, or its sender is gone.
+pub async fn stopped(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl AppState {
+    /// Builds the state; the spawner threads start here.
+    pub fn new(
+        engine: Arc<Engine>,
+        config: ServerConfig,
+        pool_config: airlock_sandbox::SandboxConfig,
+    ) -> Arc<AppState> {
+        let threads = std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .clamp(2, 8);
+        let spawner = Arc::new(Spawner::new(Arc::clone(&engine), threads));
+        let (cancel, trigger) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+        Arc::new(AppState {
+            pool: Arc::new(Pool::new(config.pool, pool_config)),
+            admission: Admission::new(&config),
+            metrics: Arc::new(Metrics::new()),
+            sessions: Mutex::new(HashMap::new()),
+            expired: Mutex::new((HashSet::new(), VecDeque::new())),
+            cancel: Arc::new(cancel),
+            cancel_trigger: Mutex::new(Some(trigger)),
+            stopping: watch::Sender::new(false),
+            spawner,
+            config,
+        })
+    }
+
+    /// The name of the key `token` is, compared in constant time against every key.
+    pub fn key_name(&self, token: &str) -> Option<String> {
+        let mut found = None;
+        for (name, key) in &self.config.api_keys {
+            if bool::from(key.as_bytes().ct_eq(token.as_bytes())) {
+                found = Some(name.clone());
+            }
+        }
+        found
+    }
+
+    /// The session `id`, if `key` may use it: 404 when unknown (or another key's), 410
+    /// when it expired.
+    pub fn session(&self, id: &str, key: &KeyName) -> Result<Arc<Session>, ApiError> {
+        let found = self.sessions.lock().ok().and_then(|m| m.get(id).cloned());
+        match found {
+            Some(s) if s.key == key.0 => {
+                if Instant::now() >= s.deadline {
+                    return Err(ApiError::gone(format!("sandbox {id} expired")));
+                }
+                Ok(s)
+            }
+            _ if self.expired.lock().is_ok_and(|e| e.0.contains(id)) => {
+                Err(ApiError::gone(format!("sandbox {id} expired")))
+            }
+            _ => Err(ApiError::not_found(format!("no sandbox {id}"))),
+        }
+    }
+
+    /// Removes a session from the registry (its sandbox is purged by [`purge_session`]).
+    pub fn remove_session(&self, id: &str, expired: bool) -> Option<Arc<Session>> {
+        let removed = self.sessions.lock().ok()?.remove(id);
+        if removed.is_some() && expired {
+            if let Ok(mut e) = self.expired.lock() {
+                if e.0.insert(id.to_owned()) {
+                    e.1.push_back(id.to_owned());
+                }
+                while e.1.len() > EXPIRED_MEMORY {
+                    if let Some(old) = e.1.pop_front() {
+                        e.0.remove(&old);
+                    }
+                }
+            }
+        }
+        removed
+    }
+
+    /// Sandboxes live now: admitted execs and sessions.
+    pub fn active(&self) -> usize {
+        self.admission.active(self.config.max_sandboxes)
+    }
+
+    /// Makes every running exec end (shutdown grace over).
+    pub fn cancel_all(&self) {
+        if let Ok(mut t) = self.cancel_trigger.lock() {
+            t.take();
+        }
+    }
+}
+
+/// Purges a removed session: waits for its running exec, if any, then destroys the
+/// sandbox off the async threads.
+pub async fn purge_session(session: Arc<Session>) {
+    let mut inner = session.inner.lock().await;
+    let sandbox = inner.sandbox.take();
+    inner.permit.take();
+    drop(inner);
+    if let Some(sb) = sandbox {
+        let _ = tokio::task::spawn_blocking(move || drop(sb)).await;
+    }
+}

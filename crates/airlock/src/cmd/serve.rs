@@ -1,0 +1,189 @@
+//! `airlock serve`: the execution service (HTTP API, warm pool, sessions).
+
+use airlock_sandbox::Engine;
+use airlock_server::ServerConfig;
+use airlock_server::config::parse_api_keys;
+use airlock_spec::{parse_duration, parse_size};
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (a non-loopback address requires API keys).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8710")]
+    listen: SocketAddr,
+    /// Warm sandboxes kept ready (0 disables the pool) [default: 2 per core, 2..16].
+    #[arg(long, value_name = "N")]
+    pool: Option<usize>,
+    /// Live sandboxes at most [default: memory budget / default memory cap].
+    #[arg(long, value_name = "N")]
+    max_sandboxes: Option<usize>,
+    /// Sum of admitted memory caps at most [default: 80% of host RAM].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    memory_budget: Option<u64>,
+    /// How long a request waits for admission before a 429.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    queue_timeout: std::time::Duration,
+    /// Requests waiting for admission at most; beyond, 429 at once.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_queue: usize,
+    /// Largest per-request memory cap.
+    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = size)]
+    max_memory: u64,
+    /// Largest per-request CPU quota [default: host cores].
+    #[arg(long, value_name = "N")]
+    max_cpus: Option<f64>,
+    /// Largest per-request pids limit.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_pids: u32,
+    /// Longest per-request timeout.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration)]
+    max_timeout: std::time::Duration,
+    /// Largest per-request disk.
+    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = size)]
+    max_disk: u64,
+    /// Largest per-request output limit.
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = size)]
+    max_output: u64,
+    /// Largest request body (413 beyond).
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = size)]
+    max_body: u64,
+    /// API keys, one `name:key` per line (or AIRLOCK_API_KEYS).
+    #[arg(long, value_name = "FILE")]
+    api_keys: Option<PathBuf>,
+    /// Concurrent requests per API key.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    per_key_concurrency: usize,
+    /// At shutdown, how long running execs get to finish before they are killed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    grace: std::time::Duration,
+    /// Session TTL when a request gives none.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration)]
+    default_ttl: std::time::Duration,
+    /// Longest session TTL.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = duration)]
+    max_ttl: std::time::Duration,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.reason.to_string())
+}
+
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    parse_duration(s).map_err(|e| e.reason.to_string())
+}
+
+impl ServeArgs {
+    fn config(&self) -> anyhow::Result<ServerConfig> {
+        let mut c = ServerConfig::default();
+        if let Some(n) = self.pool {
+            c.pool = n;
+        }
+        if let Some(b) = self.memory_budget {
+            c.memory_budget = b;
+            c.max_sandboxes = ((b / c.defaults.memory_bytes) as usize).clamp(1, 1024);
+        }
+        if let Some(n) = self.max_sandboxes {
+            if n == 0 {
+                bail!("--max-sandboxes must be at least 1");
+            }
+            c.max_sandboxes = n;
+        }
+        c.queue_timeout = self.queue_timeout;
+        c.max_queue = self.max_queue;
+        c.max.memory_bytes = self.max_memory;
+        if let Some(cpus) = self.max_cpus {
+            c.max.cpus = cpus;
+        }
+        c.max.pids = self.max_pids;
+        c.max.timeout_ms = self.max_timeout.as_millis().try_into().unwrap_or(u64::MAX);
+        c.max.disk_bytes = self.max_disk;
+        c.max.output_bytes = self.max_output;
+        c.max_body = self.max_body.try_into().unwrap_or(usize::MAX);
+        c.per_key_concurrency = self.per_key_concurrency.max(1);
+        c.grace = self.grace;
+        c.default_ttl = self.default_ttl;
+        c.max_ttl = self.max_ttl;
+        // Defaults above a maximum are lowered to it.
+        c.defaults.memory_bytes = c.defaults.memory_bytes.min(c.max.memory_bytes);
+        c.defaults.cpus = c.defaults.cpus.min(c.max.cpus);
+        c.defaults.pids = c.defaults.pids.min(c.max.pids);
+        c.defaults.timeout_ms = c.defaults.timeout_ms.min(c.max.timeout_ms);
+        c.defaults.disk_bytes = c.defaults.disk_bytes.min(c.max.disk_bytes);
+        c.defaults.output_bytes = c.defaults.output_bytes.min(c.max.output_bytes);
+        let keys = match (&self.api_keys, std::env::var("AIRLOCK_API_KEYS")) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--api-keys {}: cannot read it", path.display()))?;
+                parse_api_keys(&text).map_err(|e| anyhow::anyhow!("--api-keys {}: {e}", path.display()))?
+            }
+            (None, Ok(text)) => {
+                parse_api_keys(&text).map_err(|e| anyhow::anyhow!("AIRLOCK_API_KEYS: {e}"))?
+            }
+            (None, Err(_)) => Vec::new(),
+        };
+        c.api_keys = keys;
+        c.check(self.listen).map_err(|e| anyhow::anyhow!(e))?;
+        Ok(c)
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = args.config()?;
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Json => subscriber.json().init(),
+        LogFormat::Text => subscriber.init(),
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting tokio")?;
+    runtime.block_on(async move {
+        let engine = Arc::new(Engine::new()?);
+        if engine.purged_at_start() > 0 {
+            tracing::warn!(
+                sandboxes = engine.purged_at_start(),
+                "purged sandboxes a previous airlock left behind"
+            );
+        }
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
+        let addr = listener.local_addr()?;
+        println!("airlock: listening on http://{addr}");
+        airlock_server::run(listener, engine, config, shutdown_signal()).await?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
