@@ -41,13 +41,21 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            // One clear line: clap's first line names the flag and what is allowed.
+            // One clear line: clap's message up to its usage block, joined.
             let text = e.to_string();
             let line = text
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            eprintln!("airlock: {}", line.trim_start_matches("error: "));
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
+            let line = if line.is_empty() {
+                "invalid arguments".to_owned()
+            } else {
+                line
+            };
+            eprintln!("airlock: {} (see --help)", line.trim_start_matches("error: "));
             return ExitCode::from(EXIT_USAGE);
         }
     };

@@ -22,7 +22,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = size)]
     memory: u64,
     /// CPU quota in cores (0.5 = half a core).
-    #[arg(long, value_name = "N", default_value_t = 0.5)]
+    #[arg(long, value_name = "N", default_value_t = 0.5, allow_negative_numbers = true)]
     cpus: f64,
     /// Processes plus threads.
     #[arg(long, value_name = "N", default_value_t = 64)]
