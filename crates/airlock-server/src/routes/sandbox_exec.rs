@@ -22,8 +22,18 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
     let mut spec = req.to_spec(&state.config, &session.limits)?;
-    // The disk is the session's own, fixed when it was created.
+    // The disk is the session's own, fixed when it was created; its memory was admitted
+    // at creation, so an exec may not raise it.
     spec.limits.disk_bytes = session.limits.disk_bytes;
+    if spec.limits.memory_bytes > session.limits.memory_bytes {
+        return Err(ApiError::invalid(
+            "limits.memory_bytes",
+            format!(
+                "{} is above this sandbox's {} (set when it was created)",
+                spec.limits.memory_bytes, session.limits.memory_bytes
+            ),
+        ));
+    }
     if super::wants_stream(&headers) {
         return Ok(stream::respond(move |tx| async move {
             runner::in_session(&state, &key, session, spec, Some(tx)).await

@@ -86,9 +86,16 @@ pub async fn create(
             return Err(e);
         }
     };
-    let (created, took) = state.spawner.create(SandboxConfig::of(&spec)).await;
-    state.metrics.provisioned("cold", took);
-    let sandbox = created.map_err(api_error)?;
+    let config = SandboxConfig::of(&spec);
+    // A warm sandbox serves a session too: limits are applied at each exec.
+    let sandbox = match state.pool.take(&config) {
+        Some(sb) => sb,
+        None => {
+            let (created, took) = state.spawner.create(config).await;
+            state.metrics.provisioned("cold", took);
+            created.map_err(api_error)?
+        }
+    };
     let now = SystemTime::now();
     let session = Arc::new(Session {
         id: sandbox.id().to_owned(),
