@@ -375,5 +375,6 @@ pub(crate) fn exec(
         setup_ms: ms(started.saturating_duration_since(t0)),
         cpu_ms: after.cpu_ns.saturating_sub(before.cpu_ns) as f64 / 1e6,
         memory_peak_bytes: after.memory_peak_bytes,
+        egress: Vec::new(),
     })
 }

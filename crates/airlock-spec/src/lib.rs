@@ -14,6 +14,6 @@ mod result;
 mod spec;
 mod units;
 
-pub use result::{ExecResult, Outcome};
+pub use result::{EgressEntry, ExecResult, Outcome};
 pub use spec::{FileSpec, Limits, NetworkPolicy, Spec, SpecError};
 pub use units::{UnitError, parse_duration, parse_size};

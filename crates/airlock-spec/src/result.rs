@@ -52,6 +52,31 @@ pub struct ExecResult {
     pub cpu_ms: f64,
     /// Peak memory of the sandbox's cgroup, tmpfs pages included.
     pub memory_peak_bytes: u64,
+    /// Every connection or request the egress proxy saw, denied ones included (empty
+    /// when the network policy is `none`).
+    #[serde(default)]
+    pub egress: Vec<EgressEntry>,
+}
+
+/// One connection or request through the egress proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EgressEntry {
+    /// The host asked for (a name or an address literal, as the program wrote it).
+    pub host: String,
+    /// The port asked for.
+    pub port: u16,
+    /// The address connected to (or the denied one), when resolution got that far.
+    pub addr: Option<String>,
+    /// Whether the proxy let it through.
+    pub allowed: bool,
+    /// Why: `"allowed by pypi.org"`, `"not in allowlist"`, `"link-local address 169.254.169.254"`.
+    pub reason: String,
+    /// Bytes from the program to the remote host.
+    pub bytes_up: u64,
+    /// Bytes from the remote host to the program.
+    pub bytes_down: u64,
+    /// From the request to the end of the connection, in milliseconds.
+    pub ms: f64,
 }
 
 impl ExecResult {
@@ -90,6 +115,7 @@ mod tests {
             setup_ms: 1.0,
             cpu_ms: 1.0,
             memory_peak_bytes: 1,
+            egress: vec![],
         };
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["outcome"], "oom");
