@@ -175,11 +175,8 @@ pub(crate) fn exec(
     // descendants are gone.
     drop((stdin_r, stdout_w, stderr_w));
 
-    let mut stdin = if spec.stdin.is_empty() {
-        None
-    } else {
-        Some(stdin_w)
-    };
+    // Empty stdin: the write end closes here, so the program reads EOF at once.
+    let mut stdin = (!spec.stdin.is_empty()).then_some(stdin_w);
     if let Some(w) = &stdin {
         set_nonblocking(w).map_err(SandboxError::Spawn)?;
     }

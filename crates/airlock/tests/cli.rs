@@ -1,0 +1,510 @@
+//! CLI ROBUSTNESS: bad flags, nonexistent commands, unreadable inputs and rootfs without
+//! the command exit 2 with one clear line on stderr and leave nothing behind; `--file`,
+//! `--env`, `doctor` and the `--json` contract work as documented.
+//!
+//! Every test drives the real binary. The tests of this file run one at a time (see
+//! [`serial`]) because they check host-wide state after each invocation.
+
+mod common;
+
+use common::{airlock_bin, ok_stdout, sandbox_processes};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------
+// Helpers (local to this file; the shared ones live in common/mod.rs).
+// ---------------------------------------------------------------------------------------
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// One test at a time: the checks below look at host-wide state.
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `airlock ARGS...` with empty stdin; returns airlock's pid and its output.
+fn airlock(args: &[&str]) -> (u32, Output) {
+    let child = Command::new(airlock_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn airlock");
+    let pid = child.id();
+    (pid, child.wait_with_output().expect("wait airlock"))
+}
+
+/// Polls `f` every 20 ms until it holds or `limit` passes.
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The cgroup owner directories (`airlock/<pid>-<start time>`) of airlock process `pid`
+/// in every hierarchy (v1 controllers, the unified hierarchy, or a v2 root).
+fn owner_cgroups(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("{pid}-");
+    let mut bases = vec![PathBuf::from("/sys/fs/cgroup/airlock")];
+    if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
+        bases.extend(entries.flatten().map(|e| e.path().join("airlock")));
+    }
+    bases
+        .iter()
+        .filter_map(|b| std::fs::read_dir(b).ok())
+        .flat_map(|entries| entries.flatten().map(|e| e.path()))
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect()
+}
+
+/// What `/proc/<pid>/status` says about one host process.
+#[derive(Debug)]
+struct ProcInfo {
+    name: String,
+    ppid: u32,
+    uid: u32,
+    state: char,
+}
+
+/// Every host process, by pid.
+fn proc_infos() -> HashMap<u32, ProcInfo> {
+    let mut infos = HashMap::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let first = |v: String| v.split_whitespace().next().unwrap_or("").to_owned();
+        infos.insert(
+            pid,
+            ProcInfo {
+                name: field("Name:"),
+                ppid: first(field("PPid:")).parse().unwrap_or(0),
+                uid: first(field("Uid:")).parse().unwrap_or(0),
+                state: field("State:").chars().next().unwrap_or('?'),
+            },
+        );
+    }
+    infos
+}
+
+/// Processes with a sandbox uid (`common::sandbox_processes`) that no running airlock
+/// supervises: alive (a zombie holds nothing but its pid, and this host's PID 1 reaps
+/// re-parented ones only after a second or two), and whose nearest ancestor outside the
+/// sandbox uid range is not an `airlock` process. Sandboxes of airlock runs still going
+/// on elsewhere on the machine (other suites) are not strays; a leftover of a finished
+/// run is: its airlock is gone, so it hangs below the host's PID 1 (or a subreaper).
+fn stray_sandbox_processes() -> Vec<String> {
+    let infos = proc_infos();
+    let base = airlock_sandbox::HOST_UID_BASE;
+    let mut strays = Vec::new();
+    for entry in sandbox_processes() {
+        let Some(pid) = entry.split(':').next().and_then(|p| p.trim().parse::<u32>().ok()) else {
+            continue;
+        };
+        let Some(info) = infos.get(&pid) else { continue };
+        if info.state == 'Z' {
+            continue;
+        }
+        let mut chain = vec![format!("{pid} {} uid {}", info.name, info.uid)];
+        let mut parent = info.ppid;
+        let supervised = loop {
+            match infos.get(&parent) {
+                Some(p) if p.uid >= base && chain.len() < 64 => {
+                    chain.push(format!("{parent} {} uid {}", p.name, p.uid));
+                    parent = p.ppid;
+                }
+                Some(p) => {
+                    chain.push(format!("{parent} {} uid {}", p.name, p.uid));
+                    break p.name == "airlock";
+                }
+                None => break false,
+            }
+        };
+        if !supervised {
+            strays.push(chain.join(" <- "));
+        }
+    }
+    strays
+}
+
+/// Asserts that airlock process `pid` (which has exited) left no cgroup directory and that
+/// no unsupervised sandbox process remains on the host (killed ones get a moment to die).
+fn assert_nothing_left(pid: u32) {
+    let cgroups = owner_cgroups(pid);
+    assert!(
+        cgroups.is_empty(),
+        "airlock pid {pid} left cgroup directories behind: {cgroups:?}"
+    );
+    let gone = wait_until(Duration::from_secs(3), || stray_sandbox_processes().is_empty());
+    assert!(
+        gone,
+        "sandbox processes remain after airlock pid {pid} ended: {:#?}",
+        stray_sandbox_processes()
+    );
+}
+
+/// Runs `airlock ARGS...` and asserts: exit 2, nothing on stdout, exactly one non-empty
+/// line on stderr that contains every one of `needles`, nothing left behind. Returns it.
+fn assert_usage_error(args: &[&str], needles: &[&str]) -> String {
+    let (pid, out) = airlock(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "airlock {args:?}: status {:?}, stderr: {stderr}",
+        out.status
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "airlock {args:?} wrote to stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "airlock {args:?}: stderr is not exactly one line: {stderr:?}"
+    );
+    let line = lines[0];
+    assert!(!line.trim().is_empty(), "airlock {args:?}: empty error line");
+    for needle in needles {
+        assert!(
+            line.to_lowercase().contains(&needle.to_lowercase()),
+            "airlock {args:?}: the error line does not mention {needle:?}: {line:?}"
+        );
+    }
+    assert_nothing_left(pid);
+    line.to_owned()
+}
+
+/// `airlock run --json ARGS...`: the parsed result, after checking nothing is left behind.
+fn run_json(args: &[&str]) -> Value {
+    let mut full = vec!["run", "--json"];
+    full.extend_from_slice(args);
+    let (pid, out) = airlock(&full);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "airlock {full:?}: {out:?}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    assert_nothing_left(pid);
+    v
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad flags.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn bad_memory_size_is_rejected() {
+    let _guard = serial();
+    assert_usage_error(&["run", "--memory", "12X", "--", "true"], &["--memory", "12X"]);
+    assert_usage_error(&["run", "--memory", "1K", "--", "true"], &["--memory"]);
+}
+
+#[test]
+fn negative_cpus_is_rejected() {
+    let _guard = serial();
+    assert_usage_error(&["run", "--cpus=-1", "--", "true"], &["--cpus", "-1"]);
+    assert_usage_error(&["run", "--cpus", "0", "--", "true"], &["--cpus"]);
+    // The form a user types: the error must name --cpus, not just the stray "-1".
+    assert_usage_error(&["run", "--cpus", "-1", "--", "true"], &["--cpus", "-1"]);
+}
+
+#[test]
+fn zero_pids_is_rejected() {
+    let _guard = serial();
+    assert_usage_error(&["run", "--pids", "0", "--", "true"], &["--pids"]);
+    assert_usage_error(&["run", "--pids", "many", "--", "true"], &["--pids", "many"]);
+}
+
+#[test]
+fn bad_timeout_is_rejected() {
+    let _guard = serial();
+    assert_usage_error(
+        &["run", "--timeout", "forever", "--", "true"],
+        &["--timeout", "forever"],
+    );
+    assert_usage_error(&["run", "--timeout", "0s", "--", "true"], &["--timeout"]);
+}
+
+#[test]
+fn bad_disk_and_output_limit_are_rejected() {
+    let _guard = serial();
+    assert_usage_error(&["run", "--disk", "lots", "--", "true"], &["--disk", "lots"]);
+    assert_usage_error(
+        &["run", "--output-limit", "1Q", "--", "true"],
+        &["--output-limit", "1Q"],
+    );
+}
+
+#[test]
+fn unknown_flag_is_rejected() {
+    let _guard = serial();
+    assert_usage_error(&["run", "--frobnicate", "--", "true"], &["--frobnicate"]);
+    assert_usage_error(&["run", "--frobnicate"], &["--frobnicate"]);
+}
+
+#[test]
+fn missing_command_is_rejected() {
+    let _guard = serial();
+    for args in [
+        &["run"][..],
+        &["run", "--json"],
+        &["run", "--"],
+        &["run", "--memory", "128M"],
+    ] {
+        assert_usage_error(args, &["command"]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Nonexistent command, unreadable inputs, rootfs without the command.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn nonexistent_command_is_a_clear_error() {
+    let _guard = serial();
+    let name = "no-such-program-airlock-test";
+    assert_usage_error(&["run", "--", name], &[name]);
+    assert_usage_error(&["run", "--json", "--", name, "arg"], &[name]);
+    assert_usage_error(
+        &["run", "--", "/nonexistent/bin/prog"],
+        &["/nonexistent/bin/prog"],
+    );
+    // Exists but is not executable.
+    assert_usage_error(&["run", "--", "/etc/passwd"], &["/etc/passwd"]);
+}
+
+#[test]
+fn nonexistent_file_is_rejected_by_name() {
+    let _guard = serial();
+    let src = "/nonexistent/airlock-test/input.txt";
+    assert_usage_error(
+        &["run", "--file", &format!("{src}:input.txt"), "--", "true"],
+        &["--file", src],
+    );
+}
+
+#[test]
+fn directory_as_file_is_rejected_by_name() {
+    let _guard = serial();
+    let (dir, _) = common::setup("file-dir");
+    let src = dir.path().to_str().unwrap();
+    assert_usage_error(
+        &["run", "--file", &format!("{src}:x"), "--", "true"],
+        &["--file", src],
+    );
+}
+
+#[test]
+fn unreadable_stdin_file_is_rejected_by_name() {
+    let _guard = serial();
+    let path = "/nonexistent/airlock-test/stdin.txt";
+    assert_usage_error(&["run", "--stdin", path, "--", "cat"], &["--stdin", path]);
+}
+
+#[test]
+fn rootfs_without_the_command_is_a_clear_error() {
+    let _guard = serial();
+    let (dir, _) = common::setup("rootfs-empty");
+    for sub in ["usr/bin", "etc"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+    }
+    let root = dir.path().to_str().unwrap();
+    assert_usage_error(
+        &["run", "--rootfs", root, "--", "python3", "-c", "print(1)"],
+        &["python3"],
+    );
+    assert_usage_error(
+        &["run", "--rootfs", "/nonexistent/airlock-root", "--", "true"],
+        &["/nonexistent/airlock-root"],
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// --file and --env.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn file_destination_directories_are_created() {
+    let _guard = serial();
+    let (dir, _) = common::setup("file-dest");
+    let src = dir.path().join("host.txt");
+    std::fs::write(&src, "hello from the host\n").unwrap();
+    let arg = format!("{}:sub/dir/name.txt", src.display());
+    let v = run_json(&[
+        "--file",
+        &arg,
+        "--",
+        "sh",
+        "-c",
+        "cat sub/dir/name.txt && cat /workspace/sub/dir/name.txt",
+    ]);
+    assert_eq!(ok_stdout(&v), "hello from the host\nhello from the host\n");
+}
+
+#[test]
+fn env_variables_are_passed() {
+    let _guard = serial();
+    let v = run_json(&[
+        "--env",
+        "GREETING=hello world",
+        "--env",
+        "EQ=a=b",
+        "--env",
+        "EMPTY=",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$GREETING|$EQ|${EMPTY-unset}|\"",
+    ]);
+    assert_eq!(ok_stdout(&v), "hello world|a=b||\n");
+}
+
+#[test]
+fn env_without_equals_is_rejected() {
+    let _guard = serial();
+    assert_usage_error(
+        &["run", "--env", "NOEQUALS", "--", "true"],
+        &["--env", "NOEQUALS"],
+    );
+    assert_usage_error(&["run", "--env", "=value", "--", "true"], &["--env"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// doctor.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn doctor_reports_every_feature() {
+    let _guard = serial();
+    let (pid, out) = airlock(&["doctor"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "doctor failed on this host:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<String> = stdout.lines().map(str::to_lowercase).collect();
+    for feature in [
+        "user namespaces",
+        "cgroup",
+        "seccomp",
+        "landlock",
+        "clone3",
+        "pidfd",
+        "cgroup.kill",
+        "/dev/kvm",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.contains(feature)),
+            "doctor has no line for {feature:?}:\n{stdout}"
+        );
+    }
+    assert_nothing_left(pid);
+}
+
+// ---------------------------------------------------------------------------------------
+// The --json contract.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn json_result_has_every_contract_field() {
+    let _guard = serial();
+    let v = run_json(&["--", "sh", "-c", "echo out; echo err >&2"]);
+    let obj = v.as_object().unwrap_or_else(|| panic!("not an object: {v:#}"));
+    let strings = ["id", "outcome", "stdout", "stderr"];
+    let bools = ["timed_out", "oom_killed", "stdout_truncated", "stderr_truncated"];
+    let counts = ["stdout_bytes", "stderr_bytes", "memory_peak_bytes"];
+    let millis = ["wall_ms", "setup_ms", "cpu_ms"];
+    for key in strings {
+        assert!(
+            obj.get(key).is_some_and(Value::is_string),
+            "{key} missing or not a string: {v:#}"
+        );
+    }
+    for key in bools {
+        assert!(
+            obj.get(key).is_some_and(Value::is_boolean),
+            "{key} missing or not a bool: {v:#}"
+        );
+    }
+    for key in counts {
+        assert!(
+            obj.get(key).is_some_and(Value::is_u64),
+            "{key} missing or not a count: {v:#}"
+        );
+    }
+    for key in millis {
+        let ms = obj.get(key).and_then(Value::as_f64);
+        assert!(
+            ms.is_some_and(|ms| ms >= 0.0),
+            "{key} missing or not a duration: {v:#}"
+        );
+    }
+    for key in ["exit_code", "signal"] {
+        assert!(obj.contains_key(key), "{key} missing: {v:#}");
+    }
+    assert!(!v["id"].as_str().unwrap().is_empty());
+    assert_eq!(v["outcome"], "exited");
+    assert_eq!(v["exit_code"], 0);
+    assert!(v["signal"].is_null());
+    assert_eq!(v["timed_out"], false);
+    assert_eq!(v["oom_killed"], false);
+    assert_eq!(v["stdout"], "out\n");
+    assert_eq!(v["stderr"], "err\n");
+    assert_eq!(v["stdout_truncated"], false);
+    assert_eq!(v["stderr_truncated"], false);
+    assert_eq!(v["stdout_bytes"], 4);
+    assert_eq!(v["stderr_bytes"], 4);
+    assert!(v["wall_ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn json_output_replaces_invalid_utf8() {
+    let _guard = serial();
+    let v = run_json(&["--", "sh", "-c", "printf 'a\\377b'; printf '\\300' >&2"]);
+    assert_eq!(v["stdout"], "a\u{fffd}b", "{v:#}");
+    assert_eq!(v["stderr"], "\u{fffd}", "{v:#}");
+    assert_eq!(v["stdout_bytes"], 3, "bytes count what the program wrote: {v:#}");
+    assert_eq!(v["stderr_bytes"], 1, "{v:#}");
+}
+
+#[test]
+fn json_ids_differ_between_runs() {
+    let _guard = serial();
+    let a = run_json(&["--", "true"]);
+    let b = run_json(&["--", "true"]);
+    assert_ne!(a["id"], b["id"], "two runs got the same id");
+}

@@ -1,0 +1,280 @@
+//! LEAK: 1,000 consecutive sandboxes leave the host where it was: the number of host
+//! processes, processes with sandbox uids, airlock cgroup directories, the host's mounts,
+//! and this test process's own open fds.
+//!
+//! A single test: cargo runs test binaries one after another, so nothing else of this
+//! project's suites runs airlock while it counts.
+
+mod common;
+
+use common::{airlock_bin, sandbox_processes};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const RUNS: usize = 1000;
+/// Other things happen on a shared machine: allow this much drift in the process count.
+const PROCESS_NOISE: usize = 5;
+/// How long unrelated host activity gets to settle before a difference counts as a leak
+/// (a real leak persists; a compiler another user started finishes).
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// What `/proc/<pid>/status` says about one host process.
+#[derive(Debug, Clone)]
+struct ProcInfo {
+    name: String,
+    ppid: u32,
+    uid: u32,
+    state: String,
+}
+
+impl std::fmt::Display for ProcInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (ppid {}, uid {}, state {})",
+            self.name, self.ppid, self.uid, self.state
+        )
+    }
+}
+
+/// Every host process, by pid.
+fn host_processes() -> BTreeMap<u32, ProcInfo> {
+    let mut found = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().next().unwrap_or("").to_owned())
+                .unwrap_or_default()
+        };
+        found.insert(
+            pid,
+            ProcInfo {
+                name: field("Name:"),
+                ppid: field("PPid:").parse().unwrap_or(0),
+                uid: field("Uid:").parse().unwrap_or(0),
+                state: field("State:"),
+            },
+        );
+    }
+    found
+}
+
+/// Every directory below every `airlock` cgroup directory (owners and sandboxes), in
+/// every hierarchy: v1 controllers, the unified hierarchy, or the root of a v2 host.
+fn airlock_cgroup_dirs() -> BTreeSet<PathBuf> {
+    let mut bases = vec![PathBuf::from("/sys/fs/cgroup/airlock")];
+    if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
+        bases.extend(entries.flatten().map(|e| e.path().join("airlock")));
+    }
+    let mut found = BTreeSet::new();
+    let mut todo: Vec<PathBuf> = bases.into_iter().filter(|p| p.is_dir()).collect();
+    while let Some(dir) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for path in entries.flatten().map(|e| e.path()) {
+            if path.is_dir() {
+                found.insert(path.clone());
+                todo.push(path);
+            }
+        }
+    }
+    found
+}
+
+fn mountinfo_lines() -> usize {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("read mountinfo")
+        .lines()
+        .count()
+}
+
+fn own_fds() -> BTreeMap<String, String> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .flatten()
+        .map(|e| {
+            let target = std::fs::read_link(e.path())
+                .map(|t| t.display().to_string())
+                .unwrap_or_default();
+            (e.file_name().to_string_lossy().into_owned(), target)
+        })
+        .collect()
+}
+
+#[derive(Debug)]
+struct Snapshot {
+    processes: BTreeMap<u32, ProcInfo>,
+    sandbox_processes: Vec<String>,
+    cgroups: BTreeSet<PathBuf>,
+    mounts: usize,
+    fds: BTreeMap<String, String>,
+}
+
+impl Snapshot {
+    fn take() -> Self {
+        Snapshot {
+            processes: host_processes(),
+            sandbox_processes: sandbox_processes(),
+            cgroups: airlock_cgroup_dirs(),
+            mounts: mountinfo_lines(),
+            fds: own_fds(),
+        }
+    }
+
+    /// Processes that exist now and did not in `before`.
+    fn new_processes(&self, before: &Snapshot) -> Vec<(u32, &ProcInfo)> {
+        self.processes
+            .iter()
+            .filter(|(pid, _)| !before.processes.contains_key(pid))
+            .map(|(p, i)| (*p, i))
+            .collect()
+    }
+
+    /// New processes that can only come from these runs, whatever else the machine does:
+    /// below this test process, an airlock binary or its re-executed init (`exe`), or a
+    /// process with a sandbox uid.
+    fn attributable(&self, before: &Snapshot) -> Vec<String> {
+        let me = std::process::id();
+        let below_me = |mut pid: u32| {
+            for _ in 0..64 {
+                match self.processes.get(&pid) {
+                    Some(info) if info.ppid == me => return true,
+                    Some(info) if info.ppid > 1 => pid = info.ppid,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        self.new_processes(before)
+            .into_iter()
+            .filter(|(pid, info)| {
+                info.name.contains("airlock")
+                    || info.name == "exe"
+                    || info.uid >= airlock_sandbox::HOST_UID_BASE
+                    || below_me(*pid)
+            })
+            .map(|(pid, info)| format!("{pid}: {info}"))
+            .collect()
+    }
+
+    /// What differs from `before` beyond the allowed noise; empty when nothing leaked.
+    fn leaks_since(&self, before: &Snapshot) -> Vec<String> {
+        let mut leaks = Vec::new();
+        let (b, a) = (before.processes.len(), self.processes.len());
+        if a.abs_diff(b) > PROCESS_NOISE {
+            let new: Vec<String> = self
+                .new_processes(before)
+                .iter()
+                .map(|(pid, info)| format!("{pid}: {info}"))
+                .collect();
+            leaks.push(format!(
+                "host processes: {b} before, {a} after; new ones: {new:#?}"
+            ));
+        }
+        let ours = self.attributable(before);
+        if !ours.is_empty() {
+            leaks.push(format!("new processes of airlock remain: {ours:#?}"));
+        }
+        if !self.sandbox_processes.is_empty() {
+            leaks.push(format!(
+                "processes with sandbox uids remain: {:#?}",
+                self.sandbox_processes
+            ));
+        }
+        if self.cgroups != before.cgroups {
+            let added: Vec<_> = self.cgroups.difference(&before.cgroups).collect();
+            let removed: Vec<_> = before.cgroups.difference(&self.cgroups).collect();
+            leaks.push(format!(
+                "airlock cgroup directories changed: added {added:#?}, removed {removed:#?}"
+            ));
+        }
+        if self.mounts != before.mounts {
+            leaks.push(format!(
+                "host mountinfo: {} lines before, {} after",
+                before.mounts, self.mounts
+            ));
+        }
+        if self.fds != before.fds {
+            leaks.push(format!(
+                "this process's fds: {:?} before, {:?} after",
+                before.fds, self.fds
+            ));
+        }
+        leaks
+    }
+}
+
+#[test]
+fn a_thousand_runs_leave_nothing_behind() {
+    // Warm up once (page cache, first-run purge of stale cgroups) before counting.
+    let warm = Command::new(airlock_bin())
+        .args(["run", "--", "/bin/true"])
+        .output()
+        .expect("spawn airlock");
+    assert!(warm.status.success(), "warm-up run failed: {warm:?}");
+
+    let before = Snapshot::take();
+    assert!(
+        before.sandbox_processes.is_empty(),
+        "sandbox processes exist before the test (is another airlock running?): {:#?}",
+        before.sandbox_processes
+    );
+
+    let start = Instant::now();
+    for i in 0..RUNS {
+        let out = Command::new(airlock_bin())
+            .args(["run", "--", "/bin/true"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("spawn airlock");
+        assert!(
+            out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+            "run {i} failed: {:?}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let elapsed = start.elapsed();
+    println!(
+        "{RUNS} sequential `airlock run -- /bin/true` in {:.1} s: {:.1} runs/s, {:.1} ms per run",
+        elapsed.as_secs_f64(),
+        RUNS as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1000.0 / RUNS as f64
+    );
+
+    // Give unrelated host activity a chance to settle: a real leak persists.
+    let settle = Instant::now();
+    let mut first_seen: Option<Vec<String>> = None;
+    let leaks = loop {
+        let leaks = Snapshot::take().leaks_since(&before);
+        if first_seen.is_none() {
+            first_seen = Some(leaks.clone());
+        }
+        if leaks.is_empty() || settle.elapsed() > SETTLE {
+            break leaks;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    if settle.elapsed() > Duration::from_secs(1) {
+        let first = first_seen.unwrap_or_default().join("\n");
+        println!(
+            "host state settled after {:.1} s; right after the runs:\n{first}",
+            settle.elapsed().as_secs_f64()
+        );
+    }
+    assert!(leaks.is_empty(), "after {RUNS} runs:\n{}", leaks.join("\n"));
+}

@@ -1,0 +1,747 @@
+//! LIFECYCLE: how a run ends. The deadline kills everything, the end of the main program
+//! ends the run, exit statuses follow the contract, Ctrl-C and SIGKILL of `airlock run`
+//! leave nothing behind, stdin is fed as asked, init reaps zombies and is PID 1.
+//!
+//! Every test drives the real binary. The tests of this file run one at a time (see
+//! [`serial`]) because they check host-wide state: no process with a sandbox uid and no
+//! airlock cgroup of the invoking airlock process may remain after a run.
+
+mod common;
+
+use common::{airlock_bin, ok_stdout, sandbox_processes};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------
+// Helpers (local to this file; the shared ones live in common/mod.rs).
+// ---------------------------------------------------------------------------------------
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// One test at a time: the checks below look at host-wide state.
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One finished `airlock` invocation.
+#[derive(Debug)]
+struct Run {
+    /// Host pid of the airlock process (names its cgroup owner directory).
+    pid: u32,
+    out: Output,
+    elapsed: Duration,
+}
+
+impl Run {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+    fn code(&self) -> Option<i32> {
+        self.out.status.code()
+    }
+    /// Parses stdout as the `--json` result; panics unless airlock exited 0.
+    fn json(&self) -> Value {
+        assert_eq!(
+            self.code(),
+            Some(0),
+            "airlock failed: {self:#?}\nstderr: {}",
+            self.stderr()
+        );
+        serde_json::from_slice(&self.out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout()))
+    }
+}
+
+/// `airlock run ARGS...` with empty stdin, output captured.
+fn airlock_run(args: &[&str]) -> Run {
+    let start = Instant::now();
+    let child = Command::new(airlock_bin())
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn airlock");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait airlock");
+    Run {
+        pid,
+        out,
+        elapsed: start.elapsed(),
+    }
+}
+
+/// Polls `f` every 20 ms until it holds or `limit` passes.
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits at most `limit` for `child` to exit.
+fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every `airlock` directory of a cgroup hierarchy here: v1 controllers, the unified
+/// hierarchy of a hybrid host, or the root of a pure v2 host.
+fn airlock_cgroup_bases() -> Vec<PathBuf> {
+    let mut bases = vec![PathBuf::from("/sys/fs/cgroup/airlock")];
+    if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
+        bases.extend(entries.flatten().map(|e| e.path().join("airlock")));
+    }
+    bases.into_iter().filter(|p| p.is_dir()).collect()
+}
+
+fn subdirs(dir: &std::path::Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// The cgroup owner directories (`airlock/<pid>-<start time>`) of airlock process `pid`.
+fn owner_cgroups(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("{pid}-");
+    airlock_cgroup_bases()
+        .iter()
+        .flat_map(|b| subdirs(b))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect()
+}
+
+/// What `/proc/<pid>/status` says about one host process.
+#[derive(Debug)]
+struct ProcInfo {
+    name: String,
+    ppid: u32,
+    uid: u32,
+    state: char,
+}
+
+/// Every host process, by pid.
+fn proc_infos() -> HashMap<u32, ProcInfo> {
+    let mut infos = HashMap::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let first = |v: String| v.split_whitespace().next().unwrap_or("").to_owned();
+        infos.insert(
+            pid,
+            ProcInfo {
+                name: field("Name:"),
+                ppid: first(field("PPid:")).parse().unwrap_or(0),
+                uid: first(field("Uid:")).parse().unwrap_or(0),
+                state: field("State:").chars().next().unwrap_or('?'),
+            },
+        );
+    }
+    infos
+}
+
+/// Processes with a sandbox uid (`common::sandbox_processes`) that no running airlock
+/// supervises: alive (a zombie holds nothing but its pid, and this host's PID 1 reaps
+/// re-parented ones only after a second or two), and whose nearest ancestor outside the
+/// sandbox uid range is not an `airlock` process. Sandboxes of airlock runs still going
+/// on elsewhere on the machine (other suites) are not strays; a leftover of a finished
+/// run is: its airlock is gone, so it hangs below the host's PID 1 (or a subreaper).
+fn stray_sandbox_processes() -> Vec<String> {
+    let infos = proc_infos();
+    let base = airlock_sandbox::HOST_UID_BASE;
+    let mut strays = Vec::new();
+    for entry in sandbox_processes() {
+        let Some(pid) = entry.split(':').next().and_then(|p| p.trim().parse::<u32>().ok()) else {
+            continue;
+        };
+        let Some(info) = infos.get(&pid) else { continue };
+        if info.state == 'Z' {
+            continue;
+        }
+        let mut chain = vec![format!("{pid} {} uid {}", info.name, info.uid)];
+        let mut parent = info.ppid;
+        let supervised = loop {
+            match infos.get(&parent) {
+                Some(p) if p.uid >= base && chain.len() < 64 => {
+                    chain.push(format!("{parent} {} uid {}", p.name, p.uid));
+                    parent = p.ppid;
+                }
+                Some(p) => {
+                    chain.push(format!("{parent} {} uid {}", p.name, p.uid));
+                    break p.name == "airlock";
+                }
+                None => break false,
+            }
+        };
+        if !supervised {
+            strays.push(chain.join(" <- "));
+        }
+    }
+    strays
+}
+
+/// Asserts that airlock process `pid` (which has exited) left no cgroup directory and that
+/// no unsupervised sandbox process remains on the host (killed ones get a moment to die).
+fn assert_nothing_left(pid: u32) {
+    let cgroups = owner_cgroups(pid);
+    assert!(
+        cgroups.is_empty(),
+        "airlock pid {pid} left cgroup directories behind: {cgroups:?}"
+    );
+    let gone = wait_until(Duration::from_secs(3), || stray_sandbox_processes().is_empty());
+    assert!(
+        gone,
+        "sandbox processes remain after airlock pid {pid} ended: {:#?}",
+        stray_sandbox_processes()
+    );
+}
+
+/// (pid, parent pid, state, comm) of every host process.
+fn process_table() -> Vec<(u32, u32, char, String)> {
+    let mut table = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_owned();
+        let mut rest = stat[close + 1..].split_whitespace();
+        let state = rest.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let ppid = rest.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        table.push((pid, ppid, state, comm));
+    }
+    table
+}
+
+/// Live (non-zombie) descendants of `root`, with their command names.
+fn descendants(root: u32) -> Vec<(u32, String)> {
+    let table = process_table();
+    let mut children: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (i, (_, ppid, _, _)) in table.iter().enumerate() {
+        children.entry(*ppid).or_default().push(i);
+    }
+    let mut found = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        for &i in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            let (pid, _, state, comm) = &table[i];
+            todo.push(*pid);
+            if *state != 'Z' {
+                found.push((*pid, comm.clone()));
+            }
+        }
+    }
+    found
+}
+
+/// Whether `pid` is a live (non-zombie) process.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().starts_with('Z')))
+        .is_some_and(|zombie| !zombie)
+}
+
+/// Starts `airlock run -- sleep 100` and waits until the program runs in the sandbox;
+/// returns the child and the processes (init, sleep) it has below it.
+fn start_sleeper() -> (Child, Vec<(u32, String)>) {
+    let mut child = Command::new(airlock_bin())
+        .args(["run", "--timeout", "60s", "--", "sleep", "100"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn airlock");
+    let pid = child.id();
+    let started = wait_until(Duration::from_secs(15), || {
+        descendants(pid).iter().any(|(_, c)| c == "sleep")
+    });
+    if !started {
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("wait airlock");
+        panic!("`sleep 100` never showed up below airlock pid {pid}: {out:?}");
+    }
+    let procs = descendants(pid);
+    (child, procs)
+}
+
+fn read_pipe(pipe: Option<impl Read>) -> String {
+    let mut s = String::new();
+    if let Some(mut p) = pipe {
+        let _ = p.read_to_string(&mut s);
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------
+// The deadline kills everything.
+// ---------------------------------------------------------------------------------------
+
+/// `--timeout 1s` around `argv`: a timeout result within 5 s and nothing left behind.
+fn assert_deadline_kills(argv: &[&str]) {
+    let _guard = serial();
+    let mut args = vec!["--json", "--timeout", "1s", "--"];
+    args.extend_from_slice(argv);
+    let run = airlock_run(&args);
+    let v = run.json();
+    assert_eq!(v["outcome"], "timeout", "{v:#}");
+    assert_eq!(v["timed_out"], true, "{v:#}");
+    assert!(v["exit_code"].is_null(), "{v:#}");
+    // Not early: the program had (nearly) its whole second.
+    let wall = v["wall_ms"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no wall_ms: {v:#}"));
+    assert!(
+        wall >= 900.0,
+        "killed after {wall} ms, before the 1 s deadline: {v:#}"
+    );
+    assert!(
+        run.elapsed < Duration::from_secs(5),
+        "a 1 s deadline came back after {:?}: {v:#}",
+        run.elapsed
+    );
+    assert_nothing_left(run.pid);
+}
+
+#[test]
+fn deadline_kills_a_sleeping_program() {
+    assert_deadline_kills(&["sleep", "100"]);
+}
+
+#[test]
+fn deadline_kills_a_program_that_ignores_sigterm() {
+    assert_deadline_kills(&[
+        "python3",
+        "-c",
+        "import os, signal, time\n\
+         signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         signal.signal(signal.SIGINT, signal.SIG_IGN)\n\
+         signal.signal(signal.SIGHUP, signal.SIG_IGN)\n\
+         if os.fork() == 0:\n    \
+             while True: time.sleep(1)\n\
+         while True: time.sleep(1)\n",
+    ]);
+}
+
+#[test]
+fn deadline_kills_a_stopped_program() {
+    assert_deadline_kills(&["sh", "-c", "sleep 100 & kill -STOP $$; echo never"]);
+}
+
+#[test]
+fn deadline_kills_double_forked_daemons() {
+    assert_deadline_kills(&[
+        "sh",
+        "-c",
+        "setsid sh -c 'sleep 100' &\n\
+         (setsid sh -c 'sleep 100 & sleep 100' &)\n\
+         (sh -c 'trap \"\" TERM HUP INT; sleep 100' &)\n\
+         wait; sleep 100",
+    ]);
+}
+
+// ---------------------------------------------------------------------------------------
+// The end of the main program ends the run.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn background_child_holding_stdout_does_not_delay_the_result() {
+    let _guard = serial();
+    let run = airlock_run(&[
+        "--json",
+        "--timeout",
+        "30s",
+        "--",
+        "sh",
+        "-c",
+        "sleep 100 & echo done",
+    ]);
+    let v = run.json();
+    assert_eq!(ok_stdout(&v), "done\n");
+    assert!(
+        run.elapsed < Duration::from_secs(3),
+        "took {:?}: {v:#}",
+        run.elapsed
+    );
+    assert_nothing_left(run.pid);
+
+    // The same without --json: the output streams through airlock, whose own stdout
+    // must be closed when it exits, not held by the stray sleep.
+    let run = airlock_run(&["--timeout", "30s", "--", "sh", "-c", "sleep 100 & echo done"]);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    assert_eq!(run.stdout(), "done\n");
+    assert!(run.elapsed < Duration::from_secs(3), "took {:?}", run.elapsed);
+    assert_nothing_left(run.pid);
+}
+
+#[test]
+fn stray_background_processes_die_with_the_main_program() {
+    let _guard = serial();
+    // Writers in the background keep the pipes busy, a setsid'd one sits in its own
+    // session, one ignores every catchable signal.
+    let script = "(while :; do echo tick; sleep 0.05; done) &\n\
+                  (while :; do echo tock >&2; sleep 0.05; done) &\n\
+                  setsid sh -c 'sleep 100' &\n\
+                  (trap '' TERM HUP INT; sleep 100) &\n\
+                  sleep 0.3; echo main done";
+    let run = airlock_run(&["--json", "--timeout", "30s", "--", "sh", "-c", script]);
+    let v = run.json();
+    assert_eq!(v["outcome"], "exited", "{v:#}");
+    assert_eq!(v["exit_code"], 0, "{v:#}");
+    assert!(v["stdout"].as_str().unwrap().contains("main done"), "{v:#}");
+    assert!(
+        run.elapsed < Duration::from_secs(5),
+        "took {:?}: {v:#}",
+        run.elapsed
+    );
+    assert_nothing_left(run.pid);
+}
+
+// ---------------------------------------------------------------------------------------
+// Exit statuses.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn exit_code_is_passed_through() {
+    let _guard = serial();
+    for code in [0, 1, 3, 42, 255] {
+        let run = airlock_run(&["--", "sh", "-c", &format!("exit {code}")]);
+        assert_eq!(run.code(), Some(code), "{run:#?}");
+        assert_nothing_left(run.pid);
+    }
+}
+
+#[test]
+fn killed_by_signal_gives_128_plus_n() {
+    let _guard = serial();
+    let run = airlock_run(&["--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(run.code(), Some(137), "{run:#?}");
+    assert_nothing_left(run.pid);
+
+    let run = airlock_run(&["--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(run.code(), Some(128 + 15), "{run:#?}");
+    assert_nothing_left(run.pid);
+
+    let run = airlock_run(&["--json", "--", "sh", "-c", "kill -9 $$"]);
+    let v = run.json();
+    assert_eq!(v["outcome"], "signaled", "{v:#}");
+    assert_eq!(v["signal"], 9, "{v:#}");
+    assert!(v["exit_code"].is_null(), "{v:#}");
+    assert_eq!(v["timed_out"], false, "{v:#}");
+    assert_eq!(v["oom_killed"], false, "{v:#}");
+    assert_nothing_left(run.pid);
+}
+
+#[test]
+fn timeout_gives_124() {
+    let _guard = serial();
+    let run = airlock_run(&["--timeout", "500ms", "--", "sleep", "100"]);
+    assert_eq!(run.code(), Some(124), "{run:#?}");
+    assert!(run.elapsed < Duration::from_secs(5), "took {:?}", run.elapsed);
+    assert_nothing_left(run.pid);
+}
+
+const MEMORY_BOMB: &str = "x = []\nwhile True: x.append(bytearray(10**7))";
+
+#[test]
+fn oom_gives_137() {
+    let _guard = serial();
+    let run = airlock_run(&[
+        "--memory",
+        "64M",
+        "--timeout",
+        "30s",
+        "--",
+        "python3",
+        "-c",
+        MEMORY_BOMB,
+    ]);
+    assert_eq!(run.code(), Some(137), "{run:#?}");
+    assert_nothing_left(run.pid);
+}
+
+#[test]
+fn json_exits_zero_whatever_the_program_did() {
+    let _guard = serial();
+    let cases: [(&[&str], &str); 4] = [
+        (&["--", "sh", "-c", "exit 3"], "exited"),
+        (&["--", "sh", "-c", "kill -9 $$"], "signaled"),
+        (&["--timeout", "500ms", "--", "sleep", "100"], "timeout"),
+        (
+            &[
+                "--memory",
+                "64M",
+                "--timeout",
+                "30s",
+                "--",
+                "python3",
+                "-c",
+                MEMORY_BOMB,
+            ],
+            "oom",
+        ),
+    ];
+    for (args, outcome) in cases {
+        let mut full = vec!["--json"];
+        full.extend_from_slice(args);
+        let run = airlock_run(&full);
+        let v = run.json();
+        assert_eq!(v["outcome"], outcome, "{args:?}: {v:#}");
+        if outcome == "exited" {
+            assert_eq!(v["exit_code"], 3, "{v:#}");
+        } else {
+            assert!(v["exit_code"].is_null(), "{args:?}: {v:#}");
+        }
+        assert_nothing_left(run.pid);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// airlock itself interrupted or killed.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn ctrl_c_ends_the_run_and_purges_the_sandbox() {
+    let _guard = serial();
+    let (mut child, procs) = start_sleeper();
+    let pid = child.id();
+    assert!(
+        !owner_cgroups(pid).is_empty(),
+        "no cgroup under /sys/fs/cgroup/*/airlock/{pid}-* while running"
+    );
+    let start = Instant::now();
+    kill(Pid::from_raw(pid as i32), Signal::SIGINT).expect("SIGINT airlock");
+    let Some(status) = wait_timeout(&mut child, Duration::from_secs(5)) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("airlock did not exit within 5 s of SIGINT");
+    };
+    let stderr = read_pipe(child.stderr.take());
+    assert_eq!(status.code(), Some(130), "status {status:?}, stderr: {stderr}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    let left: Vec<_> = procs.iter().filter(|(p, _)| alive(*p)).collect();
+    assert!(left.is_empty(), "sandbox processes survived Ctrl-C: {left:?}");
+    assert_nothing_left(pid);
+}
+
+#[test]
+fn sigkill_of_airlock_kills_the_sandbox_and_next_run_purges_its_cgroups() {
+    let _guard = serial();
+    let (mut child, procs) = start_sleeper();
+    let pid = child.id();
+    assert!(procs.iter().any(|(_, c)| c == "sleep"), "{procs:?}");
+    child.kill().expect("SIGKILL airlock");
+    child.wait().expect("reap airlock");
+
+    let died = wait_until(Duration::from_secs(5), || procs.iter().all(|(p, _)| !alive(*p)));
+    let left: Vec<_> = procs.iter().filter(|(p, _)| alive(*p)).collect();
+    assert!(
+        died,
+        "sandbox processes of SIGKILLed airlock pid {pid} still alive after 5 s: {left:?}"
+    );
+    let gone = wait_until(Duration::from_secs(3), || stray_sandbox_processes().is_empty());
+    assert!(gone, "sandbox processes remain: {:#?}", stray_sandbox_processes());
+
+    // The dead airlock could not remove its cgroup; the next airlock start does.
+    let next = airlock_run(&["--", "true"]);
+    assert_eq!(next.code(), Some(0), "{next:#?}");
+    let stale = owner_cgroups(pid);
+    assert!(
+        stale.is_empty(),
+        "the next run did not purge the cgroups of dead airlock pid {pid}: {stale:?}"
+    );
+    assert_nothing_left(next.pid);
+}
+
+// ---------------------------------------------------------------------------------------
+// stdin.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn stdin_from_a_file() {
+    let _guard = serial();
+    let (dir, _) = common::setup("stdin-file");
+    let path = dir.path().join("input.txt");
+    let data = "line one\nline two\n\u{e9}\u{20ac}\n".repeat(1000);
+    std::fs::write(&path, &data).unwrap();
+    let run = airlock_run(&["--json", "--stdin", path.to_str().unwrap(), "--", "cat"]);
+    assert_eq!(ok_stdout(&run.json()), data);
+    assert_nothing_left(run.pid);
+}
+
+#[test]
+fn stdin_from_airlocks_own_stdin() {
+    let _guard = serial();
+    let v = common::TestCommand::run()
+        .args(["--stdin", "-"])
+        .stdin("piped in\nsecond\n")
+        .json(&["cat"]);
+    assert_eq!(ok_stdout(&v), "piped in\nsecond\n");
+}
+
+#[test]
+fn stdin_is_empty_by_default() {
+    let _guard = serial();
+    // airlock's own stdin is a pipe that stays open: the program must not see it.
+    let start = Instant::now();
+    let mut child = Command::new(airlock_bin())
+        .args(["run", "--json", "--timeout", "20s", "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn airlock");
+    let held_open = child.stdin.take();
+    let status = wait_timeout(&mut child, Duration::from_secs(5));
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("wait airlock");
+    drop(held_open);
+    assert!(
+        status.is_some(),
+        "`cat` did not get EOF at once (still running after 5 s)"
+    );
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(ok_stdout(&v), "");
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+// ---------------------------------------------------------------------------------------
+// Init: PID 1, reaps zombies.
+// ---------------------------------------------------------------------------------------
+
+/// Scans /proc inside the sandbox and prints the zombies found.
+const COUNT_ZOMBIES: &str = "
+def zombies():
+    found = []
+    for p in os.listdir('/proc'):
+        if p.isdigit():
+            try:
+                stat = open(f'/proc/{p}/stat').read()
+            except OSError:
+                continue
+            if stat.rsplit(')', 1)[1].split()[0] == 'Z':
+                found.append(stat.strip())
+    return found
+";
+
+#[test]
+fn orphaned_zombies_are_reaped_by_init() {
+    let _guard = serial();
+    // Each child forks a grandchild and exits (reaped by the program); the grandchildren
+    // exit shortly after, re-parented to PID 1, which must reap them.
+    let code = format!(
+        "import os, time\n{COUNT_ZOMBIES}\n\
+         for _ in range(10):\n    \
+             pid = os.fork()\n    \
+             if pid == 0:\n        \
+                 if os.fork() == 0:\n            \
+                     time.sleep(0.1)\n            \
+                     os._exit(0)\n        \
+                 os._exit(0)\n    \
+             os.waitpid(pid, 0)\n\
+         time.sleep(1.5)\n\
+         z = zombies()\n\
+         print(len(z), z)\n"
+    );
+    let run = airlock_run(&["--json", "--", "python3", "-c", &code]);
+    let v = run.json();
+    assert_eq!(ok_stdout(&v), "0 []\n", "{v:#}");
+    assert_nothing_left(run.pid);
+}
+
+#[test]
+fn children_left_unwaited_do_not_outlive_the_program() {
+    let _guard = serial();
+    // The program forks children (some exit at once, some linger) and never waits.
+    let code = "import os, time\n\
+                for i in range(8):\n    \
+                    if os.fork() == 0:\n        \
+                        time.sleep(0.05 if i % 2 else 100)\n        \
+                        os._exit(0)\n\
+                time.sleep(0.3)\n\
+                print('parent exits')\n";
+    let run = airlock_run(&["--json", "--timeout", "30s", "--", "python3", "-c", code]);
+    let v = run.json();
+    assert_eq!(ok_stdout(&v), "parent exits\n", "{v:#}");
+    assert!(run.elapsed < Duration::from_secs(5), "took {:?}", run.elapsed);
+    assert_nothing_left(run.pid);
+}
+
+#[test]
+fn init_is_pid_1() {
+    let _guard = serial();
+    let run = airlock_run(&[
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        "tr '\\0' ' ' < /proc/1/cmdline; echo; echo $$",
+    ]);
+    let v = run.json();
+    let out = ok_stdout(&v);
+    let mut lines = out.lines();
+    let cmdline = lines.next().unwrap_or_default();
+    let own_pid = lines.next().unwrap_or_default();
+    assert!(
+        cmdline.contains(airlock_sandbox::INIT_ARG),
+        "PID 1 is not airlock's init: {cmdline:?}"
+    );
+    assert_ne!(own_pid.trim(), "1", "the program itself is PID 1");
+    assert_nothing_left(run.pid);
+}
