@@ -102,9 +102,7 @@ pub enum SeccompError {
     #[error("compiling the seccomp policy: {0}")]
     Compile(#[from] seccompiler::BackendError),
     /// The bytes are not a whole, non-zero number of instructions.
-    #[error(
-        "a serialized BPF program must be a non-zero multiple of {INSTRUCTION_BYTES} bytes, got {0}"
-    )]
+    #[error("a serialized BPF program must be a non-zero multiple of {INSTRUCTION_BYTES} bytes, got {0}")]
     BadLength(usize),
     /// The program is longer than the kernel accepts.
     #[error("the BPF program has {0} instructions; the kernel accepts at most {BPF_MAXINSNS}")]
@@ -120,12 +118,7 @@ pub enum SeccompError {
 pub fn build() -> Result<BpfProgram, SeccompError> {
     let mut program = BpfProgram::new();
     for (errno, rules) in policy::errno_overrides()? {
-        let filter = SeccompFilter::new(
-            rules,
-            FALL_THROUGH,
-            SeccompAction::Errno(errno),
-            TARGET_ARCH,
-        )?;
+        let filter = SeccompFilter::new(rules, FALL_THROUGH, SeccompAction::Errno(errno), TARGET_ARCH)?;
         let mut segment = BpfProgram::try_from(filter)?;
         fall_through(&mut segment);
         program.append(&mut segment);
@@ -223,8 +216,7 @@ mod tests {
 
     use super::*;
     use crate::policy::{
-        CLONE_NAMESPACE_FLAGS, PER_LINUX, PERSONALITY_QUERY, TIOCLINUX, TIOCSTI, always_allowed,
-        denied,
+        CLONE_NAMESPACE_FLAGS, PER_LINUX, PERSONALITY_QUERY, TIOCLINUX, TIOCSTI, always_allowed, denied,
     };
 
     const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
@@ -319,10 +311,7 @@ mod tests {
     #[test]
     fn from_bytes_checks_the_framing() {
         assert!(matches!(from_bytes(&[]), Err(SeccompError::BadLength(0))));
-        assert!(matches!(
-            from_bytes(&[0; 12]),
-            Err(SeccompError::BadLength(12))
-        ));
+        assert!(matches!(from_bytes(&[0; 12]), Err(SeccompError::BadLength(12))));
         let too_long = vec![0; (BPF_MAXINSNS + 1) * INSTRUCTION_BYTES];
         assert!(matches!(
             from_bytes(&too_long),
@@ -343,10 +332,7 @@ mod tests {
             k: ALLOW,
         };
         let too_long = vec![allow; BPF_MAXINSNS + 1];
-        assert_eq!(
-            apply(&too_long).unwrap_err().raw_os_error(),
-            Some(libc::EINVAL)
-        );
+        assert_eq!(apply(&too_long).unwrap_err().raw_os_error(), Some(libc::EINVAL));
     }
 
     #[test]
@@ -354,10 +340,7 @@ mod tests {
         let mut seen = BTreeSet::new();
         for (nr, name) in always_allowed() {
             assert!(seen.insert(nr), "{name} ({nr}) is allowed twice");
-            assert!(
-                (0..X32_SYSCALL_BIT).contains(&nr),
-                "{name}: odd number {nr}"
-            );
+            assert!((0..X32_SYSCALL_BIT).contains(&nr), "{name}: odd number {nr}");
         }
         let conditioned = [
             libc::SYS_clone,
@@ -374,10 +357,7 @@ mod tests {
         for (nr, name) in denied() {
             assert!(seen_denied.insert(nr), "{name} is denied twice");
             assert!(!seen.contains(&nr), "{name} is both allowed and denied");
-            assert!(
-                !conditioned.contains(&nr),
-                "{name} is conditioned and denied"
-            );
+            assert!(!conditioned.contains(&nr), "{name} is conditioned and denied");
         }
     }
 
@@ -396,11 +376,7 @@ mod tests {
         let prog = program();
         for (nr, name) in denied() {
             for args in ARG_SAMPLES {
-                assert_eq!(
-                    check(&prog, nr, args),
-                    errno(libc::EPERM),
-                    "{name} {args:x?}"
-                );
+                assert_eq!(check(&prog, nr, args), errno(libc::EPERM), "{name} {args:x?}");
             }
         }
     }

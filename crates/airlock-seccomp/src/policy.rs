@@ -574,11 +574,8 @@ pub(crate) const PER_LINUX: u64 = 0;
 
 /// The socket families the payload may create. Everything else (netlink, packet, vsock, alg,
 /// key, bluetooth, ...) is kernel attack surface or a way past the network namespace.
-pub(crate) const SOCKET_FAMILIES: [u64; 3] = [
-    libc::AF_UNIX as u64,
-    libc::AF_INET as u64,
-    libc::AF_INET6 as u64,
-];
+pub(crate) const SOCKET_FAMILIES: [u64; 3] =
+    [libc::AF_UNIX as u64, libc::AF_INET as u64, libc::AF_INET6 as u64];
 
 /// A condition on the low 32 bits of argument `index`.
 ///
@@ -670,10 +667,7 @@ pub(crate) fn errno_overrides() -> Result<Vec<(u32, RuleMap)>, BackendError> {
     };
     let eafnosupport = BTreeMap::from([
         (libc::SYS_socket, vec![not_family(&SOCKET_FAMILIES)?]),
-        (
-            libc::SYS_socketpair,
-            vec![not_family(&[libc::AF_UNIX as u64])?],
-        ),
+        (libc::SYS_socketpair, vec![not_family(&[libc::AF_UNIX as u64])?]),
     ]);
 
     Ok(vec![

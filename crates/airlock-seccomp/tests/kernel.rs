@@ -87,8 +87,7 @@ fn true_runs() {
 
 #[test]
 fn filter_is_installed_and_no_new_privs_set() {
-    let output =
-        run(filtered("/bin/sh").args(["-c", "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status"]));
+    let output = run(filtered("/bin/sh").args(["-c", "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status"]));
     let status = stdout(&output);
     assert!(status.contains("Seccomp:\t2"), "{status}");
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
@@ -134,11 +133,7 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
             format!("{}, b'none', {nowhere}, b'tmpfs', 0, null", libc::SYS_mount),
             eperm,
         ),
-        (
-            "umount2",
-            format!("{}, {nowhere}, 0", libc::SYS_umount2),
-            eperm,
-        ),
+        ("umount2", format!("{}, {nowhere}, 0", libc::SYS_umount2), eperm),
         (
             "pivot_root",
             format!("{}, {nowhere}, {nowhere}", libc::SYS_pivot_root),
@@ -158,19 +153,12 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
         // Other processes: a pid that does not exist.
         (
             "ptrace_attach",
-            format!(
-                "{}, {}, 0x3ffffff0, 0, 0",
-                libc::SYS_ptrace,
-                libc::PTRACE_ATTACH
-            ),
+            format!("{}, {}, 0x3ffffff0, 0, 0", libc::SYS_ptrace, libc::PTRACE_ATTACH),
             eperm,
         ),
         (
             "process_vm_readv",
-            format!(
-                "{}, os.getpid(), null, 0, null, 0, 0",
-                libc::SYS_process_vm_readv
-            ),
+            format!("{}, os.getpid(), null, 0, null, 0, 0", libc::SYS_process_vm_readv),
             eperm,
         ),
         (
@@ -191,11 +179,7 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
             format!("{}, null, 0, -1, -1, 0", libc::SYS_perf_event_open),
             eperm,
         ),
-        (
-            "userfaultfd",
-            format!("{}, 0", libc::SYS_userfaultfd),
-            eperm,
-        ),
+        ("userfaultfd", format!("{}, 0", libc::SYS_userfaultfd), eperm),
         (
             "io_uring_setup",
             format!("{}, 1, null", libc::SYS_io_uring_setup),
@@ -218,10 +202,7 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
         ),
         (
             "name_to_handle_at",
-            format!(
-                "{}, -1, {nowhere}, null, null, 0",
-                libc::SYS_name_to_handle_at
-            ),
+            format!("{}, -1, {nowhere}, null, null, 0", libc::SYS_name_to_handle_at),
             eperm,
         ),
         (
@@ -236,11 +217,7 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
         ),
         // The machine: reboot with an invalid magic; a clock id that does not exist; a
         // size-of-buffer query; accounting to a path that does not exist.
-        (
-            "reboot",
-            format!("{}, 0, 0, 0, null", libc::SYS_reboot),
-            eperm,
-        ),
+        ("reboot", format!("{}, 0, 0, 0, null", libc::SYS_reboot), eperm),
         (
             "clock_settime",
             format!("{}, -1, null", libc::SYS_clock_settime),
@@ -251,17 +228,9 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
             format!("{}, null, null", libc::SYS_settimeofday),
             eperm,
         ),
-        (
-            "syslog",
-            format!("{}, 10, null, 0", libc::SYS_syslog),
-            eperm,
-        ),
+        ("syslog", format!("{}, 10, null, 0", libc::SYS_syslog), eperm),
         ("acct", format!("{}, {nowhere}", libc::SYS_acct), eperm),
-        (
-            "swapon",
-            format!("{}, {nowhere}, 0", libc::SYS_swapon),
-            eperm,
-        ),
+        ("swapon", format!("{}, {nowhere}, 0", libc::SYS_swapon), eperm),
         (
             "set_mempolicy",
             format!("{}, 0, null, 0", libc::SYS_set_mempolicy),
@@ -311,12 +280,7 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
         ),
         (
             "socket_packet",
-            format!(
-                "{}, {}, {}, 0",
-                libc::SYS_socket,
-                libc::AF_PACKET,
-                libc::SOCK_RAW
-            ),
+            format!("{}, {}, {}, 0", libc::SYS_socket, libc::AF_PACKET, libc::SOCK_RAW),
             Errno(libc::EAFNOSUPPORT),
         ),
         (
@@ -381,11 +345,7 @@ fn probes() -> Vec<(&'static str, String, Expect)> {
             format!("{}, 0xffffffff", libc::SYS_personality),
             Ok,
         ),
-        (
-            "personality_linux",
-            format!("{}, 0", libc::SYS_personality),
-            Ok,
-        ),
+        ("personality_linux", format!("{}, 0", libc::SYS_personality), Ok),
         (
             "personality_no_aslr",
             format!("{}, 0x0040000", libc::SYS_personality),

@@ -575,7 +575,10 @@ print(json.dumps(res))
     assert_eq!(r["/proc/self/oom_score_adj"], "written", "{r}");
     for p in ["/proc/sys/kernel/hostname", "/proc/sys/vm/overcommit_memory"] {
         let res = r[p].as_str().unwrap_or_default();
-        assert!(res == "EROFS" || res == "EACCES" || res == "EPERM", "writing {p} inside: {r}");
+        assert!(
+            res == "EROFS" || res == "EACCES" || res == "EPERM",
+            "writing {p} inside: {r}"
+        );
     }
 }
 
