@@ -95,7 +95,12 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         Ok(None) => std::process::exit(1),
         Err(e) => return Err((control, format!("reading the setup request: {e}"))),
     };
-    let Request::Setup { disk_bytes, rootfs } = msg else {
+    let Request::Setup {
+        disk_bytes,
+        rootfs,
+        proxy_port,
+    } = msg
+    else {
         return Err((control, "the first request was not setup".into()));
     };
     let layout = mounts::Layout {
@@ -123,16 +128,36 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
     try_or!(mounts::seal_root(), "sealing the root");
     try_or!(nix::unistd::sethostname("airlock"), "sethostname");
     try_or!(sys::loopback_up(), "bringing up loopback");
-    let landlock = try_or!(crate::landlock::prepare(), "landlock");
+    // The egress proxy's socket lives in the sandbox's network namespace (so the program
+    // reaches it on loopback, with no route anywhere else) and is served from outside.
+    let proxy = match proxy_port {
+        Some(port) => Some(try_or!(
+            std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)),
+            "binding the proxy socket"
+        )),
+        None => None,
+    };
+    let landlock = try_or!(crate::landlock::prepare(proxy_port), "landlock");
     let seccomp = try_or!(airlock_seccomp::from_bytes(&seccomp), "seccomp program");
     let cap_last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(63);
     try_or!(
-        protocol::send(control.as_fd(), &Reply::Ready, &[], &[]),
+        protocol::send(
+            control.as_fd(),
+            &Reply::Ready,
+            &[],
+            &proxy
+                .as_ref()
+                .map(|l| std::os::fd::AsRawFd::as_raw_fd(l))
+                .into_iter()
+                .collect::<Vec<_>>()
+        ),
         "reporting ready"
     );
+    // Init keeps no copy: only the supervisor serves the socket.
+    drop(proxy);
     Ok(Init {
         control,
         landlock,

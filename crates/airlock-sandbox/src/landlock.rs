@@ -7,7 +7,7 @@
 //! ABI 1 is required (fail closed); later ABIs are applied when the kernel has them.
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, RestrictionStatus, Ruleset,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, RestrictionStatus, Ruleset,
     RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
 
@@ -45,7 +45,7 @@ pub fn kernel_abi() -> i32 {
 
 /// Builds the ruleset, opening the paths it names. Called in init after the filesystem
 /// is built, before the program is forked; the fork applies it with [`restrict`].
-pub fn prepare() -> Result<RulesetCreated, LandlockError> {
+pub fn prepare(proxy_port: Option<u16>) -> Result<RulesetCreated, LandlockError> {
     let read_exec = AccessFs::from_read(POLICY_ABI);
     let read_only = read_exec & !AccessFs::Execute;
     // Writable scratch space: everything but creating device nodes.
@@ -77,6 +77,11 @@ pub fn prepare() -> Result<RulesetCreated, LandlockError> {
         .add_rules(path_beneath_rules(["/proc"], read_only | AccessFs::WriteFile))?
         .add_rules(path_beneath_rules(["/dev"], devices | AccessFs::ReadDir))?
         .add_rules(path_beneath_rules(["/tmp", "/workspace", "/dev/shm"], read_write))?;
+    // TCP: nothing may be bound or connected to, except, in proxy mode, the proxy's port.
+    let ruleset = match proxy_port {
+        Some(port) => ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?,
+        None => ruleset,
+    };
     Ok(ruleset)
 }
 

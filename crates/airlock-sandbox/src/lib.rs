@@ -20,6 +20,7 @@
 
 pub mod cgroup;
 pub mod doctor;
+mod egress;
 mod etc;
 mod init;
 pub mod landlock;
@@ -46,19 +47,19 @@ pub use supervisor::{Capture, OutputSink};
 pub enum SandboxError {
     /// The request is invalid.
     #[error("invalid request: {0}")]
-    Spec(#[from] SpecError),
+    Spec(SpecError),
     /// The host cannot provide an isolation the run needs.
     #[error("{0}")]
     Host(String),
     /// Creating or configuring the cgroup failed.
     #[error("cgroup: {0}")]
-    Cgroup(#[from] cgroup::CgroupError),
+    Cgroup(cgroup::CgroupError),
     /// Building the seccomp filter failed.
     #[error("seccomp: {0}")]
-    Seccomp(#[from] airlock_seccomp::SeccompError),
+    Seccomp(airlock_seccomp::SeccompError),
     /// Creating the sandbox's processes or pipes failed.
     #[error("spawning the sandbox: {0}")]
-    Spawn(#[source] std::io::Error),
+    Spawn(std::io::Error),
     /// Building the sandbox or starting the program failed (message from init).
     #[error("{0}")]
     Setup(String),
@@ -72,6 +73,26 @@ pub enum SandboxError {
     /// A file operation failed (the sandbox is still usable).
     #[error("{0}")]
     File(String),
+}
+
+// The causes are printed in each message, so they are not also `#[source]`s (a chain
+// printer would show them twice).
+impl From<SpecError> for SandboxError {
+    fn from(e: SpecError) -> Self {
+        SandboxError::Spec(e)
+    }
+}
+
+impl From<cgroup::CgroupError> for SandboxError {
+    fn from(e: cgroup::CgroupError) -> Self {
+        SandboxError::Cgroup(e)
+    }
+}
+
+impl From<airlock_seccomp::SeccompError> for SandboxError {
+    fn from(e: airlock_seccomp::SeccompError) -> Self {
+        SandboxError::Seccomp(e)
+    }
 }
 
 /// What is needed to run sandboxes on this host, detected and built once.

@@ -38,6 +38,9 @@ pub enum Request {
         disk_bytes: u64,
         /// Where system directories come from (the host's root when `None`).
         rootfs: Option<PathBuf>,
+        /// In proxy mode, the loopback port to listen on for the egress proxy; init sends
+        /// the listening socket back with `Ready`.
+        proxy_port: Option<u16>,
     },
     /// Init has joined every cgroup: it may now charge memory to the sandbox.
     Attached,
@@ -91,7 +94,8 @@ pub struct FileEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Reply {
-    /// The sandbox is built and waits for requests.
+    /// The sandbox is built and waits for requests. Fds: in proxy mode, the listening
+    /// socket on the sandbox's loopback that the supervisor serves the proxy on.
     Ready,
     /// A file operation succeeded.
     Ok,

@@ -17,6 +17,7 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use nix::sys::wait::WaitStatus;
 
 use crate::cgroup::{Cgroup, CgroupLimits};
+use crate::egress::{self, EgressProxy};
 use crate::protocol::{self, CHUNK, FileEntry, Frame, Reply, Request};
 use crate::supervisor::{self, OutputSink};
 use crate::{Engine, SandboxError, init::INIT_ARG, sys};
@@ -107,6 +108,8 @@ pub struct Sandbox {
     setup: Duration,
     /// When it was created.
     created: Instant,
+    /// In proxy mode, the egress proxy serving this sandbox; stopped on drop.
+    proxy: Option<EgressProxy>,
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
@@ -127,6 +130,7 @@ impl Sandbox {
     /// Builds a sandbox and waits until it is ready for requests.
     pub fn create(engine: &Engine, config: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         let t0 = Instant::now();
+        let policy = egress::policy(&config.network)?;
         let id = new_id()?;
         let cgroup = engine.cgroups.create(&id, &config.limits)?;
 
@@ -182,6 +186,7 @@ impl Sandbox {
             reaped: None,
             setup: Duration::ZERO,
             created: t0,
+            proxy: None,
         };
 
         // The child waits on the control socket: map its ids, then go.
@@ -198,6 +203,7 @@ impl Sandbox {
         let setup = Request::Setup {
             disk_bytes: config.disk_bytes,
             rootfs: config.rootfs.clone(),
+            proxy_port: policy.is_some().then_some(egress::PROXY_PORT),
         };
         sandbox.send(&setup, &engine.seccomp)?;
         // Joining the v1 cgroups can wait for an RCU grace period (milliseconds); init
@@ -209,8 +215,18 @@ impl Sandbox {
         sandbox.send(&Request::Attached, &[])?;
         match sandbox.recv(t0 + SETUP_DEADLINE)? {
             Frame {
-                msg: Reply::Ready, ..
-            } => {}
+                msg: Reply::Ready,
+                fds,
+                ..
+            } => {
+                if let Some(policy) = policy {
+                    let listener = fds
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| SandboxError::Setup("init sent no proxy socket".into()))?;
+                    sandbox.proxy = Some(EgressProxy::start(policy, listener, &sandbox.id)?);
+                }
+            }
             Frame {
                 msg: Reply::Failed { message },
                 ..
@@ -462,6 +478,16 @@ impl Sandbox {
 
     pub(crate) fn cgroup(&self) -> Option<&Cgroup> {
         self.cgroup.as_ref()
+    }
+
+    /// The proxy's port inside the sandbox, in proxy mode.
+    pub(crate) fn proxy_port(&self) -> Option<u16> {
+        self.proxy.as_ref().map(|_| egress::PROXY_PORT)
+    }
+
+    /// The egress log entries since the last exec.
+    pub(crate) fn take_egress(&mut self) -> Vec<airlock_spec::EgressEntry> {
+        self.proxy.as_mut().map(EgressProxy::take_new).unwrap_or_default()
     }
 
     pub(crate) fn disk_bytes(&self) -> u64 {

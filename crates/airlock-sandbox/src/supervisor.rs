@@ -118,9 +118,26 @@ fn base_env() -> Vec<(String, String)> {
     .collect()
 }
 
-/// The final environment: defaults, then the spec's variables (a later one wins).
-fn environment(spec: &Spec) -> Vec<(String, String)> {
+/// The final environment: defaults, the proxy's variables in proxy mode, then the spec's
+/// variables (a later one wins).
+fn environment(spec: &Spec, proxy_port: Option<u16>) -> Vec<(String, String)> {
     let mut env = base_env();
+    if let Some(port) = proxy_port {
+        let url = format!("http://127.0.0.1:{port}");
+        for k in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+        ] {
+            env.push((k.to_owned(), url.clone()));
+        }
+        for k in ["NO_PROXY", "no_proxy"] {
+            env.push((k.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
+        }
+    }
     for (k, v) in &spec.env {
         env.retain(|(key, _)| key != k);
         env.push((k.clone(), v.clone()));
@@ -163,7 +180,7 @@ pub(crate) fn exec(
     let (stderr_r, stderr_w) = pipe().map_err(SandboxError::Spawn)?;
     let request = Request::Exec {
         command: spec.command.clone(),
-        env: environment(spec),
+        env: environment(spec, sb.proxy_port()),
         max_file_bytes: sb.disk_bytes(),
     };
     sb.send_fds(
@@ -372,6 +389,6 @@ pub(crate) fn exec(
         setup_ms: ms(started.saturating_duration_since(t0)),
         cpu_ms: after.cpu_ns.saturating_sub(before.cpu_ns) as f64 / 1e6,
         memory_peak_bytes: after.memory_peak_bytes,
-        egress: Vec::new(),
+        egress: sb.take_egress(),
     })
 }

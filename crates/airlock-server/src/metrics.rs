@@ -22,6 +22,13 @@ pub struct PoolLabel {
     pub pool: String,
 }
 
+/// `{decision}` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabel {
+    /// allowed or denied.
+    pub decision: String,
+}
+
 /// `{reason}` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -54,6 +61,8 @@ pub struct Metrics {
     pub rejected: Family<ReasonLabel, Counter>,
     /// Time spent waiting for admission.
     pub queue_wait: Histogram,
+    /// Egress proxy decisions.
+    pub egress: Family<DecisionLabel, Counter>,
 }
 
 impl Metrics {
@@ -67,6 +76,7 @@ impl Metrics {
         let pool_ready = Gauge::default();
         let rejected = Family::<ReasonLabel, Counter>::default();
         let queue_wait = latency_histogram();
+        let egress = Family::<DecisionLabel, Counter>::default();
         registry.register("airlock_exec", "Execs by outcome", exec_total.clone());
         registry.register(
             "airlock_exec_duration_seconds",
@@ -103,6 +113,7 @@ impl Metrics {
             pool_ready,
             rejected,
             queue_wait,
+            egress,
         }
     }
 
@@ -130,6 +141,18 @@ impl Metrics {
             })
             .inc();
         self.exec_duration.observe(wall.as_secs_f64());
+    }
+
+    /// Counts the egress decisions of one exec.
+    pub fn egress(&self, entries: &[airlock_spec::EgressEntry]) {
+        for e in entries {
+            let decision = if e.allowed { "allowed" } else { "denied" };
+            self.egress
+                .get_or_create(&DecisionLabel {
+                    decision: decision.into(),
+                })
+                .inc();
+        }
     }
 
     /// The Prometheus text exposition.

@@ -76,6 +76,7 @@ fn record(state: &AppState, key: &KeyName, r: &ExecResponse) {
         outcome_label(&r.result),
         Duration::from_secs_f64(r.result.wall_ms / 1e3),
     );
+    state.metrics.egress(&r.result.egress);
     tracing::info!(
         id = %r.result.id,
         key = key.0.as_deref().unwrap_or("-"),

@@ -1,7 +1,7 @@
 //! `airlock run [OPTIONS] [--] COMMAND [ARGS...]`.
 
 use airlock_sandbox::{Engine, OutputSink, SandboxError};
-use airlock_spec::{FileSpec, Limits, Spec, parse_duration, parse_size};
+use airlock_spec::{FileSpec, Limits, NetworkPolicy, Spec, parse_duration, parse_size};
 use anyhow::{Context, bail};
 use clap::Args;
 use nix::sys::signal::{SigSet, Signal};
@@ -48,6 +48,18 @@ pub struct RunArgs {
     /// A root filesystem directory to take /usr, /bin, /lib… and /etc data from.
     #[arg(long, value_name = "DIR")]
     rootfs: Option<PathBuf>,
+    /// Network: `none` (only loopback, no route out) or `proxy` (out only through the
+    /// filtering egress proxy, to the hosts given with --allow).
+    #[arg(long = "net", value_name = "MODE", default_value = "none", value_parser = ["none", "proxy"])]
+    net: String,
+    /// With --net proxy: a host the program may reach (`pypi.org`, `*.pythonhosted.org`,
+    /// `api.example.com:8443`; without a port, 80 and 443); repeatable.
+    #[arg(long = "allow", value_name = "HOST[:PORT]")]
+    allow: Vec<String>,
+    /// With --net proxy: an address range allowed even though it is private or special
+    /// (how to reach an internal service on purpose); repeatable.
+    #[arg(long = "allow-cidr", value_name = "CIDR")]
+    allow_cidrs: Vec<String>,
     /// Print the result as JSON on stdout (exit 0 whenever the sandbox ran).
     #[arg(long)]
     json: bool,
@@ -127,6 +139,18 @@ impl RunArgs {
             }
             spec.stdin = data;
         }
+        match self.net.as_str() {
+            "proxy" => {
+                spec.network = NetworkPolicy::Proxy {
+                    allow: self.allow.clone(),
+                    allow_cidrs: self.allow_cidrs.clone(),
+                };
+            }
+            _ if !self.allow.is_empty() || !self.allow_cidrs.is_empty() => {
+                bail!("--allow and --allow-cidr need --net proxy");
+            }
+            _ => {}
+        }
         if let Some(root) = self.rootfs {
             let root = std::fs::canonicalize(&root)
                 .with_context(|| format!("--rootfs {}: cannot open it", root.display()))?;
@@ -152,6 +176,8 @@ fn flag_for(field: &str) -> String {
         "output_bytes" => "--output-limit",
         _ if field.starts_with("files") => "--file",
         _ if field.starts_with("env") => "--env",
+        _ if field.starts_with("network.allow_cidrs") => "--allow-cidr",
+        _ if field.starts_with("network.allow") => "--allow",
         _ => return field.to_owned(),
     };
     name.to_owned()
@@ -190,6 +216,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             eprintln!("airlock: interrupted; the sandbox was killed and purged");
             return Ok(ExitCode::from(130));
         }
+        Err(SandboxError::Spec(e)) => bail!("{}: {}", flag_for(&e.field), e.message),
         Err(e) => return Err(e.into()),
     };
     if json {

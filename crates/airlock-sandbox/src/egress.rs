@@ -1,0 +1,85 @@
+//! Proxy mode: the egress proxy of one sandbox, served outside it. Init binds the
+//! listening socket on the sandbox's loopback (so it is the program's only way out) and
+//! hands it over; here it is served on a thread of its own, with its own small runtime, so
+//! one sandbox flooding its proxy cannot slow another's.
+
+use airlock_egress::{Policy, Proxy, ProxyLimits, SystemResolver};
+use airlock_spec::{EgressEntry, NetworkPolicy, SpecError};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::SandboxError;
+
+/// The port the proxy listens on inside every sandbox (squid's; the namespace is private).
+pub const PROXY_PORT: u16 = 3128;
+
+/// Parses the policy of `network`, before anything is built: `None` without a proxy.
+pub fn policy(network: &NetworkPolicy) -> Result<Option<Policy>, SandboxError> {
+    match network {
+        NetworkPolicy::None => Ok(None),
+        NetworkPolicy::Proxy { allow, allow_cidrs } => Policy::new(allow, allow_cidrs)
+            .map(Some)
+            .map_err(|e| SandboxError::Spec(SpecError::new(e.field, e.message))),
+    }
+}
+
+/// A running proxy; dropping it stops it.
+#[derive(Debug)]
+pub struct EgressProxy {
+    proxy: Arc<Proxy>,
+    /// Entries of the log already returned by [`EgressProxy::take_new`].
+    seen: usize,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EgressProxy {
+    /// Serves `listener` with `policy` on a new thread.
+    pub fn start(policy: Policy, listener: OwnedFd, id: &str) -> Result<EgressProxy, SandboxError> {
+        let proxy = Proxy::new(policy, ProxyLimits::default(), Arc::new(SystemResolver));
+        let listener = std::net::TcpListener::from(listener);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(SandboxError::Spawn)?;
+        let served = Arc::clone(&proxy);
+        let thread = std::thread::Builder::new()
+            .name(format!("airlock-proxy-{id}"))
+            .spawn(move || {
+                runtime.block_on(served.serve(listener, async {
+                    let _ = stopped.await;
+                }));
+            })
+            .map_err(SandboxError::Spawn)?;
+        Ok(EgressProxy {
+            proxy,
+            seen: 0,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Log entries recorded since the last call (one exec's egress).
+    pub fn take_new(&mut self) -> Vec<EgressEntry> {
+        let log = self.proxy.log();
+        let new = log
+            .get(self.seen..)
+            .map(<[EgressEntry]>::to_vec)
+            .unwrap_or_default();
+        self.seen = log.len();
+        new
+    }
+}
+
+impl Drop for EgressProxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
