@@ -150,7 +150,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
             &[],
             &proxy
                 .as_ref()
-                .map(|l| std::os::fd::AsRawFd::as_raw_fd(l))
+                .map(std::os::fd::AsRawFd::as_raw_fd)
                 .into_iter()
                 .collect::<Vec<_>>()
         ),
