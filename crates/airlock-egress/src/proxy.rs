@@ -43,7 +43,7 @@ const DRAIN_BYTES: usize = 64 * 1024;
 const CLIENT_BUFFER: usize = 16 * 1024;
 
 /// The upstream side's read buffer: holds a large response head and moves bodies fast.
-const UPSTREAM_BUFFER: usize = 64 * 1024;
+const UPSTREAM_BUFFER: usize = 256 * 1024;
 
 /// A log entry's host and reason are cut to this many bytes (a host can be 16 KiB of
 /// garbage; the log keeps up to `max_log_entries` of them).

@@ -12,7 +12,7 @@ use tokio::time::{Instant, sleep_until};
 use crate::request::{Body, MAX_RESPONSE_HEAD_BYTES, parse_response};
 
 /// The copy buffer of a tunnel direction: large enough for full-speed loopback copies.
-const TUNNEL_BUFFER: usize = 64 * 1024;
+const TUNNEL_BUFFER: usize = 256 * 1024;
 
 /// The longest chunk-size line (with extensions) or trailer line accepted.
 const MAX_CHUNK_LINE: usize = 4096;

@@ -8,11 +8,15 @@ use airlock_spec::{EgressEntry, NetworkPolicy, SpecError};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::SandboxError;
 
 /// The port the proxy listens on inside every sandbox (squid's; the namespace is private).
 pub const PROXY_PORT: u16 = 3128;
+
+/// How long the log may take to settle after a program ends.
+const SETTLE: Duration = Duration::from_millis(500);
 
 /// Parses the policy of `network`, before anything is built: `None` without a proxy.
 pub fn policy(network: &NetworkPolicy) -> Result<Option<Policy>, SandboxError> {
@@ -61,8 +65,14 @@ impl EgressProxy {
         })
     }
 
-    /// Log entries recorded since the last call (one exec's egress).
+    /// Log entries recorded since the last call (one exec's egress). The program's
+    /// processes are gone by now, but the proxy may still be closing their connections
+    /// (each is logged when it ends): wait for that, a bounded time.
     pub fn take_new(&mut self) -> Vec<EgressEntry> {
+        let deadline = Instant::now() + SETTLE;
+        while self.proxy.active_connections() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let log = self.proxy.log();
         let new = log
             .get(self.seen..)

@@ -104,6 +104,11 @@ impl Metrics {
             "Time requests waited for admission",
             queue_wait.clone(),
         );
+        registry.register(
+            "airlock_egress",
+            "Egress proxy decisions (connections or requests)",
+            egress.clone(),
+        );
         Metrics {
             registry,
             exec_total,
@@ -179,6 +184,16 @@ mod tests {
         m.exec("exited", Duration::from_millis(3));
         m.reject("queue_full");
         m.provisioned("warm", Duration::from_millis(5));
+        m.egress(&[airlock_spec::EgressEntry {
+            host: "metadata".into(),
+            port: 80,
+            addr: None,
+            allowed: false,
+            reason: "cloud metadata name".into(),
+            bytes_up: 0,
+            bytes_down: 0,
+            ms: 0.1,
+        }]);
         let text = m.render();
         for name in [
             "airlock_exec_total{outcome=\"exited\"} 1",
@@ -188,6 +203,7 @@ mod tests {
             "airlock_pool_ready",
             "airlock_rejected_total{reason=\"queue_full\"} 1",
             "airlock_queue_wait_seconds_count",
+            "airlock_egress_total{decision=\"denied\"} 1",
         ] {
             assert!(text.contains(name), "{name} missing in:\n{text}");
         }
