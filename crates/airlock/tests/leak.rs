@@ -224,7 +224,14 @@ fn a_thousand_runs_leave_nothing_behind() {
         .expect("spawn airlock");
     assert!(warm.status.success(), "warm-up run failed: {warm:?}");
 
-    let before = Snapshot::take();
+    // Sandboxes of earlier test binaries may still be dying (this host's PID 1 reaps
+    // orphaned zombies slowly): let them settle before the baseline.
+    let settle = Instant::now();
+    let mut before = Snapshot::take();
+    while !before.sandbox_processes.is_empty() && settle.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        before = Snapshot::take();
+    }
     assert!(
         before.sandbox_processes.is_empty(),
         "sandbox processes exist before the test (is another airlock running?): {:#?}",
