@@ -10,7 +10,7 @@
 //! airlock_sandbox::maybe_run_init();
 //! let engine = Engine::new()?;
 //! let spec = Spec::new(vec!["python3".into(), "-c".into(), "print(6*7)".into()]);
-//! let result = engine.run(&spec, &mut Capture, None)?;
+//! let result = engine.run(&spec, &mut Capture, &[])?;
 //! assert_eq!(result.stdout, "42\n");
 //! # Ok::<(), airlock_sandbox::SandboxError>(())
 //! ```
@@ -136,14 +136,14 @@ impl Engine {
     }
 
     /// Runs `spec` in a fresh sandbox, purges it, and returns the result. Output within
-    /// the limit is also passed to `sink` as it arrives. When `cancel` becomes readable,
-    /// the sandbox is killed and purged and [`SandboxError::Cancelled`] is returned (the
-    /// fd is only polled, never read, so one fd can cancel many runs).
+    /// the limit is also passed to `sink` as it arrives. When any `cancel` fd becomes
+    /// readable, the sandbox is killed and purged and [`SandboxError::Cancelled`] is
+    /// returned (the fds are only polled, never read, so one fd can cancel many runs).
     pub fn run(
         &self,
         spec: &Spec,
         sink: &mut dyn OutputSink,
-        cancel: Option<BorrowedFd<'_>>,
+        cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, SandboxError> {
         spec.validate()?;
         let mut sandbox = self.create(&SandboxConfig::of(spec))?;

@@ -317,12 +317,14 @@ impl Sandbox {
     /// memory, CPU and pids limits are applied to the sandbox first; its disk size and
     /// rootfs are the sandbox's own and are ignored. Files of the spec are written first.
     /// When the program ends, every process it started ends too; the sandbox and its
-    /// files remain for the next exec.
+    /// files remain for the next exec. When any `cancel` fd becomes readable (it is
+    /// polled, never read), the exec's processes are killed and
+    /// [`SandboxError::Cancelled`] is returned; the sandbox stays usable.
     pub fn exec(
         &mut self,
         spec: &Spec,
         sink: &mut dyn OutputSink,
-        cancel: Option<BorrowedFd<'_>>,
+        cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, SandboxError> {
         self.exec_inner(spec, sink, cancel, false)
     }
@@ -333,7 +335,7 @@ impl Sandbox {
         &mut self,
         spec: &Spec,
         sink: &mut dyn OutputSink,
-        cancel: Option<BorrowedFd<'_>>,
+        cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, SandboxError> {
         self.exec_inner(spec, sink, cancel, true)
     }
@@ -342,7 +344,7 @@ impl Sandbox {
         &mut self,
         spec: &Spec,
         sink: &mut dyn OutputSink,
-        cancel: Option<BorrowedFd<'_>>,
+        cancel: &[BorrowedFd<'_>],
         one_shot: bool,
     ) -> Result<ExecResult, SandboxError> {
         spec.validate()?;

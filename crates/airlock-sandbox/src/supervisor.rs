@@ -167,7 +167,7 @@ pub(crate) fn exec(
     sb: &mut Sandbox,
     spec: &Spec,
     sink: &mut dyn OutputSink,
-    cancel: Option<BorrowedFd<'_>>,
+    cancel: &[BorrowedFd<'_>],
     one_shot: bool,
     t0: Instant,
 ) -> Result<ExecResult, SandboxError> {
@@ -211,6 +211,7 @@ pub(crate) fn exec(
     let mut final_reply: Option<Reply> = None;
     let mut failure: Option<String> = None;
     let mut timed_out = false;
+    let mut cancelled = false;
     let mut killed_all = false;
     let mut init_gone = false;
     // Until Started, the deadline bounds the hand-over; then it is the program's own.
@@ -236,7 +237,7 @@ pub(crate) fn exec(
                 sb.kill();
                 continue;
             }
-            if !timed_out {
+            if !timed_out && !cancelled {
                 timed_out = true;
                 // The deadline is enforced from outside the sandbox, through its cgroup.
                 if one_shot {
@@ -276,9 +277,11 @@ pub(crate) fn exec(
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLOUT));
             sources.push(Source::Stdin);
         }
-        if let Some(fd) = cancel {
-            fds.push(PollFd::new(fd, PollFlags::POLLIN));
-            sources.push(Source::Cancel);
+        if !cancelled {
+            for fd in cancel {
+                fds.push(PollFd::new(*fd, PollFlags::POLLIN));
+                sources.push(Source::Cancel);
+            }
         }
         match poll(&mut fds, wait_ms) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -328,11 +331,23 @@ pub(crate) fn exec(
                         stdin = None; // EOF for the program
                     }
                 }
-                Source::Cancel => {
-                    // Not read: one cancel fd may stop many execs at once.
-                    sb.kill();
-                    return Err(SandboxError::Cancelled);
+                Source::Cancel if !cancelled => {
+                    // Not read: one cancel fd may stop many execs at once. A one-shot
+                    // sandbox dies whole; a session loses only this exec's processes
+                    // (init then reports, or is killed too after the grace).
+                    cancelled = true;
+                    if one_shot || started.is_none() {
+                        killed_all = true;
+                        sb.kill();
+                        init_gone = true;
+                    } else {
+                        if let Some(cg) = sb.cgroup() {
+                            let _ = cg.kill_except(sb.init_pid());
+                        }
+                        deadline = Instant::now() + KILL_GRACE;
+                    }
                 }
+                Source::Cancel => {}
             }
         }
     }
@@ -344,6 +359,9 @@ pub(crate) fn exec(
         init_gone = true;
     }
     let init_status = if init_gone { Some(sb.reap()) } else { None };
+    if cancelled {
+        return Err(SandboxError::Cancelled);
+    }
     let after = sb.cgroup().map(|cg| cg.usage()).unwrap_or_default();
 
     let Some(started) = started else {

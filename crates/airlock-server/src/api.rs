@@ -242,23 +242,34 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(
     } else {
         body
     };
-    serde_json::from_slice(body).map_err(|e| {
-        let text = e.to_string();
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let text = inner.to_string();
+        let at = format!("line {}, column {}", inner.line(), inner.column());
+        if inner.is_syntax() || inner.is_eof() {
+            return ApiError::malformed(format!("invalid JSON at {at}: {text}"));
+        }
         // serde names unknown fields as: unknown field `name`, expected ...
         if let Some(rest) = text.strip_prefix("unknown field `")
             && let Some(name) = rest.split('`').next()
         {
-            return ApiError::invalid(
-                name,
-                format!("unknown field (line {}, column {})", e.line(), e.column()),
-            );
+            // The path already ends with the unknown key.
+            let field = if path == "." { name.to_owned() } else { path };
+            return ApiError::invalid(field, format!("unknown field ({at})"));
         }
+        let field = if path == "." { "body".to_owned() } else { path };
+        ApiError::invalid(field, text)
+    })?;
+    de.end().map_err(|e| {
         ApiError::malformed(format!(
-            "invalid JSON at line {}, column {}: {text}",
+            "invalid JSON at line {}, column {}: {e}",
             e.line(),
             e.column()
         ))
-    })
+    })?;
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -285,6 +296,16 @@ mod tests {
         let err =
             parse_json::<ExecRequest>(Some("application/json"), br#"{"cmd":["x"],"bogus":1}"#).unwrap_err();
         assert_eq!(err.field.as_deref(), Some("bogus"));
+        let err = parse_json::<ExecRequest>(
+            Some("application/json"),
+            br#"{"cmd":["x"],"limits":{"memroy_bytes":1}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("limits.memroy_bytes"));
+        let err = parse_json::<ExecRequest>(Some("application/json"), br#"{"language":"ruby","code":"1"}"#)
+            .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("language"));
+        assert_eq!(err.status, 400);
         let err = parse_json::<ExecRequest>(Some("text/plain"), b"{}").unwrap_err();
         assert_eq!(err.status, 415);
         let err = parse_json::<ExecRequest>(Some("application/json"), b"{\"cmd\": [").unwrap_err();

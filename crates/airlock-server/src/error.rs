@@ -134,6 +134,11 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of an over-size body may not have been read: start afresh.
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         resp
     }
 }

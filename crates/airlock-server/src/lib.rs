@@ -95,8 +95,16 @@ pub async fn run(
         purge_session(s).await;
     }
     let pooled = state.pool.drain();
-    let _ = tokio::task::spawn_blocking(move || drop(pooled)).await;
-    state.spawner.stop();
+    let spawner = Arc::clone(&state.spawner);
+    let _ = tokio::task::spawn_blocking(move || {
+        drop(pooled);
+        spawner.stop();
+    })
+    .await;
+    // A sandbox a spawner finished after the pool stopped taking them was purged on its
+    // thread; one that still reached the pool goes now.
+    let late = state.pool.drain();
+    let _ = tokio::task::spawn_blocking(move || drop(late)).await;
     tracing::info!("stopped; every sandbox purged");
     Ok(())
 }

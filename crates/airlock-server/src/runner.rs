@@ -1,13 +1,19 @@
 //! Running an exec for a request: admission, a sandbox (warm, cold, or the session's),
-//! the blocking supervision on a blocking thread, metrics and the log line.
+//! the blocking supervision, metrics and the log line.
+//!
+//! The work runs in a task of its own that owns everything it uses (the admission
+//! permit, the sandbox): a client that goes away cannot release capacity that a sandbox
+//! still uses, nor lose a session's sandbox. What the client's departure does is cancel
+//! the exec, through a pipe whose write end the request holds.
 
 use airlock_sandbox::{OutputSink, SandboxConfig, SandboxError};
 use airlock_spec::{ExecResult, Spec};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
+use crate::admission::Permit;
 use crate::api::ExecResponse;
 use crate::error::ApiError;
 use crate::state::{AppState, KeyName, Session};
@@ -41,6 +47,15 @@ impl OutputSink for ChannelSink {
             self.0 = None;
         }
     }
+}
+
+/// Held by the request: when it is dropped (the client went away), the exec is cancelled.
+#[derive(Debug)]
+pub struct ClientGone(#[allow(dead_code)] OwnedFd);
+
+/// A cancel pipe: the read end is polled by the exec, the write end's drop triggers it.
+pub fn cancel_pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal(format!("pipe: {e}")))
 }
 
 /// Maps an engine error to the API's.
@@ -90,29 +105,61 @@ fn record(state: &AppState, key: &KeyName, r: &ExecResponse) {
     );
 }
 
-/// Runs `spec` in a fresh sandbox (warm when the pool can serve it), then purges it.
-pub async fn one_shot(
-    state: &Arc<AppState>,
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// Waits for admission for one sandbox of `memory_bytes`; refusals are counted.
+pub async fn admit(
+    state: &AppState,
     key: &KeyName,
-    spec: Spec,
-    stream: Option<mpsc::Sender<StreamEvent>>,
-) -> Result<ExecResponse, ApiError> {
+    memory_bytes: u64,
+) -> Result<(Permit, Duration), ApiError> {
     if *state.stopping.borrow() {
         return Err(ApiError::shutting_down());
     }
-    let (permit, queued) = match state
-        .admission
-        .admit(key.0.as_deref(), spec.limits.memory_bytes)
-        .await
-    {
-        Ok(p) => p,
+    match state.admission.admit(key.0.as_deref(), memory_bytes).await {
+        Ok((permit, queued)) => {
+            state.metrics.queue_wait.observe(queued.as_secs_f64());
+            state.metrics.sandboxes_active.set(state.active() as i64);
+            Ok((permit, queued))
+        }
         Err(e) => {
             state.metrics.reject(e.code);
-            return Err(e);
+            Err(e)
         }
-    };
-    state.metrics.queue_wait.observe(queued.as_secs_f64());
-    state.metrics.sandboxes_active.set(state.active() as i64);
+    }
+}
+
+/// Runs `spec` in a fresh sandbox (warm when the pool can serve it), then purges it.
+/// `permit` is the request's admission; `gone` fires if the client leaves.
+pub async fn one_shot(
+    state: Arc<AppState>,
+    key: KeyName,
+    spec: Spec,
+    (permit, queued): (Permit, Duration),
+    stream: Option<mpsc::Sender<StreamEvent>>,
+) -> Result<ExecResponse, ApiError> {
+    let (gone_r, gone_w) = cancel_pipe()?;
+    let _gone = ClientGone(gone_w);
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let r = one_shot_task(&state, &key, spec, permit, queued, gone_r, stream).await;
+        let _ = tx.send(r);
+    });
+    rx.await
+        .unwrap_or_else(|_| Err(ApiError::internal("exec task lost")))
+}
+
+async fn one_shot_task(
+    state: &Arc<AppState>,
+    key: &KeyName,
+    spec: Spec,
+    permit: Permit,
+    queued: Duration,
+    gone: OwnedFd,
+    stream: Option<mpsc::Sender<StreamEvent>>,
+) -> Result<ExecResponse, ApiError> {
     let config = SandboxConfig::of(&spec);
     let (mut sandbox, cold_setup) = match state.pool.take(&config) {
         Some(sb) => (sb, Duration::ZERO),
@@ -125,12 +172,13 @@ pub async fn one_shot(
     let cancel = Arc::clone(&state.cancel);
     let ran = tokio::task::spawn_blocking(move || {
         let mut sink = ChannelSink(stream);
-        let r = sandbox.exec_once(&spec, &mut sink, Some(cancel.as_fd()));
+        let r = sandbox.exec_once(&spec, &mut sink, &[cancel.as_fd(), gone.as_fd()]);
         (r, sandbox)
     })
     .await;
     let (result, sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
-    // Purge off the request's path: the response does not wait for the cgroup removal.
+    // Purge off the response's path. The permit goes with the sandbox: capacity is free
+    // only once the sandbox is gone.
     let state2 = Arc::clone(state);
     tokio::task::spawn_blocking(move || {
         drop(sandbox);
@@ -141,7 +189,7 @@ pub async fn one_shot(
     result.setup_ms = ((result.setup_ms + cold_setup.as_secs_f64() * 1e3) * 1e3).round() / 1e3;
     let resp = ExecResponse {
         result,
-        queue_ms: (queued.as_secs_f64() * 1e6).round() / 1e3,
+        queue_ms: ms(queued),
     };
     record(state, key, &resp);
     Ok(resp)
@@ -149,8 +197,8 @@ pub async fn one_shot(
 
 /// Runs `spec` in a session's sandbox; its files stay for the next exec.
 pub async fn in_session(
-    state: &Arc<AppState>,
-    key: &KeyName,
+    state: Arc<AppState>,
+    key: KeyName,
     session: Arc<Session>,
     spec: Spec,
     stream: Option<mpsc::Sender<StreamEvent>>,
@@ -158,6 +206,25 @@ pub async fn in_session(
     if *state.stopping.borrow() {
         return Err(ApiError::shutting_down());
     }
+    let (gone_r, gone_w) = cancel_pipe()?;
+    let _gone = ClientGone(gone_w);
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let r = in_session_task(&state, &key, session, spec, gone_r, stream).await;
+        let _ = tx.send(r);
+    });
+    rx.await
+        .unwrap_or_else(|_| Err(ApiError::internal("exec task lost")))
+}
+
+async fn in_session_task(
+    state: &Arc<AppState>,
+    key: &KeyName,
+    session: Arc<Session>,
+    spec: Spec,
+    gone: OwnedFd,
+    stream: Option<mpsc::Sender<StreamEvent>>,
+) -> Result<ExecResponse, ApiError> {
     let t0 = std::time::Instant::now();
     let mut inner = session.inner.lock().await;
     let queued = t0.elapsed();
@@ -165,22 +232,32 @@ pub async fn in_session(
         return Err(ApiError::gone(format!("sandbox {} was deleted", session.id)));
     };
     let cancel = Arc::clone(&state.cancel);
+    let deleted = Arc::clone(&session.cancel);
     let ran = tokio::task::spawn_blocking(move || {
         let mut sink = ChannelSink(stream);
-        let r = sandbox.exec(&spec, &mut sink, Some(cancel.as_fd()));
+        let r = sandbox.exec(&spec, &mut sink, &[cancel.as_fd(), deleted.as_fd(), gone.as_fd()]);
         (r, sandbox)
     })
     .await;
     let (result, sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
     inner.sandbox = Some(sandbox);
-    let result = result.map_err(api_error)?;
+    let result = match result {
+        Ok(r) => r,
+        Err(SandboxError::Cancelled) if session.deleted() => {
+            return Err(ApiError::gone(format!(
+                "sandbox {} was deleted or expired",
+                session.id
+            )));
+        }
+        Err(e) => return Err(api_error(e)),
+    };
     inner.execs += 1;
     inner.cpu_ms += result.cpu_ms;
     inner.memory_peak_bytes = inner.memory_peak_bytes.max(result.memory_peak_bytes);
     drop(inner);
     let resp = ExecResponse {
         result,
-        queue_ms: (queued.as_secs_f64() * 1e6).round() / 1e3,
+        queue_ms: ms(queued),
     };
     record(state, key, &resp);
     Ok(resp)

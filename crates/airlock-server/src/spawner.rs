@@ -18,6 +18,8 @@ type Reply = oneshot::Sender<(Result<Sandbox, SandboxError>, Duration)>;
 pub struct Spawner {
     /// Jobs for the threads; dropping it lets them exit.
     jobs: Mutex<Option<mpsc::Sender<(SandboxConfig, Reply)>>>,
+    /// The threads, joined by [`Spawner::stop`].
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Spawner {
@@ -25,10 +27,11 @@ impl Spawner {
     pub fn new(engine: Arc<Engine>, threads: usize) -> Spawner {
         let (tx, rx) = mpsc::channel::<(SandboxConfig, Reply)>();
         let rx = Arc::new(Mutex::new(rx));
+        let mut handles = Vec::new();
         for n in 0..threads.max(1) {
             let rx = Arc::clone(&rx);
             let engine = Arc::clone(&engine);
-            std::thread::Builder::new()
+            let handle = std::thread::Builder::new()
                 .name(format!("airlock-spawner-{n}"))
                 .spawn(move || {
                     loop {
@@ -40,9 +43,11 @@ impl Spawner {
                     }
                 })
                 .expect("spawning a spawner thread");
+            handles.push(handle);
         }
         Spawner {
             jobs: Mutex::new(Some(tx)),
+            threads: Mutex::new(handles),
         }
     }
 
@@ -67,10 +72,20 @@ impl Spawner {
         ))
     }
 
-    /// Lets the threads exit once their current job is done.
+    /// Lets the threads exit once their current job is done, and waits for them: a
+    /// sandbox built for a caller that went away is purged by its thread before this
+    /// returns. Blocking: call it off the async threads.
     pub fn stop(&self) {
         if let Ok(mut jobs) = self.jobs.lock() {
             jobs.take();
+        }
+        let threads = self
+            .threads
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
+        for t in threads {
+            let _ = t.join();
         }
     }
 }

@@ -41,6 +41,86 @@ pub struct Session {
     pub limits: Limits,
     /// The sandbox and what it has used; locked by one exec or file operation at a time.
     pub inner: tokio::sync::Mutex<SessionInner>,
+    /// Readable once the session is deleted or expired: its running exec is cancelled.
+    pub cancel: Arc<OwnedFd>,
+    /// Dropping it makes `cancel` readable.
+    cancel_trigger: Mutex<Option<OwnedFd>>,
+}
+
+impl Session {
+    /// A session around `sandbox`.
+    pub fn new(
+        sandbox: airlock_sandbox::Sandbox,
+        ttl: std::time::Duration,
+        key: Option<String>,
+        limits: Limits,
+        permit: Permit,
+    ) -> std::io::Result<Session> {
+        let (cancel, trigger) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let now = SystemTime::now();
+        Ok(Session {
+            id: sandbox.id().to_owned(),
+            created: now,
+            expires: now + ttl,
+            deadline: Instant::now() + ttl,
+            key,
+            limits,
+            inner: tokio::sync::Mutex::new(SessionInner {
+                sandbox: Some(sandbox),
+                execs: 0,
+                cpu_ms: 0.0,
+                memory_peak_bytes: 0,
+                permit: Some(permit),
+            }),
+            cancel: Arc::new(cancel),
+            cancel_trigger: Mutex::new(Some(trigger)),
+        })
+    }
+
+    /// Cancels whatever runs in it now and from now on (it is being purged).
+    pub fn cancel_execs(&self) {
+        if let Ok(mut t) = self.cancel_trigger.lock() {
+            t.take();
+        }
+    }
+
+    /// Runs `f` on the sandbox on a blocking thread, in a task of its own: a request that
+    /// goes away meanwhile cannot lose the sandbox.
+    pub async fn with_sandbox<R, F>(self: &Arc<Self>, f: F) -> Result<R, crate::error::ApiError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut airlock_sandbox::Sandbox) -> R + Send + 'static,
+    {
+        let session = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let mut inner = session.inner.lock().await;
+            let Some(mut sandbox) = inner.sandbox.take() else {
+                return Err(crate::error::ApiError::gone(format!(
+                    "sandbox {} was deleted",
+                    session.id
+                )));
+            };
+            let ran = tokio::task::spawn_blocking(move || {
+                let r = f(&mut sandbox);
+                (r, sandbox)
+            })
+            .await;
+            match ran {
+                Ok((r, sandbox)) => {
+                    inner.sandbox = Some(sandbox);
+                    Ok(r)
+                }
+                Err(e) => Err(crate::error::ApiError::internal(format!("file task: {e}"))),
+            }
+        });
+        task.await
+            .unwrap_or_else(|e| Err(crate::error::ApiError::internal(format!("file task: {e}"))))
+    }
+
+    /// Whether it was deleted or expired.
+    pub fn deleted(&self) -> bool {
+        self.cancel_trigger.lock().map_or(true, |t| t.is_none())
+    }
 }
 
 /// The mutable part of a session.
@@ -181,9 +261,11 @@ impl AppState {
     }
 }
 
-/// Purges a removed session: waits for its running exec, if any, then destroys the
-/// sandbox off the async threads.
+/// Purges a removed session: cancels its running exec, if any, then destroys the sandbox
+/// off the async threads.
 pub async fn purge_session(session: Arc<Session>) {
+    // A running exec is cancelled, so the purge happens now, not when it would end.
+    session.cancel_execs();
     let mut inner = session.inner.lock().await;
     let sandbox = inner.sandbox.take();
     inner.permit.take();

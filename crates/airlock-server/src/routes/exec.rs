@@ -19,10 +19,12 @@ pub async fn handle(
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Response, ApiError> {
     let spec = req.to_spec(&state.config, &state.config.defaults)?;
+    // Admission first, so overload is a 429 whatever the response format.
+    let admitted = runner::admit(&state, &key, spec.limits.memory_bytes).await?;
     if super::wants_stream(&headers) {
-        return Ok(stream::respond(move |tx| async move {
-            runner::one_shot(&state, &key, spec, Some(tx)).await
+        return Ok(stream::respond(move |tx| {
+            runner::one_shot(state, key, spec, admitted, Some(tx))
         }));
     }
-    Ok(Json(runner::one_shot(&state, &key, spec, None).await?).into_response())
+    Ok(Json(runner::one_shot(state, key, spec, admitted, None).await?).into_response())
 }

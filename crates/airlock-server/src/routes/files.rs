@@ -23,6 +23,12 @@ pub struct FileQuery {
 
 fn check_path(path: &str) -> Result<String, ApiError> {
     let rel = path.strip_prefix("/workspace/").unwrap_or(path);
+    if rel.ends_with('/') {
+        return Err(ApiError::invalid(
+            "path",
+            format!("{path:?} names a directory, not a file"),
+        ));
+    }
     let spec_file = airlock_spec::FileSpec {
         path: rel.to_owned(),
         content: Vec::new(),
@@ -55,16 +61,10 @@ pub async fn put(
             .filter(|m| *m <= 0o777)
             .ok_or_else(|| ApiError::invalid("mode", "octal permission bits, e.g. 644 or 755"))?,
     };
-    let mut inner = session.inner.lock().await;
-    let mut sandbox = inner
-        .sandbox
-        .take()
-        .ok_or_else(|| ApiError::gone(format!("sandbox {id} was deleted")))?;
-    let (r, sandbox) = tokio::task::spawn_blocking(move || (sandbox.write_file(&path, mode, &body), sandbox))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    inner.sandbox = Some(sandbox);
-    r.map_err(api_error)?;
+    session
+        .with_sandbox(move |sb| sb.write_file(&path, mode, &body))
+        .await?
+        .map_err(api_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -77,21 +77,12 @@ pub async fn get(
     let session = state.session(&id, &key)?;
     let path = q.path.as_deref().map(check_path).transpose()?;
     let max = state.config.max_body as u64;
-    let mut inner = session.inner.lock().await;
-    let mut sandbox = inner
-        .sandbox
-        .take()
-        .ok_or_else(|| ApiError::gone(format!("sandbox {id} was deleted")))?;
-    let (r, sandbox) = tokio::task::spawn_blocking(move || {
-        let r = match &path {
-            Some(p) => sandbox.read_file(p, max).map(either_bytes),
-            None => sandbox.list_files().map(either_list),
-        };
-        (r, sandbox)
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))?;
-    inner.sandbox = Some(sandbox);
+    let r = session
+        .with_sandbox(move |sb| match &path {
+            Some(p) => sb.read_file(p, max).map(Listing::Bytes),
+            None => sb.list_files().map(Listing::Entries),
+        })
+        .await?;
     match r.map_err(|e| match e {
         airlock_sandbox::SandboxError::File(m) if m.contains("No such file") => ApiError::not_found(m),
         e => api_error(e),
@@ -106,12 +97,4 @@ pub async fn get(
 enum Listing {
     Bytes(Vec<u8>),
     Entries(Vec<airlock_sandbox::FileEntry>),
-}
-
-fn either_bytes(b: Vec<u8>) -> Listing {
-    Listing::Bytes(b)
-}
-
-fn either_list(e: Vec<airlock_sandbox::FileEntry>) -> Listing {
-    Listing::Entries(e)
 }

@@ -35,9 +35,9 @@ pub async fn handle(
         ));
     }
     if super::wants_stream(&headers) {
-        return Ok(stream::respond(move |tx| async move {
-            runner::in_session(&state, &key, session, spec, Some(tx)).await
+        return Ok(stream::respond(move |tx| {
+            runner::in_session(state, key, session, spec, Some(tx))
         }));
     }
-    Ok(Json(runner::in_session(&state, &key, session, spec, None).await?).into_response())
+    Ok(Json(runner::in_session(state, key, session, spec, None).await?).into_response())
 }

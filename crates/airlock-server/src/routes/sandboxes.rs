@@ -9,13 +9,13 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Serialize;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::api::{CreateSandboxRequest, limits};
 use crate::body::JsonBody;
 use crate::error::ApiError;
 use crate::runner::api_error;
-use crate::state::{AppState, KeyName, Session, SessionInner, purge_session};
+use crate::state::{AppState, KeyName, Session, purge_session};
 
 /// Seconds since the epoch, with millisecond precision.
 fn epoch(t: SystemTime) -> f64 {
@@ -79,13 +79,7 @@ pub async fn create(
     let mut spec = Spec::new(vec!["true".into()]);
     spec.limits = limits.clone();
     spec.network = req.network.clone().unwrap_or_default();
-    let (permit, _) = match state.admission.admit(key.0.as_deref(), limits.memory_bytes).await {
-        Ok(p) => p,
-        Err(e) => {
-            state.metrics.reject(e.code);
-            return Err(e);
-        }
-    };
+    let (permit, _) = crate::runner::admit(&state, &key, limits.memory_bytes).await?;
     let config = SandboxConfig::of(&spec);
     // A warm sandbox serves a session too: limits are applied at each exec.
     let sandbox = match state.pool.take(&config) {
@@ -96,22 +90,10 @@ pub async fn create(
             created.map_err(api_error)?
         }
     };
-    let now = SystemTime::now();
-    let session = Arc::new(Session {
-        id: sandbox.id().to_owned(),
-        created: now,
-        expires: now + ttl,
-        deadline: Instant::now() + ttl,
-        key: key.0.clone(),
-        limits,
-        inner: tokio::sync::Mutex::new(SessionInner {
-            sandbox: Some(sandbox),
-            execs: 0,
-            cpu_ms: 0.0,
-            memory_peak_bytes: 0,
-            permit: Some(permit),
-        }),
-    });
+    let session = Arc::new(
+        Session::new(sandbox, ttl, key.0.clone(), limits, permit)
+            .map_err(|e| ApiError::internal(format!("pipe: {e}")))?,
+    );
     let body = Created {
         id: session.id.clone(),
         expires_at: epoch(session.expires),

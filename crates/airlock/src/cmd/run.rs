@@ -210,7 +210,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut live = Live;
     let mut quiet = airlock_sandbox::Capture;
     let sink: &mut dyn OutputSink = if json { &mut quiet } else { &mut live };
-    let result = match engine.run(&spec, sink, Some(cancel.as_fd())) {
+    let result = match engine.run(&spec, sink, &[cancel.as_fd()]) {
         Ok(r) => r,
         Err(SandboxError::Cancelled) => {
             eprintln!("airlock: interrupted; the sandbox was killed and purged");
