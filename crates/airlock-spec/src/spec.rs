@@ -193,10 +193,10 @@ impl Spec {
         validate_env(&self.env)?;
         validate_files(&self.files)?;
         self.network.validate()?;
-        if let Some(root) = &self.rootfs {
-            if !root.is_absolute() {
-                return Err(SpecError::new("rootfs", "must be an absolute path"));
-            }
+        if let Some(root) = &self.rootfs
+            && !root.is_absolute()
+        {
+            return Err(SpecError::new("rootfs", "must be an absolute path"));
         }
         let block: usize = self.command.iter().map(|a| a.len() + 1).sum::<usize>()
             + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();

@@ -121,12 +121,50 @@ struct Snapshot {
     fds: BTreeMap<String, String>,
 }
 
+/// Airlock processes other than this test's runs (a daemon someone else started before
+/// the test): their sandboxes and cgroups come and go on their own and are not counted.
+fn foreign_airlocks(processes: &BTreeMap<u32, ProcInfo>) -> BTreeSet<u32> {
+    processes
+        .iter()
+        .filter(|(pid, p)| **pid != 1 && p.name == "airlock")
+        .map(|(pid, _)| *pid)
+        .collect()
+}
+
 impl Snapshot {
-    fn take() -> Self {
+    /// A snapshot that leaves out the sandboxes and cgroups of `foreign` airlock processes.
+    fn take_excluding(foreign: &BTreeSet<u32>) -> Self {
+        let processes = host_processes();
+        let sandbox_processes = sandbox_processes()
+            .into_iter()
+            .filter(|line| {
+                let pid: u32 = line
+                    .split(':')
+                    .next()
+                    .and_then(|p| p.trim().parse().ok())
+                    .unwrap_or(0);
+                !processes.get(&pid).is_some_and(|p| foreign.contains(&p.ppid))
+            })
+            .collect();
+        let cgroups = airlock_cgroup_dirs()
+            .into_iter()
+            .filter(|dir| {
+                // <mount>/airlock/<owner pid>-<start time>[/<id>]
+                let owner = dir.components().rev().find_map(|c| {
+                    let s = c.as_os_str().to_str()?;
+                    let (pid, start) = s.split_once('-')?;
+                    start
+                        .chars()
+                        .all(|c| c.is_ascii_digit())
+                        .then(|| pid.parse::<u32>().ok())?
+                });
+                !owner.is_some_and(|pid| foreign.contains(&pid))
+            })
+            .collect();
         Snapshot {
-            processes: host_processes(),
-            sandbox_processes: sandbox_processes(),
-            cgroups: airlock_cgroup_dirs(),
+            processes,
+            sandbox_processes,
+            cgroups,
             mounts: mountinfo_lines(),
             fds: own_fds(),
         }
@@ -226,11 +264,13 @@ fn a_thousand_runs_leave_nothing_behind() {
 
     // Sandboxes of earlier test binaries may still be dying (this host's PID 1 reaps
     // orphaned zombies slowly): let them settle before the baseline.
+    // Daemons that were already running (another user of this machine) are left out.
+    let foreign = foreign_airlocks(&host_processes());
     let settle = Instant::now();
-    let mut before = Snapshot::take();
+    let mut before = Snapshot::take_excluding(&foreign);
     while !before.sandbox_processes.is_empty() && settle.elapsed() < std::time::Duration::from_secs(30) {
         std::thread::sleep(std::time::Duration::from_millis(200));
-        before = Snapshot::take();
+        before = Snapshot::take_excluding(&foreign);
     }
     assert!(
         before.sandbox_processes.is_empty(),
@@ -267,7 +307,7 @@ fn a_thousand_runs_leave_nothing_behind() {
     let settle = Instant::now();
     let mut first_seen: Option<Vec<String>> = None;
     let leaks = loop {
-        let leaks = Snapshot::take().leaks_since(&before);
+        let leaks = Snapshot::take_excluding(&foreign).leaks_since(&before);
         if first_seen.is_none() {
             first_seen = Some(leaks.clone());
         }
