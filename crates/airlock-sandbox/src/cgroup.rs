@@ -1062,11 +1062,20 @@ impl Cgroup {
             return Ok(());
         }
         let dir = self.need("memory")?;
-        // memsw (memory+swap) must stay >= the memory limit: set the memory limit first.
-        write_file(&dir.join("memory.limit_in_bytes"), &memory)?;
+        // memsw (memory+swap) must stay >= the memory limit at every step: when the limit
+        // goes down, lower it first; when it goes up (a live cgroup given a larger cap),
+        // raise memsw first.
+        let limit = dir.join("memory.limit_in_bytes");
         let memsw = dir.join("memory.memsw.limit_in_bytes");
-        if memsw.exists() {
+        let raising = read_u64(&limit, None).is_some_and(|current| limits.memory_bytes > current);
+        if raising && memsw.exists() {
             write_file(&memsw, &memory)?;
+            write_file(&limit, &memory)?;
+        } else {
+            write_file(&limit, &memory)?;
+            if memsw.exists() {
+                write_file(&memsw, &memory)?;
+            }
         }
         // Best effort: without memsw accounting this at least keeps pages out of swap;
         // not writable on some kernels (e.g. under a parent with use_hierarchy quirks).
@@ -2023,6 +2032,30 @@ mod tests {
         assert!(line.starts_with("v2 at ") || line.contains("v1 "), "{line}");
         assert!(!line.contains("missing"), "{line}");
         println!("{line}; cgroup.kill: {}", host.has_kill());
+    }
+
+    /// A live cgroup's memory cap can be raised and lowered (v1 orders the memory and
+    /// memory+swap writes so that memsw >= limit holds at every step).
+    #[test]
+    fn real_limits_can_be_raised_and_lowered() {
+        let host = real_host();
+        let cg = host.create("test-real-raise", &MIB64).expect("create");
+        let mem = cg.dir_with("memory").expect("memory dir").to_owned();
+        let file = if host.is_v2() {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        for bytes in [512u64 << 20, 32 << 20, 1 << 30] {
+            let limits = CgroupLimits {
+                memory_bytes: bytes,
+                ..MIB64
+            };
+            cg.set_limits(&limits)
+                .unwrap_or_else(|e| panic!("set {bytes}: {e}"));
+            assert_eq!(read(&mem.join(file)), bytes.to_string());
+        }
+        cg.destroy().expect("destroy");
     }
 
     #[test]

@@ -1,0 +1,292 @@
+"""What the sync and async clients share: configuration, request bodies, the retry
+policy, timeouts and the Server-Sent Events parser. No I/O here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Generator, Iterator, Mapping, Sequence
+from urllib.parse import quote
+
+import httpx
+
+from . import errors
+from ._version import __version__
+from .types import (
+    ExecResult,
+    FilesArg,
+    Limits,
+    Network,
+    ResultEvent,
+    StderrEvent,
+    StdoutEvent,
+    StreamEvent,
+    files_to_api,
+)
+
+logger = logging.getLogger("airlock")
+
+DEFAULT_URL = "http://127.0.0.1:8710"
+DEFAULT_EXEC_TIMEOUT_MS = 10_000
+"""The server's default ``limits.timeout_ms`` (used to size the client timeout when a
+request gives none)."""
+
+LANGUAGES = ("python", "javascript", "bash")
+
+
+@dataclass(frozen=True)
+class Config:
+    base_url: str
+    api_key: str | None
+    timeout: float
+    connect_timeout: float
+    timeout_margin: float
+    max_retries: int
+    max_retry_wait: float
+    backoff: float
+    headers: Mapping[str, str]
+
+
+def make_config(
+    base_url: str | None,
+    api_key: str | None,
+    *,
+    timeout: float,
+    connect_timeout: float,
+    timeout_margin: float,
+    max_retries: int,
+    max_retry_wait: float,
+    backoff: float,
+    headers: Mapping[str, str] | None,
+) -> Config:
+    url = base_url or os.environ.get("AIRLOCK_URL") or DEFAULT_URL
+    if api_key is None:
+        api_key = os.environ.get("AIRLOCK_API_KEY") or None
+    if max_retries < 0:
+        raise ValueError("max_retries must be >= 0")
+    h = {"user-agent": f"airlock-sandbox-python/{__version__}"}
+    if headers:
+        h.update({k.lower(): v for k, v in headers.items()})
+    if api_key:
+        h["authorization"] = f"Bearer {api_key}"
+    return Config(
+        base_url=url.rstrip("/"),
+        api_key=api_key,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        timeout_margin=timeout_margin,
+        max_retries=max_retries,
+        max_retry_wait=max_retry_wait,
+        backoff=backoff,
+        headers=h,
+    )
+
+
+def sandbox_path(sandbox_id: str, rest: str = "") -> str:
+    return f"/v1/sandboxes/{quote(sandbox_id, safe='')}{rest}"
+
+
+def exec_body(
+    *,
+    cmd: Sequence[str] | None = None,
+    language: str | None = None,
+    code: str | None = None,
+    stdin: str | bytes | None = None,
+    files: FilesArg = None,
+    env: Mapping[str, str] | None = None,
+    limits: Limits | Mapping[str, Any] | None = None,
+    network: Network | Mapping[str, Any] | str | None = None,
+) -> dict[str, Any]:
+    """The JSON of an exec request. Shape errors the server would name are left to it,
+    except those Python makes easy to get wrong (a string where argv is wanted)."""
+    body: dict[str, Any] = {}
+    if cmd is not None:
+        if isinstance(cmd, (str, bytes)):
+            raise TypeError(
+                "cmd is an argv list, e.g. ['ls', '-l']; for a shell command line use "
+                "shell('ls -l') or cmd=['bash', '-c', 'ls -l']"
+            )
+        body["cmd"] = [str(a) for a in cmd]
+    if language is not None:
+        body["language"] = language
+    if code is not None:
+        body["code"] = code
+    if stdin is not None:
+        body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
+    f = files_to_api(files)
+    if f:
+        body["files"] = f
+    if env:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    lim = Limits.coerce(limits)
+    if lim is not None and lim.to_dict():
+        body["limits"] = lim.to_dict()
+    net = Network.coerce(network)
+    if net is not None:
+        body["network"] = net.to_dict()
+    return body
+
+
+def create_body(
+    ttl_s: int | None,
+    limits: Limits | Mapping[str, Any] | None,
+    network: Network | Mapping[str, Any] | str | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if ttl_s is not None:
+        body["ttl_s"] = int(ttl_s)
+    lim = Limits.coerce(limits)
+    if lim is not None and lim.to_dict():
+        body["limits"] = lim.to_dict()
+    net = Network.coerce(network)
+    if net is not None:
+        body["network"] = net.to_dict()
+    return body
+
+
+def exec_timeout(config: Config, body: Mapping[str, Any], default_ms: int | None) -> httpx.Timeout:
+    """The client timeout of an exec: its ``limits.timeout_ms`` (else the sandbox's or the
+    server's default) plus ``timeout_margin`` (admission queue, provisioning, transfer)."""
+    ms = (body.get("limits") or {}).get("timeout_ms") or default_ms or DEFAULT_EXEC_TIMEOUT_MS
+    read = ms / 1000.0 + config.timeout_margin
+    return httpx.Timeout(read, connect=config.connect_timeout)
+
+
+def plain_timeout(config: Config) -> httpx.Timeout:
+    return httpx.Timeout(config.timeout, connect=config.connect_timeout)
+
+
+# --- retries -----------------------------------------------------------------------------
+
+# Transport errors raised before any byte of the request left: always safe to retry.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Methods whose repetition is harmless (PUT writes the same whole file again).
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT"})
+
+
+def is_exec(method: str, path: str) -> bool:
+    return method == "POST" and path.endswith("/exec")
+
+
+def retry_on_status(method: str, path: str, status: int) -> bool:
+    """Whether a response status allows a retry.
+
+    429 is answered at admission, before anything runs: always retryable. 503 is
+    retryable except for an exec: the service also answers 503 when its shutdown grace
+    ended *while the program ran*, so an exec that got a 503 may have had effects."""
+    if status == 429:
+        return True
+    if status == 503:
+        return not is_exec(method, path)
+    return False
+
+
+def retry_on_error(method: str, exc: Exception) -> bool:
+    """Whether a transport error allows a retry: one raised before the request was sent,
+    or any connection failure of an idempotent request. Never a read timeout."""
+    if isinstance(exc, _NOT_SENT):
+        return True
+    if method in _IDEMPOTENT and isinstance(
+        exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+    ):
+        return True
+    return False
+
+
+def retry_delay(config: Config, attempt: int, retry_after: float | None) -> float | None:
+    """Seconds to wait before retry number ``attempt`` (0-based), or ``None`` to give up
+    (the server asks for a longer wait than ``max_retry_wait``)."""
+    if retry_after is not None:
+        if retry_after > config.max_retry_wait:
+            return None
+        return retry_after
+    base = config.backoff * float(2**attempt)
+    return min(config.max_retry_wait, base * (0.5 + random.random()))
+
+
+def wrap_transport_error(exc: Exception, method: str, url: str) -> errors.AirlockError:
+    if isinstance(exc, httpx.TimeoutException):
+        return errors.AirlockTimeout(f"{method} {url}: timed out ({type(exc).__name__}: {exc})")
+    return errors.AirlockConnectionError(f"{method} {url}: {type(exc).__name__}: {exc}")
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+def parse_json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError as e:
+        raise errors.AirlockError(
+            f"the service answered {resp.status_code} with a body that is not JSON: {e}",
+            status=resp.status_code,
+        ) from e
+
+
+# --- Server-Sent Events ------------------------------------------------------------------
+
+
+class SSEParser:
+    """Feeds lines (without their line ending) and yields ``(event, data)`` pairs, as the
+    SSE spec dispatches them: at a blank line, ``data`` lines joined by newlines, comment
+    lines (``:``) ignored."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> tuple[str, str] | None:
+        line = line.rstrip("\r\n")
+        if line == "":
+            if not self._data and not self._event:
+                return None
+            out = (self._event or "message", "\n".join(self._data))
+            self._event = ""
+            self._data = []
+            return out
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+    def flush(self) -> tuple[str, str] | None:
+        return self.feed("")
+
+
+def to_event(name: str, data: str) -> StreamEvent | None:
+    """A stream event from an SSE pair; raises the API error of an ``error`` event;
+    ``None`` for events this SDK does not know."""
+    if name == "stdout":
+        return StdoutEvent(json.loads(data)["data"])
+    if name == "stderr":
+        return StderrEvent(json.loads(data)["data"])
+    if name == "result":
+        return ResultEvent(ExecResult.from_dict(json.loads(data)))
+    if name == "error":
+        raise errors.from_event(data)
+    return None
+
+
+def iter_events(lines: Iterator[str]) -> Generator[StreamEvent, None, None]:
+    parser = SSEParser()
+    for line in lines:
+        pair = parser.feed(line)
+        if pair is not None:
+            ev = to_event(*pair)
+            if ev is not None:
+                yield ev
+    pair = parser.flush()
+    if pair is not None:
+        ev = to_event(*pair)
+        if ev is not None:
+            yield ev
+

@@ -1,0 +1,508 @@
+"""The asynchronous client: :class:`AsyncAirlock`, :class:`AsyncSandbox`,
+:class:`AsyncFiles`, :class:`AsyncExecStream`. Same methods as the sync client, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json as _json
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
+
+import httpx
+
+from . import _core, errors
+from .client import _stream_body
+from .types import (
+    ExecResult,
+    FileEntry,
+    FilesArg,
+    Limits,
+    Network,
+    Readiness,
+    ResultEvent,
+    SandboxInfo,
+    StreamEvent,
+)
+
+__all__ = ["AsyncAirlock", "AsyncExecStream", "AsyncFiles", "AsyncSandbox"]
+
+
+class AsyncExecStream(AsyncIterator[StreamEvent]):
+    """``async for ev in al.stream(...)``: output events as they arrive, then one
+    :class:`~airlock.ResultEvent`. Use ``async with`` (or :meth:`aclose`) when you may stop
+    early: closing the connection makes the service kill the program."""
+
+    def __init__(self, opener: Callable[[], Awaitable[httpx.Response]], describe: str) -> None:
+        self._opener = opener
+        self._describe = describe
+        self._resp: httpx.Response | None = None
+        self._events: AsyncGenerator[StreamEvent, None] | None = None
+        self._done = False
+        self.result: ExecResult | None = None
+
+    async def _gen(self, resp: httpx.Response) -> AsyncGenerator[StreamEvent, None]:
+        parser = _core.SSEParser()
+        async for line in resp.aiter_lines():
+            pair = parser.feed(line)
+            if pair is not None:
+                ev = _core.to_event(*pair)
+                if ev is not None:
+                    yield ev
+        pair = parser.flush()
+        if pair is not None:
+            ev = _core.to_event(*pair)
+            if ev is not None:
+                yield ev
+
+    def __aiter__(self) -> AsyncExecStream:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._events is None:
+                self._resp = await self._opener()
+                self._events = self._gen(self._resp)
+            ev = await self._events.__anext__()
+        except StopAsyncIteration:
+            await self.aclose()
+            if self.result is None:
+                raise errors.AirlockConnectionError(
+                    f"{self._describe}: the stream ended without a result event"
+                ) from None
+            raise
+        except httpx.TransportError as e:
+            await self.aclose()
+            raise _core.wrap_transport_error(e, "POST", self._describe) from e
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(ev, ResultEvent):
+            self.result = ev.result
+        return ev
+
+    async def wait(self) -> ExecResult:
+        """Consumes the remaining events and returns the result."""
+        async for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def aclose(self) -> None:
+        self._done = True
+        if self._events is not None:
+            await self._events.aclose()
+        if self._resp is not None:
+            await self._resp.aclose()
+
+    async def __aenter__(self) -> AsyncExecStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncAirlock:
+    """The asynchronous client of ``airlock serve``; see :class:`~airlock.Airlock` for the
+    parameters, timeouts and retry policy."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        timeout_margin: float = 30.0,
+        max_retries: int = 2,
+        max_retry_wait: float = 60.0,
+        backoff: float = 0.25,
+        headers: Mapping[str, str] | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._config = _core.make_config(
+            base_url,
+            api_key,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            timeout_margin=timeout_margin,
+            max_retries=max_retries,
+            max_retry_wait=max_retry_wait,
+            backoff=backoff,
+            headers=headers,
+        )
+        self._owns_http = http_client is None
+        self._http = http_client if http_client is not None else httpx.AsyncClient()
+
+    @property
+    def base_url(self) -> str:
+        return self._config.base_url
+
+    def __repr__(self) -> str:
+        return f"AsyncAirlock({self._config.base_url!r})"
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncAirlock:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- transport -------------------------------------------------------------------
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        params: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+        not_found: type[errors.NotFound] = errors.SandboxNotFound,
+        stream: bool = False,
+        accept_status: tuple[int, ...] = (),
+    ) -> httpx.Response:
+        cfg = self._config
+        url = cfg.base_url + path
+        headers = dict(cfg.headers)
+        if json is not None:
+            content = _json.dumps(json).encode()
+            headers["content-type"] = "application/json"
+        elif content is not None:
+            headers["content-type"] = "application/octet-stream"
+        headers["accept"] = "text/event-stream" if stream else "application/json"
+        attempt = 0
+        while True:
+            request = self._http.build_request(
+                method,
+                url,
+                content=content,
+                params=params,
+                headers=headers,
+                timeout=timeout or _core.plain_timeout(cfg),
+            )
+            try:
+                resp = await self._http.send(request, stream=stream)
+            except httpx.TransportError as e:
+                if attempt < cfg.max_retries and _core.retry_on_error(method, e):
+                    delay = _core.retry_delay(cfg, attempt, None)
+                    assert delay is not None
+                    _core.logger.info("%s %s: %s; retrying in %.2fs", method, path, e, delay)
+                    await asyncio.sleep(delay)
+                    attempt += 1
+                    continue
+                raise _core.wrap_transport_error(e, method, url) from e
+            if resp.status_code < 400 or resp.status_code in accept_status:
+                return resp
+            try:
+                if stream:
+                    await resp.aread()
+                err = errors.from_response(
+                    resp.status_code, resp.content, resp.headers, not_found=not_found
+                )
+            except httpx.TransportError as e:
+                raise _core.wrap_transport_error(e, method, url) from e
+            finally:
+                await resp.aclose()
+            if attempt < cfg.max_retries and _core.retry_on_status(method, path, resp.status_code):
+                delay = _core.retry_delay(cfg, attempt, err.retry_after)
+                if delay is not None:
+                    _core.logger.info(
+                        "%s %s: %s; retrying in %.2fs", method, path, err, delay
+                    )
+                    await asyncio.sleep(delay)
+                    attempt += 1
+                    continue
+            raise err
+
+    async def _exec(self, path: str, body: dict[str, Any], default_ms: int | None) -> ExecResult:
+        resp = await self._send(
+            "POST", path, json=body, timeout=_core.exec_timeout(self._config, body, default_ms)
+        )
+        return ExecResult.from_dict(_core.parse_json(resp))
+
+    def _stream(self, path: str, body: dict[str, Any], default_ms: int | None) -> AsyncExecStream:
+        timeout = _core.exec_timeout(self._config, body, default_ms)
+        return AsyncExecStream(
+            lambda: self._send("POST", path, json=body, timeout=timeout, stream=True),
+            self._config.base_url + path,
+        )
+
+    # --- one-shot execs --------------------------------------------------------------
+
+    async def run(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        stdin: str | bytes | None = None,
+        files: FilesArg = None,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        network: Network | Mapping[str, Any] | str | None = None,
+    ) -> ExecResult:
+        """Runs ``code`` (``python``, ``javascript`` or ``bash``) in a fresh sandbox."""
+        body = _core.exec_body(
+            language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
+            network=network,
+        )
+        return await self._exec("/v1/exec", body, None)
+
+    async def exec(
+        self,
+        cmd: Sequence[str],
+        *,
+        stdin: str | bytes | None = None,
+        files: FilesArg = None,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        network: Network | Mapping[str, Any] | str | None = None,
+    ) -> ExecResult:
+        """Runs the argv ``cmd`` in a fresh sandbox."""
+        body = _core.exec_body(
+            cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, network=network
+        )
+        return await self._exec("/v1/exec", body, None)
+
+    async def shell(
+        self,
+        command: str,
+        *,
+        stdin: str | bytes | None = None,
+        files: FilesArg = None,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        network: Network | Mapping[str, Any] | str | None = None,
+    ) -> ExecResult:
+        """Runs ``bash -c command`` in a fresh sandbox."""
+        return await self.exec(
+            ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
+            network=network,
+        )
+
+    def stream(
+        self,
+        code: str | None = None,
+        language: str = "python",
+        *,
+        cmd: Sequence[str] | None = None,
+        stdin: str | bytes | None = None,
+        files: FilesArg = None,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        network: Network | Mapping[str, Any] | str | None = None,
+    ) -> AsyncExecStream:
+        """``async for ev in al.stream(code)``: output events, then the result."""
+        body = _stream_body(code, language, cmd, stdin, files, env, limits, network)
+        return self._stream("/v1/exec", body, None)
+
+    # --- sessions --------------------------------------------------------------------
+
+    def sandbox(
+        self,
+        *,
+        ttl_s: int | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        network: Network | Mapping[str, Any] | str | None = None,
+    ) -> _SandboxCreation:
+        """Creates a session sandbox: ``async with al.sandbox() as sb:`` (deleted on
+        exit) or ``sb = await al.sandbox()``."""
+        return _SandboxCreation(self, ttl_s, limits, network)
+
+    async def _create(
+        self,
+        ttl_s: int | None,
+        limits: Limits | Mapping[str, Any] | None,
+        network: Network | Mapping[str, Any] | str | None,
+    ) -> AsyncSandbox:
+        body = _core.create_body(ttl_s, limits, network)
+        data = _core.parse_json(await self._send("POST", "/v1/sandboxes", json=body))
+        lim = Limits.coerce(limits)
+        return AsyncSandbox(self, data["id"], data.get("expires_at"), lim.timeout_ms if lim else None)
+
+    async def get_sandbox(self, sandbox_id: str) -> AsyncSandbox:
+        resp = await self._send("GET", _core.sandbox_path(sandbox_id))
+        info = SandboxInfo.from_dict(_core.parse_json(resp))
+        return AsyncSandbox(self, info.id, info.expires_at, None)
+
+    async def list_sandboxes(self) -> builtins.list[SandboxInfo]:
+        data = _core.parse_json(await self._send("GET", "/v1/sandboxes"))
+        return [SandboxInfo.from_dict(d) for d in data]
+
+    # --- operations ------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        try:
+            resp = await self._send("GET", "/healthz")
+        except errors.AirlockConnectionError:
+            return False
+        return bool(_core.parse_json(resp).get("status") == "ok")
+
+    async def ready(self) -> Readiness:
+        resp = await self._send("GET", "/readyz", accept_status=(503,))
+        return Readiness.from_dict(_core.parse_json(resp))
+
+    async def metrics(self) -> str:
+        return (await self._send("GET", "/metrics")).text
+
+    async def openapi(self) -> dict[str, Any]:
+        return dict(_core.parse_json(await self._send("GET", "/openapi.json")))
+
+
+class _SandboxCreation:
+    """What :meth:`AsyncAirlock.sandbox` returns: awaitable (the sandbox) and an async
+    context manager (the sandbox, deleted on exit)."""
+
+    def __init__(
+        self,
+        client: AsyncAirlock,
+        ttl_s: int | None,
+        limits: Limits | Mapping[str, Any] | None,
+        network: Network | Mapping[str, Any] | str | None,
+    ) -> None:
+        self._args = (client, ttl_s, limits, network)
+        self._sandbox: AsyncSandbox | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncSandbox]:
+        client, ttl_s, limits, network = self._args
+        return client._create(ttl_s, limits, network).__await__()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        client, ttl_s, limits, network = self._args
+        self._sandbox = await client._create(ttl_s, limits, network)
+        return self._sandbox
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._sandbox is not None:
+            await self._sandbox.aclose()
+
+
+class AsyncFiles:
+    """The files of a session sandbox's /workspace (see :class:`~airlock.Files`)."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sb = sandbox
+
+    async def write(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        content = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        params = {"path": path}
+        if mode is not None:
+            params["mode"] = format(mode, "o")
+        await self._sb._client._send(
+            "PUT", _core.sandbox_path(self._sb.id, "/files"), content=content, params=params
+        )
+
+    async def read(self, path: str) -> bytes:
+        resp = await self._sb._client._send(
+            "GET",
+            _core.sandbox_path(self._sb.id, "/files"),
+            params={"path": path},
+            not_found=errors.FileNotFound,
+        )
+        return resp.content
+
+    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return (await self.read(path)).decode(encoding)
+
+    async def list(self) -> builtins.list[FileEntry]:
+        resp = await self._sb._client._send("GET", _core.sandbox_path(self._sb.id, "/files"))
+        return [FileEntry.from_dict(d) for d in _core.parse_json(resp)]
+
+
+class AsyncSandbox:
+    """A session sandbox (see :class:`~airlock.Sandbox`); ``async with`` deletes it."""
+
+    def __init__(
+        self,
+        client: AsyncAirlock,
+        sandbox_id: str,
+        expires_at: float | None,
+        default_timeout_ms: int | None,
+    ) -> None:
+        self._client = client
+        self.id = sandbox_id
+        self.expires_at = expires_at
+        self._default_ms = default_timeout_ms
+        self.files = AsyncFiles(self)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.id!r})"
+
+    async def run(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        stdin: str | bytes | None = None,
+        files: FilesArg = None,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+    ) -> ExecResult:
+        body = _core.exec_body(language=language, code=code, stdin=stdin, files=files, env=env, limits=limits)
+        return await self._client._exec(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+
+    async def exec(
+        self,
+        cmd: Sequence[str],
+        *,
+        stdin: str | bytes | None = None,
+        files: FilesArg = None,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+    ) -> ExecResult:
+        body = _core.exec_body(cmd=cmd, stdin=stdin, files=files, env=env, limits=limits)
+        return await self._client._exec(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+
+    async def shell(
+        self,
+        command: str,
+        *,
+        stdin: str | bytes | None = None,
+        files: FilesArg = None,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+    ) -> ExecResult:
+        return await self.exec(["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits)
+
+    def stream(
+        self,
+        code: str | None = None,
+        language: str = "python",
+        *,
+        cmd: Sequence[str] | None = None,
+        stdin: str | bytes | None = None,
+        files: FilesArg = None,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+    ) -> AsyncExecStream:
+        body = _stream_body(code, language, cmd, stdin, files, env, limits, None)
+        return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+
+    async def info(self) -> SandboxInfo:
+        resp = await self._client._send("GET", _core.sandbox_path(self.id))
+        return SandboxInfo.from_dict(_core.parse_json(resp))
+
+    async def delete(self) -> None:
+        await self._client._send("DELETE", _core.sandbox_path(self.id))
+        self._closed = True
+
+    async def aclose(self) -> None:
+        """Deletes the sandbox unless already gone (idempotent)."""
+        if self._closed:
+            return
+        try:
+            await self.delete()
+        except (errors.NotFound, errors.SandboxExpired):
+            self._closed = True
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

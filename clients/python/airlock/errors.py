@@ -1,0 +1,265 @@
+"""Exceptions: one per API status, each carrying the API's ``code``, ``message`` and
+``field`` (``{"error": {"code", "message", "field"}}``).
+
+A program that fails, times out or is OOM-killed is *not* an exception: the API answers
+an :class:`~airlock.ExecResult` for it. Exceptions are for requests the service refused
+or could not serve.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+__all__ = [
+    "AirlockConnectionError",
+    "AirlockError",
+    "AirlockTimeout",
+    "FileNotFound",
+    "InvalidRequest",
+    "NotFound",
+    "PayloadTooLarge",
+    "RateLimited",
+    "SandboxConflict",
+    "SandboxExpired",
+    "SandboxNotFound",
+    "ServerError",
+    "ServiceUnavailable",
+    "Unauthorized",
+    "UnsupportedMediaType",
+]
+
+
+class AirlockError(Exception):
+    """Base of every error this SDK raises.
+
+    Attributes: ``status`` (HTTP status, ``None`` for transport errors), ``code`` (the
+    API's stable machine-readable code, e.g. ``invalid_request``), ``message`` (for a
+    person), ``field`` (the request field at fault, in the API's spelling, e.g.
+    ``limits.memory_bytes``), ``retry_after`` (seconds, from ``Retry-After``)."""
+
+    status: int | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        field: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
+        body: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.field = field
+        if status is not None:
+            self.status = status
+        self.retry_after = retry_after
+        self.body = body
+
+    def __str__(self) -> str:
+        parts = []
+        if self.status is not None:
+            parts.append(str(self.status))
+        if self.code:
+            parts.append(self.code)
+        head = " ".join(parts)
+        text = f"{head}: {self.message}" if head else self.message
+        if self.field:
+            text += f" (field: {self.field})"
+        return text
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(status={self.status!r}, code={self.code!r}, "
+            f"message={self.message!r}, field={self.field!r})"
+        )
+
+
+class InvalidRequest(AirlockError):
+    """400: the request is invalid (``code`` ``invalid_request`` with ``field``, or
+    ``malformed_json``)."""
+
+    status = 400
+
+
+class Unauthorized(AirlockError):
+    """401: API keys are configured and the request has no valid one."""
+
+    status = 401
+
+
+class NotFound(AirlockError):
+    """404: something does not exist (see the subclasses)."""
+
+    status = 404
+
+
+class SandboxNotFound(NotFound):
+    """404: no such sandbox (or it belongs to another API key)."""
+
+
+class FileNotFound(NotFound):
+    """404: the sandbox exists but the file does not."""
+
+
+class SandboxConflict(AirlockError):
+    """409: the sandbox's init is gone (e.g. killed by the OOM killer); create a new one."""
+
+    status = 409
+
+
+class SandboxExpired(AirlockError):
+    """410: the session sandbox's TTL passed (or it was deleted while the request waited)."""
+
+    status = 410
+
+
+class PayloadTooLarge(AirlockError):
+    """413: the request body exceeds the server's ``--max-body``."""
+
+    status = 413
+
+
+class UnsupportedMediaType(AirlockError):
+    """415: the body was not JSON."""
+
+    status = 415
+
+
+class RateLimited(AirlockError):
+    """429: the service is at capacity (``queue_full``, ``queue_timeout`` or
+    ``key_concurrency``); ``retry_after`` says when to try again. The client already
+    retried ``max_retries`` times before raising this."""
+
+    status = 429
+
+
+class ServerError(AirlockError):
+    """500: the sandbox could not be built (a host problem the daemon logged)."""
+
+    status = 500
+
+
+class ServiceUnavailable(AirlockError):
+    """503: the service is shutting down."""
+
+    status = 503
+
+
+class AirlockConnectionError(AirlockError):
+    """The service could not be reached, or the connection broke."""
+
+
+class AirlockTimeout(AirlockConnectionError):
+    """The client-side timeout passed before the service answered."""
+
+
+_BY_STATUS: dict[int, type[AirlockError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    404: NotFound,
+    409: SandboxConflict,
+    410: SandboxExpired,
+    413: PayloadTooLarge,
+    415: UnsupportedMediaType,
+    429: RateLimited,
+    500: ServerError,
+    503: ServiceUnavailable,
+}
+
+# Codes as they arrive in a stream's `error` event (the status is not sent there).
+_BY_CODE: dict[str, type[AirlockError]] = {
+    "invalid_request": InvalidRequest,
+    "malformed_json": InvalidRequest,
+    "unauthorized": Unauthorized,
+    "not_found": NotFound,
+    "busy": SandboxConflict,
+    "expired": SandboxExpired,
+    "body_too_large": PayloadTooLarge,
+    "unsupported_media_type": UnsupportedMediaType,
+    "queue_full": RateLimited,
+    "queue_timeout": RateLimited,
+    "key_concurrency": RateLimited,
+    "shutting_down": ServiceUnavailable,
+    "sandbox_error": ServerError,
+    "internal": ServerError,
+}
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (delta-seconds form; HTTP dates are not sent by airlock)."""
+    if not value:
+        return None
+    try:
+        secs = float(value.strip())
+    except ValueError:
+        return None
+    return secs if secs >= 0 else None
+
+
+def _error_fields(body: Any) -> tuple[str | None, str | None, str | None]:
+    if isinstance(body, Mapping):
+        err = body.get("error")
+        if isinstance(err, Mapping):
+            code = err.get("code")
+            message = err.get("message")
+            fld = err.get("field")
+            return (
+                code if isinstance(code, str) else None,
+                message if isinstance(message, str) else None,
+                fld if isinstance(fld, str) else None,
+            )
+    return None, None, None
+
+
+def from_response(
+    status: int,
+    content: bytes,
+    headers: Mapping[str, str],
+    *,
+    not_found: type[NotFound] = SandboxNotFound,
+) -> AirlockError:
+    """The exception for an error response. ``not_found`` is the 404 class the route
+    implies (a file read may 404 on the file; a 404 naming the sandbox stays
+    :class:`SandboxNotFound`)."""
+    try:
+        body: Any = json.loads(content) if content else None
+    except ValueError:
+        body = None
+    code, message, fld = _error_fields(body)
+    if message is None:
+        text = content.decode("utf-8", "replace").strip()
+        message = text[:500] or f"HTTP {status}"
+    cls = _BY_STATUS.get(status)
+    if cls is NotFound:
+        cls = not_found
+        if not_found is not SandboxNotFound and message.startswith("no sandbox"):
+            cls = SandboxNotFound
+        if code == "not_found" and message == "no such route":
+            cls = NotFound
+    if cls is None:
+        cls = ServerError if status >= 500 else AirlockError
+    return cls(
+        message,
+        code=code,
+        field=fld,
+        status=status,
+        retry_after=parse_retry_after(headers.get("retry-after")),
+        body=body,
+    )
+
+
+def from_event(data: str) -> AirlockError:
+    """The exception for a stream's ``error`` event."""
+    try:
+        body: Any = json.loads(data)
+    except ValueError:
+        body = None
+    code, message, fld = _error_fields(body)
+    cls = _BY_CODE.get(code or "", AirlockError)
+    if cls is NotFound:
+        cls = SandboxNotFound
+    return cls(message or data, code=code, field=fld, body=body)

@@ -1,0 +1,147 @@
+"""Test fixtures: real ``airlock serve`` daemons started by the test session.
+
+The binary comes from ``$AIRLOCK_BIN`` (default ``<repo>/target/debug/airlock``). Each
+daemon listens on ``127.0.0.1:0``; the fixture reads the port from the first stdout line,
+waits for ``/readyz``, and stops the daemon with SIGTERM at the end. Nothing here or in the
+tests reaches beyond loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import httpx
+import pytest
+
+if TYPE_CHECKING:
+    from airlock import Airlock
+
+REPO = Path(__file__).resolve().parents[3]
+API_KEY = "sdk-test-key-0123456789abcdef"
+API_KEY_NAME = "sdk-tests"
+
+
+def airlock_bin() -> Path:
+    return Path(os.environ.get("AIRLOCK_BIN") or REPO / "target" / "debug" / "airlock")
+
+
+@dataclass
+class Daemon:
+    """A running ``airlock serve``."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    args: list[str] = field(default_factory=list)
+    api_key: str | None = None
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_daemon(tmp: Path, *args: str, api_key: str | None = None, ready_timeout: float = 60.0) -> Daemon:
+    """Starts ``airlock serve --listen 127.0.0.1:0 ARGS`` and waits until it is ready."""
+    binary = airlock_bin()
+    if not binary.exists():
+        pytest.fail(
+            f"airlock binary not found at {binary}: run `cargo build` in {REPO} or set AIRLOCK_BIN",
+            pytrace=False,
+        )
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = tmp / "stdout"
+    log = tmp / "stderr"
+    argv = [str(binary), "serve", "--listen", "127.0.0.1:0", *args]
+    env = {k: v for k, v in os.environ.items() if k != "AIRLOCK_API_KEYS"}
+    with open(out, "wb") as o, open(log, "wb") as e:
+        proc = subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + ready_timeout
+    url = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{argv} exited {proc.returncode}:\n{log.read_text(errors='replace')}", pytrace=False)
+        m = re.search(r"listening on (http://\S+)", out.read_text(errors="replace"))
+        if m:
+            url = m.group(1)
+            break
+        time.sleep(0.02)
+    if url is None:
+        proc.kill()
+        pytest.fail(f"{argv} did not print its address in {ready_timeout}s", pytrace=False)
+    daemon = Daemon(url=url, proc=proc, log=log, args=list(args), api_key=api_key)
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return daemon
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    daemon.stop()
+    pytest.fail(f"{argv} was not ready in {ready_timeout}s:\n{daemon.log_text()}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """The open daemon (loopback, no API keys) most tests use."""
+    d = start_daemon(tmp_path_factory.mktemp("daemon"), "--pool", "2", "--grace", "5s")
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="session")
+def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon with API keys, a 16 KiB body limit, one sandbox at most and a 200 ms
+    admission queue: 401, 413 and 429 with Retry-After come from it."""
+    tmp = tmp_path_factory.mktemp("strict")
+    keys = tmp / "keys"
+    keys.write_text(f"{API_KEY_NAME}:{API_KEY}\n")
+    keys.chmod(0o600)
+    d = start_daemon(
+        tmp,
+        "--api-keys", str(keys),
+        "--max-body", "16K",
+        "--max-sandboxes", "1",
+        "--queue-timeout", "200ms",
+        "--pool", "1",
+        api_key=API_KEY,
+    )
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def url(daemon: Daemon) -> str:
+    return daemon.url
+
+
+@pytest.fixture
+def al(daemon: Daemon) -> Iterator[Airlock]:
+    from airlock import Airlock  # imported here: test_mcp.py shares this directory, not the SDK
+
+    with Airlock(daemon.url) as client:
+        yield client
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
