@@ -3,176 +3,22 @@
 //! `--env`, `doctor` and the `--json` contract work as documented.
 //!
 //! Every test drives the real binary. The tests of this file run one at a time (see
-//! [`serial`]) because they check host-wide state after each invocation.
+//! [`common::host::serial`]) because they check host-wide state after each invocation.
 
 mod common;
 
-use common::{airlock_bin, ok_stdout, sandbox_processes};
+use common::host::{Run, airlock, assert_nothing_left, serial};
+use common::ok_stdout;
 use serde_json::Value;
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------------------
-// Helpers (local to this file; the shared ones live in common/mod.rs).
+// Helpers (local to this file; the shared ones live in common/mod.rs and common/host.rs).
 // ---------------------------------------------------------------------------------------
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// One test at a time: the checks below look at host-wide state.
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// `airlock ARGS...` with empty stdin; returns airlock's pid and its output.
-fn airlock(args: &[&str]) -> (u32, Output) {
-    let child = Command::new(airlock_bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn airlock");
-    let pid = child.id();
-    (pid, child.wait_with_output().expect("wait airlock"))
-}
-
-/// Polls `f` every 20 ms until it holds or `limit` passes.
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if f() {
-            return true;
-        }
-        if start.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The cgroup owner directories (`airlock/<pid>-<start time>`) of airlock process `pid`
-/// in every hierarchy (v1 controllers, the unified hierarchy, or a v2 root).
-fn owner_cgroups(pid: u32) -> Vec<PathBuf> {
-    let prefix = format!("{pid}-");
-    let mut bases = vec![PathBuf::from("/sys/fs/cgroup/airlock")];
-    if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
-        bases.extend(entries.flatten().map(|e| e.path().join("airlock")));
-    }
-    bases
-        .iter()
-        .filter_map(|b| std::fs::read_dir(b).ok())
-        .flat_map(|entries| entries.flatten().map(|e| e.path()))
-        .filter(|p| {
-            p.is_dir()
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-        })
-        .collect()
-}
-
-/// What `/proc/<pid>/status` says about one host process.
-#[derive(Debug)]
-struct ProcInfo {
-    name: String,
-    ppid: u32,
-    uid: u32,
-    state: char,
-}
-
-/// Every host process, by pid.
-fn proc_infos() -> HashMap<u32, ProcInfo> {
-    let mut infos = HashMap::new();
-    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let field = |key: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .map(|v| v.trim().to_owned())
-                .unwrap_or_default()
-        };
-        let first = |v: String| v.split_whitespace().next().unwrap_or("").to_owned();
-        infos.insert(
-            pid,
-            ProcInfo {
-                name: field("Name:"),
-                ppid: first(field("PPid:")).parse().unwrap_or(0),
-                uid: first(field("Uid:")).parse().unwrap_or(0),
-                state: field("State:").chars().next().unwrap_or('?'),
-            },
-        );
-    }
-    infos
-}
-
-/// Processes with a sandbox uid (`common::sandbox_processes`) that no running airlock
-/// supervises: alive (a zombie holds nothing but its pid, and this host's PID 1 reaps
-/// re-parented ones only after a second or two), and whose nearest ancestor outside the
-/// sandbox uid range is not an `airlock` process. Sandboxes of airlock runs still going
-/// on elsewhere on the machine (other suites) are not strays; a leftover of a finished
-/// run is: its airlock is gone, so it hangs below the host's PID 1 (or a subreaper).
-fn stray_sandbox_processes() -> Vec<String> {
-    let infos = proc_infos();
-    let base = airlock_sandbox::HOST_UID_BASE;
-    let mut strays = Vec::new();
-    for entry in sandbox_processes() {
-        let Some(pid) = entry.split(':').next().and_then(|p| p.trim().parse::<u32>().ok()) else {
-            continue;
-        };
-        let Some(info) = infos.get(&pid) else { continue };
-        if info.state == 'Z' {
-            continue;
-        }
-        let mut chain = vec![format!("{pid} {} uid {}", info.name, info.uid)];
-        let mut parent = info.ppid;
-        let supervised = loop {
-            match infos.get(&parent) {
-                Some(p) if p.uid >= base && chain.len() < 64 => {
-                    chain.push(format!("{parent} {} uid {}", p.name, p.uid));
-                    parent = p.ppid;
-                }
-                Some(p) => {
-                    chain.push(format!("{parent} {} uid {}", p.name, p.uid));
-                    break p.name == "airlock";
-                }
-                None => break false,
-            }
-        };
-        if !supervised {
-            strays.push(chain.join(" <- "));
-        }
-    }
-    strays
-}
-
-/// Asserts that airlock process `pid` (which has exited) left no cgroup directory and that
-/// no unsupervised sandbox process remains on the host (killed ones get a moment to die).
-fn assert_nothing_left(pid: u32) {
-    let cgroups = owner_cgroups(pid);
-    assert!(
-        cgroups.is_empty(),
-        "airlock pid {pid} left cgroup directories behind: {cgroups:?}"
-    );
-    let gone = wait_until(Duration::from_secs(3), || stray_sandbox_processes().is_empty());
-    assert!(
-        gone,
-        "sandbox processes remain after airlock pid {pid} ended: {:#?}",
-        stray_sandbox_processes()
-    );
-}
 
 /// Runs `airlock ARGS...` and asserts: exit 2, nothing on stdout, exactly one non-empty
 /// line on stderr that contains every one of `needles`, nothing left behind. Returns it.
 fn assert_usage_error(args: &[&str], needles: &[&str]) -> String {
-    let (pid, out) = airlock(args);
+    let Run { pid, out, .. } = airlock(args);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(
         out.status.code(),
@@ -207,7 +53,7 @@ fn assert_usage_error(args: &[&str], needles: &[&str]) -> String {
 fn run_json(args: &[&str]) -> Value {
     let mut full = vec!["run", "--json"];
     full.extend_from_slice(args);
-    let (pid, out) = airlock(&full);
+    let Run { pid, out, .. } = airlock(&full);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -408,7 +254,7 @@ fn env_without_equals_is_rejected() {
 #[test]
 fn doctor_reports_every_feature() {
     let _guard = serial();
-    let (pid, out) = airlock(&["doctor"]);
+    let Run { pid, out, .. } = airlock(&["doctor"]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(
         out.status.code(),

@@ -7,7 +7,8 @@
 
 mod common;
 
-use common::{airlock_bin, sandbox_processes};
+use common::host::{ProcInfo, airlock_cgroup_bases, proc_infos, subdirs};
+use common::{airlock_bin, sandbox_process_pid, sandbox_processes};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -20,73 +21,20 @@ const PROCESS_NOISE: usize = 5;
 /// (a real leak persists; a compiler another user started finishes).
 const SETTLE: Duration = Duration::from_secs(30);
 
-/// What `/proc/<pid>/status` says about one host process.
-#[derive(Debug, Clone)]
-struct ProcInfo {
-    name: String,
-    ppid: u32,
-    uid: u32,
-    state: String,
-}
-
-impl std::fmt::Display for ProcInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} (ppid {}, uid {}, state {})",
-            self.name, self.ppid, self.uid, self.state
-        )
-    }
-}
-
-/// Every host process, by pid.
+/// Every host process, by pid (in pid order, for readable reports).
 fn host_processes() -> BTreeMap<u32, ProcInfo> {
-    let mut found = BTreeMap::new();
-    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.split_whitespace().next().unwrap_or("").to_owned())
-                .unwrap_or_default()
-        };
-        found.insert(
-            pid,
-            ProcInfo {
-                name: field("Name:"),
-                ppid: field("PPid:").parse().unwrap_or(0),
-                uid: field("Uid:").parse().unwrap_or(0),
-                state: field("State:"),
-            },
-        );
-    }
-    found
+    proc_infos().into_iter().collect()
 }
 
 /// Every directory below every `airlock` cgroup directory (owners and sandboxes), in
 /// every hierarchy: v1 controllers, the unified hierarchy, or the root of a v2 host.
 fn airlock_cgroup_dirs() -> BTreeSet<PathBuf> {
-    let mut bases = vec![PathBuf::from("/sys/fs/cgroup/airlock")];
-    if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
-        bases.extend(entries.flatten().map(|e| e.path().join("airlock")));
-    }
     let mut found = BTreeSet::new();
-    let mut todo: Vec<PathBuf> = bases.into_iter().filter(|p| p.is_dir()).collect();
+    let mut todo = airlock_cgroup_bases();
     while let Some(dir) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for path in entries.flatten().map(|e| e.path()) {
-            if path.is_dir() {
-                found.insert(path.clone());
-                todo.push(path);
-            }
+        for path in subdirs(&dir) {
+            found.insert(path.clone());
+            todo.push(path);
         }
     }
     found
@@ -138,11 +86,7 @@ impl Snapshot {
         let sandbox_processes = sandbox_processes()
             .into_iter()
             .filter(|line| {
-                let pid: u32 = line
-                    .split(':')
-                    .next()
-                    .and_then(|p| p.trim().parse().ok())
-                    .unwrap_or(0);
+                let pid = sandbox_process_pid(line).unwrap_or(0);
                 !processes.get(&pid).is_some_and(|p| foreign.contains(&p.ppid))
             })
             .collect();

@@ -3,73 +3,22 @@
 //! CPU quota, output, disk and file size, rlimits; and usage is reported.
 //!
 //! Every test drives the real binary. The tests of this file run one at a time (see
-//! [`serial`]): they load the machine, measure CPU time and check host-wide state.
+//! [`common::host::serial`]): they load the machine, measure CPU time and check host-wide
+//! state.
 
 mod common;
 
-use common::{airlock_bin, ok_stdout, sandbox_processes};
+use common::host::{Run, airlock_run, assert_nothing_left, serial};
+use common::ok_stdout;
 use serde_json::Value;
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 // ---------------------------------------------------------------------------------------
-// Helpers (local to this file; the shared ones live in common/mod.rs).
+// Helpers (local to this file; the shared ones live in common/mod.rs and common/host.rs).
 // ---------------------------------------------------------------------------------------
 
 const MIB: u64 = 1 << 20;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// One test at a time: CPU measurements and host-wide checks must not overlap.
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// One finished `airlock` invocation.
-#[derive(Debug)]
-struct Run {
-    /// Host pid of the airlock process (names its cgroup owner directory).
-    pid: u32,
-    out: Output,
-    elapsed: Duration,
-}
-
-impl Run {
-    /// Parses stdout as the `--json` result; panics unless airlock exited 0.
-    fn json(&self) -> Value {
-        assert_eq!(
-            self.out.status.code(),
-            Some(0),
-            "airlock failed: {self:?}\nstderr: {}",
-            String::from_utf8_lossy(&self.out.stderr)
-        );
-        serde_json::from_slice(&self.out.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.out.stdout)))
-    }
-}
-
-/// `airlock run ARGS...` with empty stdin, output captured.
-fn airlock_run(args: &[&str]) -> Run {
-    let start = Instant::now();
-    let child = Command::new(airlock_bin())
-        .arg("run")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn airlock");
-    let pid = child.id();
-    let out = child.wait_with_output().expect("wait airlock");
-    Run {
-        pid,
-        out,
-        elapsed: start.elapsed(),
-    }
-}
 
 /// `airlock run --json OPTIONS -- python3 -c CODE`.
 fn python(options: &[&str], code: &str) -> (Value, Run) {
@@ -78,136 +27,6 @@ fn python(options: &[&str], code: &str) -> (Value, Run) {
     args.extend_from_slice(&["--", "python3", "-c", code]);
     let run = airlock_run(&args);
     (run.json(), run)
-}
-
-/// Polls `f` every 20 ms until it holds or `limit` passes.
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if f() {
-            return true;
-        }
-        if start.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The cgroup owner directories (`airlock/<pid>-<start time>`) of airlock process `pid`
-/// in every hierarchy (v1 controllers, the unified hierarchy, or a v2 root).
-fn owner_cgroups(pid: u32) -> Vec<PathBuf> {
-    let prefix = format!("{pid}-");
-    let mut bases = vec![PathBuf::from("/sys/fs/cgroup/airlock")];
-    if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
-        bases.extend(entries.flatten().map(|e| e.path().join("airlock")));
-    }
-    bases
-        .iter()
-        .filter_map(|b| std::fs::read_dir(b).ok())
-        .flat_map(|entries| entries.flatten().map(|e| e.path()))
-        .filter(|p| {
-            p.is_dir()
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-        })
-        .collect()
-}
-
-/// What `/proc/<pid>/status` says about one host process.
-#[derive(Debug)]
-struct ProcInfo {
-    name: String,
-    ppid: u32,
-    uid: u32,
-    state: char,
-}
-
-/// Every host process, by pid.
-fn proc_infos() -> HashMap<u32, ProcInfo> {
-    let mut infos = HashMap::new();
-    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let field = |key: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .map(|v| v.trim().to_owned())
-                .unwrap_or_default()
-        };
-        let first = |v: String| v.split_whitespace().next().unwrap_or("").to_owned();
-        infos.insert(
-            pid,
-            ProcInfo {
-                name: field("Name:"),
-                ppid: first(field("PPid:")).parse().unwrap_or(0),
-                uid: first(field("Uid:")).parse().unwrap_or(0),
-                state: field("State:").chars().next().unwrap_or('?'),
-            },
-        );
-    }
-    infos
-}
-
-/// Processes with a sandbox uid (`common::sandbox_processes`) that no running airlock
-/// supervises: alive (a zombie holds nothing but its pid, and this host's PID 1 reaps
-/// re-parented ones only after a second or two), and whose nearest ancestor outside the
-/// sandbox uid range is not an `airlock` process. Sandboxes of airlock runs still going
-/// on elsewhere on the machine (other suites) are not strays; a leftover of a finished
-/// run is: its airlock is gone, so it hangs below the host's PID 1 (or a subreaper).
-fn stray_sandbox_processes() -> Vec<String> {
-    let infos = proc_infos();
-    let base = airlock_sandbox::HOST_UID_BASE;
-    let mut strays = Vec::new();
-    for entry in sandbox_processes() {
-        let Some(pid) = entry.split(':').next().and_then(|p| p.trim().parse::<u32>().ok()) else {
-            continue;
-        };
-        let Some(info) = infos.get(&pid) else { continue };
-        if info.state == 'Z' {
-            continue;
-        }
-        let mut chain = vec![format!("{pid} {} uid {}", info.name, info.uid)];
-        let mut parent = info.ppid;
-        let supervised = loop {
-            match infos.get(&parent) {
-                Some(p) if p.uid >= base && chain.len() < 64 => {
-                    chain.push(format!("{parent} {} uid {}", p.name, p.uid));
-                    parent = p.ppid;
-                }
-                Some(p) => {
-                    chain.push(format!("{parent} {} uid {}", p.name, p.uid));
-                    break p.name == "airlock";
-                }
-                None => break false,
-            }
-        };
-        if !supervised {
-            strays.push(chain.join(" <- "));
-        }
-    }
-    strays
-}
-
-/// Asserts that airlock process `pid` (which has exited) left no cgroup directory and that
-/// no unsupervised sandbox process remains on the host (killed ones get a moment to die).
-fn assert_nothing_left(pid: u32) {
-    let cgroups = owner_cgroups(pid);
-    assert!(
-        cgroups.is_empty(),
-        "airlock pid {pid} left cgroup directories behind: {cgroups:?}"
-    );
-    let gone = wait_until(Duration::from_secs(3), || stray_sandbox_processes().is_empty());
-    assert!(
-        gone,
-        "sandbox processes remain after airlock pid {pid} ended: {:#?}",
-        stray_sandbox_processes()
-    );
 }
 
 /// The host still works: it can start a process, and airlock can run a fresh sandbox.

@@ -8,22 +8,16 @@
 //! Shutdown checks hold `serverutil::start_lock` from the signal to the check: a daemon
 //! starting meanwhile purges dead owners' leftovers and would hide a leak.
 
+mod common;
 mod serverutil;
 
+use common::ok_stdout;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use serverutil::{Daemon, Resp, alive, keys_file, metric, owner_dirs, owner_processes, poll, serve_refuses};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-
-/// Asserts an ExecResult of a program that exited 0; returns its stdout.
-#[track_caller]
-fn ok_stdout(v: &Value) -> String {
-    assert_eq!(v["outcome"], "exited", "{v:#}");
-    assert_eq!(v["exit_code"], 0, "{v:#}");
-    v["stdout"].as_str().expect("stdout").to_owned()
-}
 
 fn sh(script: &str) -> Value {
     json!({"cmd": ["sh", "-c", script]})

@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests: every test drives the real `airlock` binary.
 #![allow(dead_code)]
 
+pub mod host;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -103,11 +105,13 @@ impl TestCommand {
     }
 }
 
-/// Asserts the program exited 0 and returns its stdout.
+/// Asserts the program exited 0 (an ExecResult of `--json` or of the service) and returns
+/// its stdout.
+#[track_caller]
 pub fn ok_stdout(v: &Value) -> String {
     assert_eq!(v["outcome"], "exited", "{v:#}");
     assert_eq!(v["exit_code"], 0, "{v:#}");
-    v["stdout"].as_str().unwrap().to_owned()
+    v["stdout"].as_str().expect("stdout").to_owned()
 }
 
 /// Compiles a C program from `tests/attacks/NAME.c` into `dir`, returns the binary's path.
@@ -126,7 +130,8 @@ pub fn compile_attack(name: &str, dir: &Path) -> PathBuf {
     out
 }
 
-/// Host processes whose uid lies in airlock's sandbox range.
+/// Host processes whose uid lies in airlock's sandbox range, one `"<pid>: <first line of
+/// /proc/<pid>/status>"` each (see [`sandbox_process_pid`]).
 pub fn sandbox_processes() -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -152,4 +157,9 @@ pub fn sandbox_processes() -> Vec<String> {
         }
     }
     found
+}
+
+/// The pid of one entry of [`sandbox_processes`].
+pub fn sandbox_process_pid(entry: &str) -> Option<u32> {
+    entry.split(':').next().and_then(|p| p.trim().parse().ok())
 }
