@@ -203,13 +203,13 @@ impl Policy {
                 port_mismatch.get_or_insert(p);
             }
         }
-        if let Target::Addr(a) = target {
-            if let Some((_, text)) = self.cidr_for(a) {
-                return Ok(Allowed {
-                    reason: format!("allowed by allow_cidrs {text}"),
-                    target,
-                });
-            }
+        if let Target::Addr(a) = target
+            && let Some((_, text)) = self.cidr_for(a)
+        {
+            return Ok(Allowed {
+                reason: format!("allowed by allow_cidrs {text}"),
+                target,
+            });
         }
         let addr = match target {
             Target::Addr(a) => Some(a),

@@ -181,7 +181,7 @@ pub fn to_bytes(prog: &[sock_filter]) -> Vec<u8> {
 /// Checks only the framing (a whole number of instructions, between 1 and [`BPF_MAXINSNS`]);
 /// the kernel verifies the program itself when it is applied.
 pub fn from_bytes(bytes: &[u8]) -> Result<BpfProgram, SeccompError> {
-    if bytes.is_empty() || bytes.len() % INSTRUCTION_BYTES != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(INSTRUCTION_BYTES) {
         return Err(SeccompError::BadLength(bytes.len()));
     }
     let len = bytes.len() / INSTRUCTION_BYTES;
@@ -263,7 +263,7 @@ mod tests {
             match insn.code {
                 c if c == ld => {
                     let k = insn.k as usize;
-                    assert!(k % 4 == 0 && k + 4 <= data.len(), "bad load offset {k}");
+                    assert!(k.is_multiple_of(4) && k + 4 <= data.len(), "bad load offset {k}");
                     acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
                 }
                 c if c == alu_and => acc &= insn.k,

@@ -55,7 +55,7 @@ pub enum Encoding {
 }
 
 /// A language whose code is run by its interpreter.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     /// `python3 -c CODE`.

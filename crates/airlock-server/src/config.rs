@@ -87,6 +87,11 @@ impl ServerConfig {
                 "listening on {listen} (not loopback) needs API keys: pass --api-keys FILE or set AIRLOCK_API_KEYS"
             ));
         }
+        self.validate()
+    }
+
+    /// Refuses settings that could never work, whatever the interface.
+    pub fn validate(&self) -> Result<(), String> {
         if self.max.memory_bytes > self.memory_budget {
             return Err(
                 "--max-memory is larger than --memory-budget: such a request could never be admitted".into(),

@@ -1,5 +1,6 @@
 //! airlock's execution service: an HTTP API over the sandbox engine, with a warm pool of
-//! pre-provisioned sandboxes, sessions, admission control, API keys and metrics.
+//! pre-provisioned sandboxes, sessions, admission control, API keys and metrics, and the
+//! same tools over MCP ([`mcp`]: streamable HTTP at `/mcp`, or stdio).
 //!
 //! The entry point takes a bound listener and a shutdown future, so tests (and the CLI)
 //! start it on `127.0.0.1:0` and stop it cleanly:
@@ -12,6 +13,18 @@
 //! airlock_server::run(listener, engine, config, async { let _ = tokio::signal::ctrl_c().await; }).await?;
 //! # Ok(()) }
 //! ```
+//!
+//! Without a listener, [`Service`] holds the same state and background tasks; `airlock mcp`
+//! serves it on stdio:
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = std::sync::Arc::new(airlock_sandbox::Engine::new()?);
+//! let service = airlock_server::Service::start(engine, airlock_server::ServerConfig::default())?;
+//! airlock_server::mcp::serve_stdio(&service, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! service.shutdown().await;
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
 
 mod admission;
@@ -20,6 +33,7 @@ mod auth;
 mod body;
 pub mod config;
 mod error;
+pub mod mcp;
 mod metrics;
 mod pool;
 mod routes;
@@ -42,6 +56,82 @@ use state::{AppState, purge_session, stopped};
 /// How often expired sessions are looked for.
 const REAP_EVERY: Duration = Duration::from_millis(250);
 
+/// The service without its HTTP listener: the state every interface shares (the warm
+/// pool and its spawner threads, sessions, admission, metrics) and the background tasks
+/// that keep it (pool refill, session expiry). [`run`] serves it over HTTP; `airlock mcp`
+/// serves it over MCP on stdio. Start it inside a tokio runtime.
+#[derive(Debug)]
+pub struct Service {
+    /// Shared with every request handler and MCP tool.
+    state: Arc<AppState>,
+    /// Keeps the pool full until shutdown; awaited by [`Service::shutdown`].
+    refill: tokio::task::JoinHandle<()>,
+    /// Purges expired sessions; aborted by [`Service::shutdown`].
+    reaper: tokio::task::JoinHandle<()>,
+}
+
+impl Service {
+    /// Builds the state (the spawner threads start here) and starts the pool refill and
+    /// the session reaper. Fails on settings that could never work (see
+    /// [`ServerConfig::validate`]).
+    pub fn start(engine: Arc<Engine>, config: ServerConfig) -> std::io::Result<Service> {
+        config.validate().map_err(std::io::Error::other)?;
+        let mut pool_spec = Spec::new(vec!["true".into()]);
+        pool_spec.limits = config.defaults.clone();
+        let state = AppState::new(engine, config, SandboxConfig::of(&pool_spec));
+        let refill = tokio::spawn(Arc::clone(&state.pool).refill(
+            Arc::clone(&state.spawner),
+            Arc::clone(&state.metrics),
+            state.stopping.subscribe(),
+        ));
+        let reaper = tokio::spawn(reap_sessions(Arc::clone(&state)));
+        Ok(Service {
+            state,
+            refill,
+            reaper,
+        })
+    }
+
+    /// The shared state, for the HTTP routes and the MCP tools.
+    pub(crate) fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+
+    /// Stops the service: refuses new work, kills whatever still runs, and purges every
+    /// sandbox and session before returning.
+    pub async fn shutdown(self) {
+        let Service {
+            state,
+            refill,
+            reaper,
+        } = self;
+        state.stopping.send_replace(true);
+        state.cancel_all();
+        let _ = refill.await;
+        reaper.abort();
+        let sessions: Vec<_> = state
+            .sessions
+            .lock()
+            .map(|mut m| m.drain().map(|(_, s)| s).collect())
+            .unwrap_or_default();
+        for s in sessions {
+            purge_session(s).await;
+        }
+        let pooled = state.pool.drain();
+        let spawner = Arc::clone(&state.spawner);
+        let _ = tokio::task::spawn_blocking(move || {
+            drop(pooled);
+            spawner.stop();
+        })
+        .await;
+        // A sandbox a spawner finished after the pool stopped taking them was purged on its
+        // thread; one that still reached the pool goes now.
+        let late = state.pool.drain();
+        let _ = tokio::task::spawn_blocking(move || drop(late)).await;
+        tracing::info!("stopped; every sandbox purged");
+    }
+}
+
 /// Serves the API on `listener` until `shutdown` resolves; then stops accepting, lets
 /// running execs finish within the grace period, kills the rest, and purges every
 /// sandbox and session before returning.
@@ -53,18 +143,10 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     config.check(addr).map_err(std::io::Error::other)?;
-    let mut pool_spec = Spec::new(vec!["true".into()]);
-    pool_spec.limits = config.defaults.clone();
-    let state = AppState::new(engine, config, SandboxConfig::of(&pool_spec));
+    let service = Service::start(engine, config)?;
+    let state = Arc::clone(service.state());
 
-    let refill = tokio::spawn(Arc::clone(&state.pool).refill(
-        Arc::clone(&state.spawner),
-        Arc::clone(&state.metrics),
-        state.stopping.subscribe(),
-    ));
-    let reaper = tokio::spawn(reap_sessions(Arc::clone(&state)));
-
-    let app = routes::router(Arc::clone(&state));
+    let app = routes::router(Arc::clone(&state), addr);
     let grace = state.config.grace;
     let st = Arc::clone(&state);
     let signal = async move {
@@ -79,34 +161,11 @@ pub async fn run(
         });
     };
     tracing::info!(%addr, pool = state.pool.target(), max_sandboxes = state.config.max_sandboxes, "listening");
-    axum::serve(listener, app).with_graceful_shutdown(signal).await?;
-
-    // Purge everything.
-    state.stopping.send_replace(true);
-    state.cancel_all();
-    let _ = refill.await;
-    reaper.abort();
-    let sessions: Vec<_> = state
-        .sessions
-        .lock()
-        .map(|mut m| m.drain().map(|(_, s)| s).collect())
-        .unwrap_or_default();
-    for s in sessions {
-        purge_session(s).await;
-    }
-    let pooled = state.pool.drain();
-    let spawner = Arc::clone(&state.spawner);
-    let _ = tokio::task::spawn_blocking(move || {
-        drop(pooled);
-        spawner.stop();
-    })
-    .await;
-    // A sandbox a spawner finished after the pool stopped taking them was purged on its
-    // thread; one that still reached the pool goes now.
-    let late = state.pool.drain();
-    let _ = tokio::task::spawn_blocking(move || drop(late)).await;
-    tracing::info!("stopped; every sandbox purged");
-    Ok(())
+    let served = axum::serve(listener, app).with_graceful_shutdown(signal).await;
+    // Purge everything, also when serving failed.
+    drop(state);
+    service.shutdown().await;
+    served
 }
 
 /// Purges sessions whose TTL has passed.

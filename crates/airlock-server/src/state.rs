@@ -233,15 +233,16 @@ impl AppState {
     /// Removes a session from the registry (its sandbox is purged by [`purge_session`]).
     pub fn remove_session(&self, id: &str, expired: bool) -> Option<Arc<Session>> {
         let removed = self.sessions.lock().ok()?.remove(id);
-        if removed.is_some() && expired {
-            if let Ok(mut e) = self.expired.lock() {
-                if e.0.insert(id.to_owned()) {
-                    e.1.push_back(id.to_owned());
-                }
-                while e.1.len() > EXPIRED_MEMORY {
-                    if let Some(old) = e.1.pop_front() {
-                        e.0.remove(&old);
-                    }
+        if removed.is_some()
+            && expired
+            && let Ok(mut e) = self.expired.lock()
+        {
+            if e.0.insert(id.to_owned()) {
+                e.1.push_back(id.to_owned());
+            }
+            while e.1.len() > EXPIRED_MEMORY {
+                if let Some(old) = e.1.pop_front() {
+                    e.0.remove(&old);
                 }
             }
         }

@@ -1,5 +1,6 @@
-//! The `airlock` command: `run` a program in a fresh sandbox, check the host with
-//! `doctor`. The same binary is the sandbox's init (see `airlock_sandbox::maybe_run_init`).
+//! The `airlock` command: `run` a program in a fresh sandbox, `serve` the API, serve MCP
+//! on stdio with `mcp`, check the host with `doctor`. The same binary is the sandbox's init
+//! (see `airlock_sandbox::maybe_run_init`).
 
 mod cmd;
 
@@ -20,6 +21,8 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Serve the HTTP API: one-shot execs, sessions, warm pool (see README).
     Serve(cmd::serve::ServeArgs),
+    /// Serve the same tools as `/mcp` over MCP on stdio (for agents that launch airlock).
+    Mcp(cmd::mcp::McpArgs),
     /// Report what this host provides and what airlock will use.
     Doctor,
 }
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cmd::run::run(args),
         Command::Serve(args) => cmd::serve::run(args),
+        Command::Mcp(args) => cmd::mcp::run(args),
         Command::Doctor => cmd::doctor::run(),
     };
     match result {

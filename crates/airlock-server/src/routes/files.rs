@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::body::RawBody;
 use crate::error::ApiError;
 use crate::runner::api_error;
-use crate::state::{AppState, KeyName};
+use crate::state::{AppState, KeyName, Session};
 
 #[derive(Deserialize)]
 pub struct FileQuery {
@@ -21,7 +21,8 @@ pub struct FileQuery {
     mode: Option<String>,
 }
 
-fn check_path(path: &str) -> Result<String, ApiError> {
+/// The path relative to /workspace, checked like a spec's file (REST and MCP share it).
+pub(crate) fn check_path(path: &str) -> Result<String, ApiError> {
     let rel = path.strip_prefix("/workspace/").unwrap_or(path);
     if rel.ends_with('/') {
         return Err(ApiError::invalid(
@@ -61,10 +62,7 @@ pub async fn put(
             .filter(|m| *m <= 0o777)
             .ok_or_else(|| ApiError::invalid("mode", "octal permission bits, e.g. 644 or 755"))?,
     };
-    session
-        .with_sandbox(move |sb| sb.write_file(&path, mode, &body))
-        .await?
-        .map_err(api_error)?;
+    write_file(&session, path, mode, body).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -75,26 +73,42 @@ pub async fn get(
     Query(q): Query<FileQuery>,
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
-    let path = q.path.as_deref().map(check_path).transpose()?;
-    let max = state.config.max_body as u64;
-    let r = session
-        .with_sandbox(move |sb| match &path {
-            Some(p) => sb.read_file(p, max).map(Listing::Bytes),
-            None => sb.list_files().map(Listing::Entries),
-        })
-        .await?;
-    match r.map_err(|e| match e {
-        airlock_sandbox::SandboxError::File(m) if m.contains("No such file") => ApiError::not_found(m),
-        e => api_error(e),
-    })? {
-        Listing::Bytes(data) => {
+    match q.path.as_deref().map(check_path).transpose()? {
+        Some(path) => {
+            let data = read_file(&session, path, state.config.max_body as u64).await?;
             Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
         }
-        Listing::Entries(entries) => Ok(Json(entries).into_response()),
+        None => {
+            let entries = session
+                .with_sandbox(|sb| sb.list_files())
+                .await?
+                .map_err(api_error)?;
+            Ok(Json(entries).into_response())
+        }
     }
 }
 
-enum Listing {
-    Bytes(Vec<u8>),
-    Entries(Vec<airlock_sandbox::FileEntry>),
+/// Writes `content` at `path` (checked by [`check_path`]) in the session's /workspace.
+pub(crate) async fn write_file(
+    session: &Arc<Session>,
+    path: String,
+    mode: u32,
+    content: impl AsRef<[u8]> + Send + 'static,
+) -> Result<(), ApiError> {
+    session
+        .with_sandbox(move |sb| sb.write_file(&path, mode, content.as_ref()))
+        .await?
+        .map_err(api_error)
+}
+
+/// Reads the file at `path` (checked by [`check_path`]), at most `max` bytes; 404 when it
+/// does not exist.
+pub(crate) async fn read_file(session: &Arc<Session>, path: String, max: u64) -> Result<Vec<u8>, ApiError> {
+    session
+        .with_sandbox(move |sb| sb.read_file(&path, max))
+        .await?
+        .map_err(|e| match e {
+            airlock_sandbox::SandboxError::File(m) if m.contains("No such file") => ApiError::not_found(m),
+            e => api_error(e),
+        })
 }

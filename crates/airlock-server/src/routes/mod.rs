@@ -1,22 +1,25 @@
 //! One file per route; `router` wires them with the auth layer.
 
 mod exec;
-mod files;
+pub(crate) mod files;
 mod health;
+mod mcp;
 mod metrics;
 mod openapi;
-mod sandbox_exec;
-mod sandboxes;
+pub(crate) mod sandbox_exec;
+pub(crate) mod sandboxes;
 
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::{any_service, get, post};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::auth;
 use crate::state::AppState;
 
-/// The API's routes.
-pub fn router(state: Arc<AppState>) -> Router {
+/// The API's routes, for a listener on `addr`.
+pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
+    let mcp = mcp::service(Arc::clone(&state), addr);
     Router::new()
         .route("/v1/exec", post(exec::handle))
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
@@ -30,6 +33,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::handle))
         .route("/openapi.json", get(openapi::handle))
+        .route(
+            "/mcp",
+            any_service(mcp).layer(axum::middleware::from_fn_with_state(addr, mcp::loopback_only)),
+        )
         .fallback(|| async { crate::error::ApiError::not_found("no such route") })
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),

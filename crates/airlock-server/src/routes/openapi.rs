@@ -28,6 +28,7 @@ mod tests {
             ("/readyz", &["get"]),
             ("/metrics", &["get"]),
             ("/openapi.json", &["get"]),
+            ("/mcp", &["post", "get", "delete"]),
         ] {
             let entry = paths.get(path).unwrap_or_else(|| panic!("{path} missing"));
             for m in methods {

@@ -1,6 +1,7 @@
 //! `POST /v1/sandboxes/{id}/exec`: run in a session; its files persist between execs,
 //! each exec's processes end with it.
 
+use airlock_spec::Spec;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use crate::api::ExecRequest;
 use crate::body::JsonBody;
 use crate::error::ApiError;
-use crate::state::{AppState, KeyName};
+use crate::state::{AppState, KeyName, Session};
 use crate::{runner, stream};
 
 pub async fn handle(
@@ -21,6 +22,17 @@ pub async fn handle(
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
+    let spec = session_spec(&state, &session, &req)?;
+    if super::wants_stream(&headers) {
+        return Ok(stream::respond(move |tx| {
+            runner::in_session(state, key, session, spec, Some(tx))
+        }));
+    }
+    Ok(Json(runner::in_session(state, key, session, spec, None).await?).into_response())
+}
+
+/// The validated spec of an exec in `session`. The REST route and the MCP tool share it.
+pub(crate) fn session_spec(state: &AppState, session: &Session, req: &ExecRequest) -> Result<Spec, ApiError> {
     let mut spec = req.to_spec(&state.config, &session.limits)?;
     // The disk is the session's own, fixed when it was created; its memory was admitted
     // at creation, so an exec may not raise it.
@@ -34,10 +46,5 @@ pub async fn handle(
             ),
         ));
     }
-    if super::wants_stream(&headers) {
-        return Ok(stream::respond(move |tx| {
-            runner::in_session(state, key, session, spec, Some(tx))
-        }));
-    }
-    Ok(Json(runner::in_session(state, key, session, spec, None).await?).into_response())
+    Ok(spec)
 }

@@ -18,7 +18,7 @@ use crate::runner::api_error;
 use crate::state::{AppState, KeyName, Session, purge_session};
 
 /// Seconds since the epoch, with millisecond precision.
-fn epoch(t: SystemTime) -> f64 {
+pub(crate) fn epoch(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| (d.as_millis() as f64) / 1e3)
 }
@@ -65,6 +65,21 @@ pub async fn create(
     Extension(key): Extension<KeyName>,
     JsonBody(req): JsonBody<CreateSandboxRequest>,
 ) -> Result<Response, ApiError> {
+    let session = create_session(&state, &key, &req).await?;
+    let body = Created {
+        id: session.id.clone(),
+        expires_at: epoch(session.expires),
+    };
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// Creates a session owned by `key`: admission, a sandbox (warm when the pool can serve
+/// it), then the registry. The REST route and the MCP tool share it.
+pub(crate) async fn create_session(
+    state: &Arc<AppState>,
+    key: &KeyName,
+    req: &CreateSandboxRequest,
+) -> Result<Arc<Session>, ApiError> {
     if *state.stopping.borrow() {
         return Err(ApiError::shutting_down());
     }
@@ -79,7 +94,10 @@ pub async fn create(
     let mut spec = Spec::new(vec!["true".into()]);
     spec.limits = limits.clone();
     spec.network = req.network.clone().unwrap_or_default();
-    let (permit, _) = crate::runner::admit(&state, &key, limits.memory_bytes).await?;
+    spec.network
+        .validate()
+        .map_err(|e| ApiError::invalid(e.field, e.message))?;
+    let (permit, _) = crate::runner::admit(state, key, limits.memory_bytes).await?;
     let config = SandboxConfig::of(&spec);
     // A warm sandbox serves a session too: limits are applied at each exec.
     let sandbox = match state.pool.take(&config) {
@@ -94,16 +112,12 @@ pub async fn create(
         Session::new(sandbox, ttl, key.0.clone(), limits, permit)
             .map_err(|e| ApiError::internal(format!("pipe: {e}")))?,
     );
-    let body = Created {
-        id: session.id.clone(),
-        expires_at: epoch(session.expires),
-    };
     if let Ok(mut map) = state.sessions.lock() {
-        map.insert(session.id.clone(), session);
+        map.insert(session.id.clone(), Arc::clone(&session));
     }
     state.metrics.sandboxes_active.set(state.active() as i64);
-    tracing::info!(id = %body.id, key = key.0.as_deref().unwrap_or("-"), ttl_s = ttl.as_secs(), "session created");
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+    tracing::info!(id = %session.id, key = key.0.as_deref().unwrap_or("-"), ttl_s = ttl.as_secs(), "session created");
+    Ok(session)
 }
 
 pub async fn list(State(state): State<Arc<AppState>>, Extension(key): Extension<KeyName>) -> Json<Vec<Info>> {
@@ -134,12 +148,18 @@ pub async fn delete(
     Extension(key): Extension<KeyName>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.session(&id, &key)?;
+    delete_session(&state, &key, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Purges the session `id` if `key` owns it (404 when unknown, 410 when expired).
+pub(crate) async fn delete_session(state: &AppState, key: &KeyName, id: &str) -> Result<(), ApiError> {
+    state.session(id, key)?;
     let session = state
-        .remove_session(&id, false)
+        .remove_session(id, false)
         .ok_or_else(|| ApiError::not_found(format!("no sandbox {id}")))?;
     purge_session(session).await;
     state.metrics.sandboxes_active.set(state.active() as i64);
     tracing::info!(id = %id, "session deleted");
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }

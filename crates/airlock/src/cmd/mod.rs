@@ -1,4 +1,5 @@
 //! One file per subcommand.
 pub mod doctor;
+pub mod mcp;
 pub mod run;
 pub mod serve;

@@ -1,0 +1,101 @@
+//! `run_code`: one program in a fresh sandbox without network, purged afterwards (the
+//! REST API's `POST /v1/exec`).
+
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, tool, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use super::result::{ExecOutput, exec_result, refused};
+use super::{AirlockMcp, FileInput, caller, timeout_ms, unless_cancelled};
+use crate::api::{ExecRequest, FileRequest, Language, LimitsRequest};
+use crate::runner;
+
+/// `run_code`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RunCodeInput {
+    /// The language of `code`: `python` (python3), `javascript` (node) or `bash`.
+    pub language: Language,
+    /// The program's source code.
+    pub code: String,
+    /// Text the program reads on stdin (default: empty).
+    pub stdin: Option<String>,
+    /// Files written under /workspace, the program's working directory, before it starts.
+    #[serde(default)]
+    pub files: Vec<FileInput>,
+    /// Wall-clock limit in seconds (default 10); the program is killed when it passes.
+    pub timeout_s: Option<NonZeroU64>,
+}
+
+#[tool_router(router = run_code_router, vis = "pub(super)")]
+impl AirlockMcp {
+    #[tool(
+        name = "run_code",
+        description = "Run a Python, JavaScript or Bash program in a fresh, isolated sandbox without \
+network, and get its stdout, stderr, exit code and resource use. Nothing is kept afterwards: use \
+create_sandbox and exec for work in several steps. A program that exits non-zero, times out or \
+exceeds its memory limit returns isError with the reason.",
+        output_schema = schema_for_output::<ExecOutput>(),
+        annotations(
+            title = "Run code in a throwaway sandbox",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn run_code(
+        &self,
+        Parameters(input): Parameters<RunCodeInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let key = caller(&ctx)?;
+        let state = Arc::clone(&self.state);
+        let timeout_ms = match timeout_ms(&state, input.timeout_s) {
+            Ok(t) => t,
+            Err(e) => return Ok(refused(&e)),
+        };
+        let req = ExecRequest {
+            language: Some(input.language),
+            code: Some(input.code),
+            stdin: input.stdin,
+            files: input
+                .files
+                .into_iter()
+                .map(|f| FileRequest {
+                    path: f.path,
+                    content: f.content,
+                    encoding: Default::default(),
+                    mode: None,
+                })
+                .collect(),
+            limits: LimitsRequest {
+                timeout_ms,
+                ..LimitsRequest::default()
+            },
+            // No network, whatever the server's default becomes.
+            network: Some(airlock_spec::NetworkPolicy::None),
+            ..ExecRequest::default()
+        };
+        let spec = match req.to_spec(&state.config, &state.config.defaults) {
+            Ok(spec) => spec,
+            Err(e) => return Ok(refused(&e)),
+        };
+        let limits = spec.limits.clone();
+        let ran = unless_cancelled(&ctx, async {
+            let admitted = runner::admit(&state, &key, spec.limits.memory_bytes).await?;
+            runner::one_shot(Arc::clone(&state), key.clone(), spec, admitted, None).await
+        })
+        .await?;
+        match ran {
+            Ok(resp) => exec_result(resp, &limits),
+            Err(e) => Ok(refused(&e)),
+        }
+    }
+}
