@@ -3,7 +3,8 @@
 //! exec means init may allocate and use any library freely, whatever threads the
 //! supervisor had.
 //!
-//! Init builds the filesystem and prepares landlock and seccomp once, then serves the
+//! Init builds the filesystem, prepares landlock and installs seccomp on itself once, then
+//! serves the
 //! supervisor's requests on the control socket (see `protocol`): file operations, and
 //! execs, one at a time. For each exec it forks the program, reaps every zombie, and
 //! when the program ends kills whatever else it left behind before reporting, so each
@@ -42,8 +43,6 @@ struct Init {
     control: OwnedFd,
     /// The landlock ruleset, opened once; each exec applies a clone of it.
     landlock: landlock::RulesetCreated,
-    /// The seccomp filter, decoded once.
-    seccomp: airlock_seccomp::BpfProgram,
     /// Highest capability number of this kernel.
     cap_last_cap: u32,
     /// SIGCHLD, readable without a handler.
@@ -138,7 +137,14 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         None => None,
     };
     let landlock = try_or!(crate::landlock::prepare(proxy_port), "landlock");
+    // The seccomp filter goes on init itself, once: every program inherits it across fork
+    // and exec, so an exec does not pay for loading it (about a millisecond: the kernel
+    // checks and compiles the program and precomputes its per-syscall cache), and init,
+    // from here on, is held to it too. Init's own work from now (the control socket,
+    // fork, wait, kill, file operations beneath /workspace) uses only allowed syscalls.
+    // Init may install it without no_new_privs: it holds CAP_SYS_ADMIN in its namespace.
     let seccomp = try_or!(airlock_seccomp::from_bytes(&seccomp), "seccomp program");
+    try_or!(airlock_seccomp::apply(&seccomp), "seccomp");
     let cap_last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -161,7 +167,6 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
     Ok(Init {
         control,
         landlock,
-        seccomp,
         cap_last_cap,
         sigchld,
     })
@@ -343,7 +348,6 @@ impl Init {
             envp,
             max_file_bytes,
             landlock: self.landlock.try_clone().map_err(|e| format!("landlock: {e}"))?,
-            seccomp: self.seccomp.clone(),
             cap_last_cap: self.cap_last_cap,
         })
     }

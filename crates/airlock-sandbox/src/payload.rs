@@ -1,7 +1,8 @@
 //! The steps between init's fork and the program's execve, in a fixed order. They run in
 //! the forked child of init (a single-threaded process), so they may allocate; everything
-//! that can be prepared (paths, argv, the landlock ruleset, the seccomp program) was
-//! prepared by init before the fork.
+//! that can be prepared (paths, argv, the landlock ruleset) was prepared by init before
+//! the fork. The seccomp filter is already in force: init installed it on itself before
+//! serving any exec, and it is inherited; every step below uses only syscalls it allows.
 //!
 //! Order, and why:
 //! 1. own session: no controlling terminal, Ctrl-C of a terminal never reaches here;
@@ -9,11 +10,10 @@
 //! 3. rlimits: no core dumps, bounded open files, file size capped at the disk size;
 //! 4. groups and gid, then drop the bounding set (needs CAP_SETPCAP, so before setuid);
 //! 5. setuid to the sandbox user: the kernel clears effective and permitted caps;
-//! 6. clear inheritable and ambient caps; set no_new_privs (landlock and seccomp need it);
+//! 6. clear inheritable and ambient caps; set no_new_privs (landlock needs it);
 //! 7. landlock;
 //! 8. mark every inherited fd above 2 close-on-exec;
-//! 9. seccomp, last, so the steps above may use syscalls the filter denies;
-//! 10. execve.
+//! 9. execve.
 
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
@@ -40,13 +40,11 @@ pub struct Prepared {
     pub max_file_bytes: u64,
     /// The landlock ruleset (opened in init).
     pub landlock: landlock::RulesetCreated,
-    /// The compiled seccomp filter.
-    pub seccomp: airlock_seccomp::BpfProgram,
     /// Highest capability number of this kernel.
     pub cap_last_cap: u32,
 }
 
-/// Runs steps 1-10 and never returns. Any failure is written to `errors` (a
+/// Runs steps 1-9 and never returns. Any failure is written to `errors` (a
 /// close-on-exec pipe init reads) and the child exits 127; a successful execve closes
 /// the pipe with nothing written.
 pub fn exec(prepared: Prepared, mut errors: std::fs::File) -> ! {
@@ -117,8 +115,6 @@ fn apply(p: Prepared) -> Result<std::convert::Infallible, String> {
     // 8.
     step("close_range", sys::cloexec_from(3))?;
     // 9.
-    step("seccomp", airlock_seccomp::apply(&p.seccomp))?;
-    // 10.
     let argv: Vec<*const libc::c_char> = p
         .argv
         .iter()
