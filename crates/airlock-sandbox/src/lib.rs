@@ -163,11 +163,6 @@ impl Engine {
         self.purged
     }
 
-    /// The host's cgroup layout.
-    pub fn cgroups(&self) -> &cgroup::CgroupHost {
-        &self.cgroups
-    }
-
     pub(crate) fn next_slot(&self) -> u32 {
         self.slot.fetch_add(1, Ordering::Relaxed)
     }

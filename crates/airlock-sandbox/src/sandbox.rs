@@ -106,8 +106,6 @@ pub struct Sandbox {
     reaped: Option<WaitStatus>,
     /// How long provisioning took.
     setup: Duration,
-    /// When it was created.
-    created: Instant,
     /// In proxy mode, the egress proxy serving this sandbox; stopped on drop.
     proxy: Option<EgressProxy>,
 }
@@ -185,7 +183,6 @@ impl Sandbox {
             control,
             reaped: None,
             setup: Duration::ZERO,
-            created: t0,
             proxy: None,
         };
 
@@ -301,11 +298,6 @@ impl Sandbox {
     /// How long provisioning took.
     pub fn setup_time(&self) -> Duration {
         self.setup
-    }
-
-    /// When it was created.
-    pub fn created(&self) -> Instant {
-        self.created
     }
 
     /// Whether init is still running (a sandbox whose init died cannot run anything).

@@ -49,10 +49,6 @@ impl OutputSink for ChannelSink {
     }
 }
 
-/// Held by the request: when it is dropped (the client went away), the exec is cancelled.
-#[derive(Debug)]
-pub struct ClientGone(#[allow(dead_code)] OwnedFd);
-
 /// A cancel pipe: the read end is polled by the exec, the write end's drop triggers it.
 pub fn cancel_pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal(format!("pipe: {e}")))
@@ -141,7 +137,8 @@ pub async fn one_shot(
     stream: Option<mpsc::Sender<StreamEvent>>,
 ) -> Result<ExecResponse, ApiError> {
     let (gone_r, gone_w) = cancel_pipe()?;
-    let _gone = ClientGone(gone_w);
+    // Held by the request: dropped when the client goes away, which cancels the exec.
+    let _client = gone_w;
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         let r = one_shot_task(&state, &key, spec, permit, queued, gone_r, stream).await;
@@ -207,7 +204,8 @@ pub async fn in_session(
         return Err(ApiError::shutting_down());
     }
     let (gone_r, gone_w) = cancel_pipe()?;
-    let _gone = ClientGone(gone_w);
+    // Held by the request: dropped when the client goes away, which cancels the exec.
+    let _client = gone_w;
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         let r = in_session_task(&state, &key, session, spec, gone_r, stream).await;
