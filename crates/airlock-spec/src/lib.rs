@@ -15,5 +15,5 @@ mod spec;
 mod units;
 
 pub use result::{EgressEntry, ExecResult, Outcome};
-pub use spec::{FileSpec, Limits, NetworkPolicy, Spec, SpecError};
+pub use spec::{FileSpec, Isolation, Limits, NetworkPolicy, Spec, SpecError};
 pub use units::{UnitError, parse_duration, parse_size};

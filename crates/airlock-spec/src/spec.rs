@@ -136,6 +136,43 @@ impl NetworkPolicy {
     }
 }
 
+/// Which isolation runs the program. Both answer the same [`Spec`] with the same
+/// `ExecResult`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// Linux namespaces, cgroup, seccomp and landlock on the host's kernel.
+    #[default]
+    Namespaces,
+    /// The same sandbox inside a micro-VM of its own: a guest kernel between the program
+    /// and the host's.
+    Microvm,
+}
+
+impl Isolation {
+    /// The name used by the CLI flag and the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Namespaces => "namespaces",
+            Isolation::Microvm => "microvm",
+        }
+    }
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "namespaces" => Ok(Isolation::Namespaces),
+            "microvm" => Ok(Isolation::Microvm),
+            _ => Err(SpecError::new(
+                "isolation",
+                format!("{s:?} is not an isolation; use namespaces or microvm"),
+            )),
+        }
+    }
+}
+
 /// A file placed in the work directory before the program starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileSpec {
@@ -164,6 +201,8 @@ pub struct Spec {
     pub rootfs: Option<PathBuf>,
     /// Network policy.
     pub network: NetworkPolicy,
+    /// Which isolation runs the program.
+    pub isolation: Isolation,
 }
 
 impl Spec {
@@ -177,6 +216,7 @@ impl Spec {
             limits: Limits::default(),
             rootfs: None,
             network: NetworkPolicy::None,
+            isolation: Isolation::Namespaces,
         }
     }
 
@@ -198,6 +238,7 @@ impl Spec {
         {
             return Err(SpecError::new("rootfs", "must be an absolute path"));
         }
+        self.validate_isolation()?;
         let block: usize = self.command.iter().map(|a| a.len() + 1).sum::<usize>()
             + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
         if block > bounds::MAX_ARGV_ENV_BYTES {
@@ -207,6 +248,26 @@ impl Spec {
                     "arguments and environment total {block} bytes; at most {} are allowed (pass data as a file instead)",
                     bounds::MAX_ARGV_ENV_BYTES
                 ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the micro-VM backend does not provide (yet) is refused, never ignored.
+    fn validate_isolation(&self) -> Result<(), SpecError> {
+        if self.isolation != Isolation::Microvm {
+            return Ok(());
+        }
+        if self.rootfs.is_some() {
+            return Err(SpecError::new(
+                "rootfs",
+                "is not available with isolation microvm (the guest's system directories come from its image of the host's)",
+            ));
+        }
+        if self.network != NetworkPolicy::None {
+            return Err(SpecError::new(
+                "network",
+                "only mode none is available with isolation microvm (the VM has no network device)",
             ));
         }
         Ok(())
@@ -369,6 +430,30 @@ mod tests {
             mode: 0o644,
         });
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn isolation_parses_and_refuses_what_microvm_lacks() {
+        assert_eq!("microvm".parse::<Isolation>().unwrap(), Isolation::Microvm);
+        assert_eq!(
+            serde_json::from_str::<Isolation>(r#""namespaces""#).unwrap(),
+            Isolation::Namespaces
+        );
+        assert_eq!("vm".parse::<Isolation>().unwrap_err().field, "isolation");
+        assert_eq!(spec().isolation, Isolation::Namespaces);
+
+        let mut s = spec();
+        s.isolation = Isolation::Microvm;
+        s.validate().unwrap();
+        s.network = NetworkPolicy::Proxy {
+            allow: vec![],
+            allow_cidrs: vec![],
+        };
+        assert_eq!(s.validate().unwrap_err().field, "network");
+        let mut s = spec();
+        s.isolation = Isolation::Microvm;
+        s.rootfs = Some("/srv/root".into());
+        assert_eq!(s.validate().unwrap_err().field, "rootfs");
     }
 
     #[test]
