@@ -16,7 +16,7 @@ use nix::poll::{PollFd, PollFlags, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use nix::sys::wait::WaitStatus;
 
-use crate::cgroup::{Cgroup, CgroupLimits};
+use crate::cgroup::{Cgroup, CgroupLimits, Usage};
 use crate::egress::{self, EgressProxy};
 use crate::protocol::{self, CHUNK, FileEntry, Frame, Reply, Request};
 use crate::supervisor::{self, OutputSink};
@@ -108,6 +108,10 @@ pub struct Sandbox {
     setup: Duration,
     /// In proxy mode, the egress proxy serving this sandbox; stopped on drop.
     proxy: Option<EgressProxy>,
+    /// Usage read (and memory peak reset) when the sandbox became ready, for its first
+    /// exec: init is idle from then on, so this is what the exec would read, and a
+    /// pooled sandbox's first exec need not read it on the request's path.
+    baseline: Option<Usage>,
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
@@ -184,6 +188,7 @@ impl Sandbox {
             reaped: None,
             setup: Duration::ZERO,
             proxy: None,
+            baseline: None,
         };
 
         // The child waits on the control socket: map its ids, then go.
@@ -233,6 +238,10 @@ impl Sandbox {
                     "unexpected reply from init: {msg:?}"
                 )));
             }
+        }
+        if let Some(cg) = &sandbox.cgroup {
+            cg.reset_peak();
+            sandbox.baseline = Some(cg.usage());
         }
         sandbox.setup = t0.elapsed();
         Ok(sandbox)
@@ -350,6 +359,10 @@ impl Sandbox {
                 cg.set_limits(&limits)?;
             }
             self.limits = limits;
+        }
+        if !spec.files.is_empty() {
+            // Writing them is init's work, not the program's: usage is read afresh after.
+            self.baseline = None;
         }
         for file in &spec.files {
             self.write_file(&file.path, file.mode, &file.content)?;
@@ -482,6 +495,12 @@ impl Sandbox {
     /// The egress log entries since the last exec.
     pub(crate) fn take_egress(&mut self) -> Vec<airlock_spec::EgressEntry> {
         self.proxy.as_mut().map(EgressProxy::take_new).unwrap_or_default()
+    }
+
+    /// The usage baseline taken when the sandbox became ready, once: later execs read
+    /// their own (and reset the memory peak) before they start.
+    pub(crate) fn take_baseline(&mut self) -> Option<Usage> {
+        self.baseline.take()
     }
 
     pub(crate) fn disk_bytes(&self) -> u64 {

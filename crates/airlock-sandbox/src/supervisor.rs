@@ -88,6 +88,14 @@ impl Stream {
     }
 }
 
+/// Grows the read buffer to [`CHUNK`] once a read of `read` bytes filled it: output is
+/// flowing.
+fn grow(buf: &mut Vec<u8>, read: u64) {
+    if read == buf.len() as u64 && buf.len() < CHUNK {
+        buf.resize(CHUNK, 0);
+    }
+}
+
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)
 }
@@ -171,10 +179,16 @@ pub(crate) fn exec(
     one_shot: bool,
     t0: Instant,
 ) -> Result<ExecResult, SandboxError> {
-    let before = sb.cgroup().map(|cg| cg.usage()).unwrap_or_default();
-    if let Some(cg) = sb.cgroup() {
-        cg.reset_peak();
-    }
+    let before = match sb.take_baseline() {
+        Some(usage) => usage,
+        None => {
+            let usage = sb.cgroup().map(|cg| cg.usage()).unwrap_or_default();
+            if let Some(cg) = sb.cgroup() {
+                cg.reset_peak();
+            }
+            usage
+        }
+    };
     let (stdin_r, stdin_w) = pipe().map_err(SandboxError::Spawn)?;
     let (stdout_r, stdout_w) = pipe().map_err(SandboxError::Spawn)?;
     let (stderr_r, stderr_w) = pipe().map_err(SandboxError::Spawn)?;
@@ -203,7 +217,9 @@ pub(crate) fn exec(
     let mut out = Stream::new(stdout_r, spec.limits.output_bytes);
     let mut err = Stream::new(stderr_r, spec.limits.output_bytes);
     let mut stdin_pos = 0usize;
-    let mut buf = vec![0u8; CHUNK];
+    // Small at first (most short programs write little or nothing), grown to CHUNK once a
+    // read fills it.
+    let mut buf = vec![0u8; 4096];
 
     let timeout = Duration::from_millis(spec.limits.timeout_ms);
     let mut started: Option<Instant> = None;
@@ -297,14 +313,18 @@ pub(crate) fn exec(
         for source in ready {
             match source {
                 Source::Stdout => {
+                    let total = out.total;
                     if let Some(range) = out.read_some(&mut buf) {
                         sink.stdout(&out.kept[range]);
                     }
+                    grow(&mut buf, out.total - total);
                 }
                 Source::Stderr => {
+                    let total = err.total;
                     if let Some(range) = err.read_some(&mut buf) {
                         sink.stderr(&err.kept[range]);
                     }
+                    grow(&mut buf, err.total - total);
                 }
                 Source::Control => match crate::protocol::recv::<Reply>(sb.control()) {
                     Ok(Some(frame)) => match frame.msg {
