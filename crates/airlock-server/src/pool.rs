@@ -37,8 +37,18 @@ impl Pool {
     }
 
     /// Takes a ready sandbox when `config` can be served by one: same disk size, rootfs
-    /// and network (memory, CPU and pids limits are applied per exec).
+    /// and network (memory, CPU and pids limits are applied per exec). The refiller
+    /// starts on its replacement at once.
     pub fn take(&self, config: &SandboxConfig) -> Option<Sandbox> {
+        let sandbox = self.take_deferred(config);
+        if sandbox.is_some() {
+            self.taken();
+        }
+        sandbox
+    }
+
+    /// Like [`Pool::take`], but the replacement waits for a call to [`Pool::taken`].
+    pub fn take_deferred(&self, config: &SandboxConfig) -> Option<Sandbox> {
         if self.target == 0
             || config.disk_bytes != self.config.disk_bytes
             || config.rootfs != self.config.rootfs
@@ -46,9 +56,14 @@ impl Pool {
         {
             return None;
         }
-        let sandbox = self.ready.lock().ok()?.pop_front();
+        self.ready.lock().ok()?.pop_front()
+    }
+
+    /// Lets the refiller replace what was taken. Called once the taking request's program
+    /// has ended, so that building the replacement (several milliseconds of CPU) does not
+    /// compete with the program it was taken for.
+    pub fn taken(&self) {
         self.taken.notify_one();
-        sandbox
     }
 
     /// Sandboxes ready now.

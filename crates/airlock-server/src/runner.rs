@@ -158,12 +158,12 @@ async fn one_shot_task(
     stream: Option<mpsc::Sender<StreamEvent>>,
 ) -> Result<ExecResponse, ApiError> {
     let config = SandboxConfig::of(&spec);
-    let (mut sandbox, cold_setup) = match state.pool.take(&config) {
-        Some(sb) => (sb, Duration::ZERO),
+    let (mut sandbox, cold_setup, warm) = match state.pool.take_deferred(&config) {
+        Some(sb) => (sb, Duration::ZERO, true),
         None => {
             let (created, took) = state.spawner.create(config).await;
             state.metrics.provisioned("cold", took);
-            (created.map_err(api_error)?, took)
+            (created.map_err(api_error)?, took, false)
         }
     };
     let cancel = Arc::clone(&state.cancel);
@@ -173,6 +173,10 @@ async fn one_shot_task(
         (r, sandbox)
     })
     .await;
+    if warm {
+        // Only now: building the replacement would compete with the program for the CPU.
+        state.pool.taken();
+    }
     let (result, sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
     // Purge off the response's path. The permit goes with the sandbox: capacity is free
     // only once the sandbox is gone.
