@@ -1,0 +1,268 @@
+//! Serving the host over the port: one sandbox per VM, built on `Create`, fed files and
+//! stdin, run with `Exec` (output streamed back as it comes), read with `ReadFile`.
+
+use airlock_microvm::proto::{self, CHUNK, GuestInfo, ToGuest, ToHost};
+use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig};
+use airlock_spec::{Limits, Spec};
+use std::fs::File;
+use std::io;
+
+use crate::sys;
+
+/// Stdin is held in guest RAM before the run; more than this is refused (the VM's RAM
+/// is sized for the program's memory limit, not for a large input besides it).
+const MAX_STDIN: usize = 64 << 20;
+
+/// The port, readable and writable through `&File`.
+struct Port(File);
+
+impl Port {
+    fn send(&self, msg: &ToHost, payload: &[u8]) -> io::Result<()> {
+        proto::write(&mut &self.0, msg, payload).map_err(io::Error::other)
+    }
+
+    fn error(&self, message: impl Into<String>) -> io::Result<()> {
+        self.send(
+            &ToHost::Error {
+                message: message.into(),
+            },
+            &[],
+        )
+    }
+}
+
+/// Streams output to the host as frames.
+struct PortSink<'a> {
+    port: &'a Port,
+    /// The first write error; the run goes on (its result reports what it can).
+    failed: Option<io::Error>,
+}
+
+impl PortSink<'_> {
+    fn forward(&mut self, msg: ToHost, data: &[u8]) {
+        if self.failed.is_some() {
+            return;
+        }
+        for chunk in data.chunks(CHUNK) {
+            if let Err(e) = self.port.send(&msg, chunk) {
+                self.failed = Some(e);
+                return;
+            }
+        }
+    }
+}
+
+impl OutputSink for PortSink<'_> {
+    fn stdout(&mut self, data: &[u8]) {
+        self.forward(ToHost::Stdout, data);
+    }
+    fn stderr(&mut self, data: &[u8]) {
+        self.forward(ToHost::Stderr, data);
+    }
+}
+
+/// Network interfaces of the guest.
+fn net_devices() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Landlock ABI 4 brought TCP rules, which the namespace backend applies (no TCP bind or
+/// connect while the network policy is `none`). A guest kernel without them runs the
+/// sandbox without those rules only because the VM has no network device at all; if
+/// one is present, refuse to serve rather than run weaker than the host would.
+fn check_network(abi: i32, devices: &[String]) -> Result<(), String> {
+    if abi >= 4 || devices.iter().all(|d| d == "lo") {
+        Ok(())
+    } else {
+        Err(format!(
+            "the guest kernel's landlock ABI {abi} has no TCP rules and the VM has network devices {devices:?}: refusing to run programs"
+        ))
+    }
+}
+
+/// Serves until the host closes the port.
+pub fn serve(port: File, init_ms: u64, modules_ms: u64) -> Result<(), String> {
+    let port = Port(port);
+    let engine = Engine::new().map_err(|e| format!("engine: {e}"))?;
+    let abi = airlock_sandbox::landlock::kernel_abi();
+    let devices = net_devices();
+    check_network(abi, &devices)?;
+    let info = GuestInfo {
+        kernel: nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        landlock_abi: abi,
+        net_devices: devices,
+        init_ms,
+        modules_ms,
+        boot_ms: sys::boot_ms(),
+    };
+    port.send(&ToHost::Ready(info), &[])
+        .map_err(|e| format!("port: {e}"))?;
+
+    let mut state = State::default();
+    let mut reader = io::BufReader::with_capacity(CHUNK + 4096, &port.0);
+    loop {
+        let frame = match proto::read::<ToGuest>(&mut reader) {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(format!("port: {e}")),
+        };
+        state
+            .handle(&engine, &port, frame.msg, frame.payload)
+            .map_err(|e| format!("port: {e}"))?;
+    }
+}
+
+/// What one VM's agent holds between requests.
+#[derive(Default)]
+struct State {
+    /// The sandbox, once created.
+    sandbox: Option<Sandbox>,
+    /// The limits it was created with (bound the files written to it).
+    limits: Limits,
+    /// A file being received: (path, mode, bytes so far).
+    file: Option<(String, u32, Vec<u8>)>,
+    /// Stdin received so far.
+    stdin: Vec<u8>,
+    /// More stdin came than [`MAX_STDIN`].
+    stdin_overflow: bool,
+}
+
+impl State {
+    /// Handles one request; only a failure to answer on the port is an error.
+    fn handle(&mut self, engine: &Engine, port: &Port, msg: ToGuest, payload: Vec<u8>) -> io::Result<()> {
+        match msg {
+            ToGuest::Create { limits } => {
+                if self.sandbox.is_some() {
+                    return port.error("a sandbox already exists in this VM");
+                }
+                let mut spec = Spec::new(vec!["true".into()]);
+                spec.limits = limits.clone();
+                if let Err(e) = spec.validate() {
+                    return port.error(e.to_string());
+                }
+                match engine.create(&SandboxConfig::of(&spec)) {
+                    Ok(sb) => {
+                        self.sandbox = Some(sb);
+                        self.limits = limits;
+                        port.send(&ToHost::Ok, &[])
+                    }
+                    Err(e) => port.error(format!("creating the sandbox: {e}")),
+                }
+            }
+            ToGuest::WriteFile {
+                path,
+                mode,
+                first,
+                last,
+            } => {
+                if first {
+                    self.file = Some((path.clone(), mode, Vec::new()));
+                }
+                let Some((_, _, data)) = self.file.as_mut() else {
+                    return port.error("file data without a first part");
+                };
+                data.extend_from_slice(&payload);
+                if data.len() as u64 > self.limits.disk_bytes {
+                    self.file = None;
+                    return if last {
+                        port.error(format!("{path}: larger than the sandbox's disk"))
+                    } else {
+                        Ok(())
+                    };
+                }
+                if !last {
+                    return Ok(());
+                }
+                let (path, mode, data) = self.file.take().unwrap_or_default();
+                let Some(sb) = self.sandbox.as_mut() else {
+                    return port.error("no sandbox: send create first");
+                };
+                match sb.write_file(&path, mode, &data) {
+                    Ok(()) => port.send(&ToHost::Ok, &[]),
+                    Err(e) => port.error(format!("{path}: {e}")),
+                }
+            }
+            ToGuest::Stdin => {
+                // Too much is answered at Exec: nothing is sent back for a stdin chunk.
+                if self.stdin_overflow || self.stdin.len() + payload.len() > MAX_STDIN {
+                    self.stdin_overflow = true;
+                    self.stdin = Vec::new();
+                } else {
+                    self.stdin.extend_from_slice(&payload);
+                }
+                Ok(())
+            }
+            ToGuest::Exec { command, env, limits } => {
+                let stdin = std::mem::take(&mut self.stdin);
+                if std::mem::take(&mut self.stdin_overflow) {
+                    return port.error(format!(
+                        "stdin over {MAX_STDIN} bytes is not supported in a micro-VM"
+                    ));
+                }
+                let Some(sb) = self.sandbox.as_mut() else {
+                    return port.error("no sandbox: send create first");
+                };
+                let mut spec = Spec::new(command);
+                spec.env = env;
+                spec.limits = limits;
+                spec.stdin = stdin;
+                let mut sink = PortSink { port, failed: None };
+                let result = sb.exec(&spec, &mut sink, &[]);
+                if let Some(e) = sink.failed {
+                    return Err(e);
+                }
+                match result {
+                    Ok(mut r) => {
+                        r.stdout.clear();
+                        r.stderr.clear();
+                        port.send(&ToHost::Exited { result: Box::new(r) }, &[])
+                    }
+                    Err(e) => port.error(e.to_string()),
+                }
+            }
+            ToGuest::ReadFile { path, max_bytes } => {
+                let Some(sb) = self.sandbox.as_mut() else {
+                    return port.error("no sandbox");
+                };
+                match sb.read_file(&path, max_bytes) {
+                    Ok(data) => {
+                        let mut chunks = data.chunks(CHUNK).peekable();
+                        loop {
+                            let chunk = chunks.next().unwrap_or(&[]);
+                            let last = chunks.peek().is_none();
+                            port.send(&ToHost::FileChunk { last }, chunk)?;
+                            if last {
+                                return Ok(());
+                            }
+                        }
+                    }
+                    Err(e) => port.error(format!("{path}: {e}")),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_devices_without_tcp_rules_are_refused() {
+        assert!(check_network(2, &["lo".into()]).is_ok());
+        assert!(check_network(2, &[]).is_ok());
+        assert!(check_network(6, &["eth0".into(), "lo".into()]).is_ok());
+        let err = check_network(2, &["eth0".into(), "lo".into()]).unwrap_err();
+        assert!(err.contains("eth0"), "{err}");
+    }
+}

@@ -1,0 +1,75 @@
+//! airlock's micro-VM backend: the same sandbox as the namespace backend, inside a
+//! virtual machine of its own, so a kernel bug reachable from the sandbox compromises a
+//! throwaway guest kernel instead of the host's.
+//!
+//! - [`image`] builds the guest's boot files from the host and caches them: the
+//!   distribution's kernel, an initramfs with the guest agent (`airlock-guest`) as
+//!   `/init`, and a read-only squashfs of the host's system directories.
+//! - [`vmm::Vmm`] is the one interface a monitor implements; [`qemu::Qemu`] drives QEMU's
+//!   `microvm` machine (QMP for control, no network device, its own seccomp sandbox,
+//!   unprivileged, in its own cgroup).
+//! - [`MicroVmHost`] prepares all that once; [`MicroVmHost::boot`] starts a VM and
+//!   waits for its agent; [`BootedVm::run`] hands it one program and returns the same
+//!   `ExecResult` as the namespace backend. Inside, the agent runs the program with
+//!   airlock-sandbox's engine: namespaces, seccomp, landlock and a cgroup v2 of the
+//!   guest's, which is where `memory_peak_bytes`, `cpu_ms` and `oom` come from.
+//! - [`proto`] is the frame protocol both sides speak over the VM's virtio-serial port.
+//!
+//! ```no_run
+//! use airlock_microvm::{HostOptions, MicroVmHost, VmSize};
+//! use airlock_spec::Spec;
+//!
+//! let host = MicroVmHost::new(&HostOptions::from_env())?;
+//! let spec = Spec::new(vec!["python3".into(), "-c".into(), "print(6*7)".into()]);
+//! // Boot and run are separate: a pool keeps booted VMs and gives each one run.
+//! let mut vm = host.boot(VmSize::for_limits(&spec.limits))?;
+//! let result = vm.run(&spec, &mut airlock_sandbox::Capture, &[])?;
+//! assert_eq!(result.stdout, "42\n");
+//! drop(vm); // kills the VMM, removes its cgroup and state directory
+//! # Ok::<(), airlock_microvm::VmError>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod accel;
+pub mod cpio;
+pub mod doctor;
+pub mod image;
+pub mod kmod;
+pub mod proto;
+pub mod qemu;
+pub mod qmp;
+mod sys;
+mod vm;
+pub mod vmm;
+
+pub use vm::{BootedVm, HostOptions, MicroVmHost, VmSize};
+pub use vmm::Accel;
+
+/// Why a micro-VM run could not happen. A program that fails is an `ExecResult`.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// The request is invalid.
+    #[error("invalid request: {0}")]
+    Spec(airlock_spec::SpecError),
+    /// The host cannot run micro-VMs.
+    #[error("{0}")]
+    Host(String),
+    /// Preparing the guest's boot files failed.
+    #[error("guest image: {0}")]
+    Image(#[from] image::ImageError),
+    /// Starting the VMM failed.
+    #[error("VMM: {0}")]
+    Vmm(String),
+    /// The VMM's control channel failed.
+    #[error("VMM control: {0}")]
+    Control(String),
+    /// The VM did not boot to its agent.
+    #[error("the VM did not boot: {0}")]
+    Boot(String),
+    /// The guest agent failed or the VM stopped.
+    #[error("guest: {0}")]
+    Guest(String),
+    /// The caller cancelled the run (the VM was killed).
+    #[error("cancelled")]
+    Cancelled,
+}

@@ -1,0 +1,264 @@
+//! The frames the host and the guest agent exchange over the VM's virtio-serial port.
+//!
+//! A frame is `u32 body length (LE) | u32 header length (LE) | header JSON | payload`.
+//! The header is a [`ToGuest`] or [`ToHost`] message; the payload carries bytes (file
+//! content, stdin, output) so they are never JSON-escaped. Both directions are bounded
+//! by [`MAX_FRAME`] so neither side can be made to allocate without limit.
+
+use airlock_spec::{ExecResult, Limits};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::io::{self, Read, Write};
+
+/// Payload bytes per data frame (stdin, files, output).
+pub const CHUNK: usize = 64 * 1024;
+/// Largest frame accepted: a chunk plus a header. The biggest header is the final
+/// `ExecResult` (without its output, which travels in chunks) or a start message with a
+/// 1 MiB argv+env block (the spec's own bound), so 2 MiB leaves room.
+pub const MAX_FRAME: usize = 2 << 20;
+
+/// Host -> guest.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ToGuest {
+    /// Build the sandbox the next exec runs in. Answered by `Ok` or `Error`.
+    Create {
+        /// Limits of the guest's sandbox cgroup (memory, CPU, pids).
+        limits: Limits,
+    },
+    /// Part of a file under /workspace; the payload is the bytes. The last part is
+    /// answered by `Ok` or `Error`.
+    WriteFile {
+        /// Path relative to /workspace.
+        path: String,
+        /// Permission bits.
+        mode: u32,
+        /// True for the first part (the file is created or truncated).
+        first: bool,
+        /// True for the last part.
+        last: bool,
+    },
+    /// Part of the program's stdin (the payload), sent before `Exec`.
+    Stdin,
+    /// Run the program. Answered by `Stdout`/`Stderr` chunks, then `Exited` or `Error`.
+    Exec {
+        /// argv.
+        command: Vec<String>,
+        /// Extra environment.
+        env: Vec<(String, String)>,
+        /// Limits (memory, CPU and pids may differ from `Create`'s).
+        limits: Limits,
+    },
+    /// Read a file under /workspace: answered by `FileChunk`s or `Error`.
+    ReadFile {
+        /// Path relative to /workspace.
+        path: String,
+        /// At most this many bytes.
+        max_bytes: u64,
+    },
+}
+
+/// Guest -> host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ToHost {
+    /// The agent is up and waits for requests.
+    Ready(GuestInfo),
+    /// The request succeeded.
+    Ok,
+    /// The request failed; the VM is still usable unless the message says otherwise.
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+    /// Program output within the output limit (payload).
+    Stdout,
+    /// Likewise for stderr.
+    Stderr,
+    /// The program ended. `stdout`/`stderr` of the result are empty: they came as chunks.
+    Exited {
+        /// The guest's result.
+        result: Box<ExecResult>,
+    },
+    /// Part of a file being read (payload).
+    FileChunk {
+        /// True for the last part.
+        last: bool,
+    },
+}
+
+/// What the guest found at start, for `doctor` and the logs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GuestInfo {
+    /// The guest kernel's release.
+    pub kernel: String,
+    /// Landlock ABI of the guest kernel.
+    pub landlock_abi: i32,
+    /// Network interfaces in the guest (only `lo` is expected).
+    pub net_devices: Vec<String>,
+    /// Milliseconds from the guest kernel's start to the agent's start (CLOCK_BOOTTIME).
+    pub init_ms: u64,
+    /// Milliseconds from the guest kernel's start to the agent's modules being loaded.
+    pub modules_ms: u64,
+    /// Milliseconds from the guest kernel's start to the agent being ready.
+    pub boot_ms: u64,
+}
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The channel failed.
+    #[error("channel: {0}")]
+    Io(#[from] io::Error),
+    /// The peer sent something that is not a frame.
+    #[error("bad frame: {0}")]
+    Malformed(String),
+}
+
+/// One received frame.
+#[derive(Debug)]
+pub struct Frame<T> {
+    /// The message.
+    pub msg: T,
+    /// Bytes attached to it.
+    pub payload: Vec<u8>,
+}
+
+/// Writes one frame.
+pub fn write<T: Serialize>(w: &mut impl Write, msg: &T, payload: &[u8]) -> Result<(), FrameError> {
+    let header = serde_json::to_vec(msg).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let body = 4 + header.len() + payload.len();
+    if body > MAX_FRAME {
+        return Err(FrameError::Malformed(format!(
+            "frame of {body} bytes exceeds {MAX_FRAME}"
+        )));
+    }
+    let mut buf = Vec::with_capacity(8 + header.len() + payload.len());
+    buf.extend_from_slice(&(body as u32).to_le_bytes());
+    buf.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&header);
+    buf.extend_from_slice(payload);
+    w.write_all(&buf)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Reads one frame; `None` at a clean end of stream (before a frame started).
+pub fn read<T: DeserializeOwned>(r: &mut impl Read) -> Result<Option<Frame<T>>, FrameError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let body = u32::from_le_bytes(len) as usize;
+    if !(4..=MAX_FRAME).contains(&body) {
+        return Err(FrameError::Malformed(format!("frame length {body}")));
+    }
+    let mut buf = vec![0u8; body];
+    r.read_exact(&mut buf)?;
+    let header = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if header > body - 4 {
+        return Err(FrameError::Malformed(format!(
+            "header length {header} in a {body}-byte frame"
+        )));
+    }
+    let msg =
+        serde_json::from_slice(&buf[4..4 + header]).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let payload = buf.split_off(4 + header);
+    Ok(Some(Frame { msg, payload }))
+}
+
+/// Reassembles frames from bytes read off a non-blocking stream.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+}
+
+impl Decoder {
+    /// Appends bytes read from the stream.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete frame, if one has arrived.
+    pub fn next_frame<T: DeserializeOwned>(&mut self) -> Result<Option<Frame<T>>, FrameError> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let body = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        if !(4..=MAX_FRAME).contains(&body) {
+            return Err(FrameError::Malformed(format!("frame length {body}")));
+        }
+        if self.buf.len() < 4 + body {
+            return Ok(None);
+        }
+        let rest = self.buf.split_off(4 + body);
+        let frame = std::mem::replace(&mut self.buf, rest);
+        read(&mut frame.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let mut wire = Vec::new();
+        let msg = ToGuest::WriteFile {
+            path: "a/b.py".into(),
+            mode: 0o644,
+            first: true,
+            last: false,
+        };
+        write(&mut wire, &msg, b"print(1)\n").unwrap();
+        write(&mut wire, &ToGuest::Stdin, &[]).unwrap();
+        let mut r = wire.as_slice();
+        let f = read::<ToGuest>(&mut r).unwrap().unwrap();
+        assert_eq!(f.msg, msg);
+        assert_eq!(f.payload, b"print(1)\n");
+        let f = read::<ToGuest>(&mut r).unwrap().unwrap();
+        assert_eq!(f.msg, ToGuest::Stdin);
+        assert!(f.payload.is_empty());
+        assert!(read::<ToGuest>(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn decoder_reassembles_split_frames() {
+        let mut wire = Vec::new();
+        write(&mut wire, &ToHost::Stdout, b"hello").unwrap();
+        write(&mut wire, &ToHost::Ok, &[]).unwrap();
+        let mut d = Decoder::default();
+        let mut got = Vec::new();
+        for byte in &wire {
+            d.push(std::slice::from_ref(byte));
+            while let Some(f) = d.next_frame::<ToHost>().unwrap() {
+                got.push(f);
+            }
+        }
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].payload, b"hello");
+        assert_eq!(got[1].msg, ToHost::Ok);
+    }
+
+    #[test]
+    fn oversized_and_truncated_frames_are_refused() {
+        let mut wire = Vec::new();
+        wire.extend_from_slice(&((MAX_FRAME as u32) + 1).to_le_bytes());
+        assert!(matches!(
+            read::<ToHost>(&mut wire.as_slice()),
+            Err(FrameError::Malformed(_))
+        ));
+        let mut wire = Vec::new();
+        wire.extend_from_slice(&8u32.to_le_bytes());
+        wire.extend_from_slice(&100u32.to_le_bytes());
+        wire.extend_from_slice(b"{}{}");
+        assert!(matches!(
+            read::<ToHost>(&mut wire.as_slice()),
+            Err(FrameError::Malformed(_))
+        ));
+        let big = vec![0u8; MAX_FRAME];
+        assert!(write(&mut Vec::new(), &ToHost::Stdout, &big).is_err());
+    }
+}

@@ -1,0 +1,191 @@
+//! QEMU's `microvm` machine as the VMM: no PCI, no firmware tables beyond ACPI, no
+//! legacy devices but a serial port; virtio devices on MMIO. The VM gets:
+//!
+//! - the kernel and initramfs by `-kernel`/`-initrd` (no bootloader, no disk firmware);
+//! - the rootfs image as a read-only virtio-blk device;
+//! - one virtio-serial port, `airlock.agent`, backed by a socket whose other end stays
+//!   with airlock (passed as an inherited fd: no socket file exists anywhere);
+//! - QMP on a second inherited socket;
+//! - no network device (`-nodefaults -nic none`), no display, no USB, no default devices;
+//! - QEMU's own seccomp sandbox (`-sandbox on,...`), and it never runs as root: the
+//!   process joins its cgroup and drops to an unprivileged uid before `execve`.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use crate::qmp::Qmp;
+use crate::vmm::{Accel, Launch, Launched, Vmm};
+use crate::{VmError, sys};
+
+/// The fds the agent's and QMP's sockets have in QEMU.
+const AGENT_FD: i32 = 3;
+const QMP_FD: i32 = 4;
+/// Our copies are moved above this first, so the dup2s into 3 and 4 never clobber.
+const HIGH_FD: i32 = 10;
+/// Name of the agent's virtio-serial port (the guest finds it in /sys/class/virtio-ports).
+pub const AGENT_PORT: &str = "airlock.agent";
+/// Translated-code cache under TCG, in MiB. QEMU's default (1 GiB) is mapped lazily but
+/// can grow that far; 256 MiB holds what a guest and its programs run and bounds the
+/// host memory one VM can take beyond its RAM.
+pub const TCG_TB_MIB: u64 = 256;
+
+/// QEMU's system emulator for x86_64.
+#[derive(Debug, Clone)]
+pub struct Qemu {
+    /// The `qemu-system-x86_64` binary.
+    pub binary: PathBuf,
+}
+
+impl Default for Qemu {
+    fn default() -> Self {
+        Qemu {
+            binary: PathBuf::from("qemu-system-x86_64"),
+        }
+    }
+}
+
+impl Qemu {
+    /// The command line for `launch` (without the program name).
+    pub fn args(&self, launch: &Launch<'_>) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |s: &str| a.push(s.into());
+        push("-M");
+        push("microvm,acpi=on,x-option-roms=off");
+        match launch.accel {
+            Accel::Kvm => {
+                push("-accel");
+                push("kvm");
+                push("-cpu");
+                push("host");
+            }
+            Accel::Tcg => {
+                push("-accel");
+                push(&format!("tcg,tb-size={TCG_TB_MIB}"));
+                push("-cpu");
+                push("max");
+            }
+        }
+        push("-m");
+        push(&format!("{}M", launch.ram_mib));
+        push("-smp");
+        push(&launch.vcpus.to_string());
+        for s in [
+            "-nodefaults",
+            "-no-user-config",
+            "-nic",
+            "none",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-sandbox",
+            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+            "-chardev",
+            "stdio,id=console,signal=off",
+            "-serial",
+            "chardev:console",
+            "-device",
+            "virtio-serial-device,max_ports=2",
+        ] {
+            push(s);
+        }
+        push("-chardev");
+        push(&format!("socket,id=agent,fd={AGENT_FD}"));
+        push("-device");
+        push(&format!("virtserialport,chardev=agent,name={AGENT_PORT}"));
+        push("-chardev");
+        push(&format!("socket,id=qmp,fd={QMP_FD}"));
+        push("-mon");
+        push("chardev=qmp,mode=control");
+        push("-device");
+        push("virtio-blk-device,drive=rootfs");
+        a.push("-drive".into());
+        let mut drive = OsString::from("id=rootfs,if=none,format=raw,readonly=on,file=");
+        drive.push(&launch.image.rootfs);
+        a.push(drive);
+        a.push("-kernel".into());
+        a.push(launch.image.kernel.clone().into());
+        a.push("-initrd".into());
+        a.push(launch.image.initramfs.clone().into());
+        a.push("-append".into());
+        a.push(launch.cmdline.clone().into());
+        a
+    }
+}
+
+impl Vmm for Qemu {
+    fn name(&self) -> &'static str {
+        "qemu"
+    }
+
+    fn version(&self) -> Result<String, VmError> {
+        let out = Command::new(&self.binary)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| VmError::Vmm(format!("{}: {e}", self.binary.display())))?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned())
+    }
+
+    fn launch(&self, launch: Launch<'_>) -> Result<Launched, VmError> {
+        let spawn_err = |what: &str, e: std::io::Error| VmError::Vmm(format!("{what}: {e}"));
+        let (agent, agent_guest) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;
+        let (qmp, qmp_guest) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;
+        let agent_guest = sys::dup_above(agent_guest.as_fd(), HIGH_FD).map_err(|e| spawn_err("dup", e))?;
+        let qmp_guest = sys::dup_above(qmp_guest.as_fd(), HIGH_FD).map_err(|e| spawn_err("dup", e))?;
+        let console_err = launch.console.try_clone().map_err(|e| spawn_err("console", e))?;
+
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(self.args(&launch))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(
+                launch.console.try_clone().map_err(|e| spawn_err("console", e))?,
+            ))
+            .stderr(Stdio::from(console_err))
+            .env_clear()
+            .current_dir("/");
+        // Everything the child uses after fork is prepared here and moved in.
+        let procs = launch.cgroup_procs.clone();
+        let groups = launch.groups.clone();
+        let (uid, gid) = (launch.uid, launch.gid);
+        let parent = sys::getpid();
+        let (agent_raw, qmp_raw) = (agent_guest.as_raw_fd(), qmp_guest.as_raw_fd());
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe syscalls (open, write, close, dup2, set*id, prctl, getppid) on
+        // data prepared before the fork; it allocates nothing and takes no lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                sys::child_join_cgroups(&procs)?;
+                sys::child_dup2(agent_raw, AGENT_FD)?;
+                sys::child_dup2(qmp_raw, QMP_FD)?;
+                sys::child_drop_privileges(uid, gid, &groups, parent)
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| VmError::Vmm(format!("starting {}: {e}", self.binary.display())))?;
+        drop(agent_guest);
+        drop(qmp_guest);
+        let control = match Qmp::connect(qmp) {
+            Ok(q) => q,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        Ok(Launched {
+            child,
+            agent,
+            control: Box::new(control),
+        })
+    }
+}

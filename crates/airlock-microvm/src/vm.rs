@@ -1,0 +1,880 @@
+//! The host side of a micro-VM run: [`MicroVmHost`] prepares the guest image and the
+//! host (once), [`MicroVmHost::boot`] starts a VM and waits for its agent, and
+//! [`BootedVm::run`] hands the booted VM one program. Boot and run are separate so a pool
+//! can hold booted VMs and give each one run; the CLI does both at once
+//! ([`MicroVmHost::run`]).
+//!
+//! A VM owns three things on the host, all removed when its [`BootedVm`] is dropped: the
+//! VMM process (SIGKILL, reaped), its cgroup (killed and removed: nothing it started
+//! survives) and its private state directory `<state>/<owner>/<vm id>` (console log and
+//! the VMM's pid). When airlock itself is killed, the VMM dies with it (PR_SET_PDEATHSIG)
+//! and the next airlock start purges the cgroup and the state directory
+//! ([`MicroVmHost::new`]).
+
+use airlock_sandbox::OutputSink;
+use airlock_sandbox::cgroup::{Cgroup, CgroupHost, CgroupLimits};
+use airlock_spec::{ExecResult, Limits, Outcome, Spec};
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+use crate::image::{GuestImage, ImageBuilder, PrepareTimes};
+use crate::proto::{self, CHUNK, Decoder, GuestInfo, ToGuest, ToHost};
+use crate::qemu::Qemu;
+use crate::vmm::{Accel, Launch, VmControl, Vmm};
+use crate::{VmError, sys};
+
+/// Guest RAM beyond the program's memory limit: the guest kernel, the agent, the sandbox's
+/// init and the page cache of the programs read from the rootfs.
+const GUEST_OVERHEAD_MIB: u64 = 192;
+/// The VMM process's own memory beyond guest RAM (device emulation, QMP, buffers),
+/// plus the translated-code cache under TCG.
+const VMM_OVERHEAD_MIB: u64 = 128;
+/// The VMM's threads: main loop, one per vCPU, RCU, and the block layer's worker pool
+/// (up to 64 threads in QEMU).
+const VMM_PIDS: u32 = 128;
+/// From launch to the agent's `Ready`: a cold boot takes about 1.5 s under TCG on an idle
+/// host; this allows for a loaded one.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a request other than exec (create, files) may take in the guest.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The guest enforces the deadline itself and reports; past the deadline plus this, the
+/// host stops waiting and kills the VM.
+const DEADLINE_GRACE: Duration = Duration::from_millis(1500);
+/// Lines of the guest console shown when a boot fails.
+const CONSOLE_TAIL_LINES: usize = 15;
+/// First host uid of VMM processes: right after the uid ranges of namespace sandboxes
+/// (airlock-sandbox's HOST_UID_BASE + HOST_UID_SLOTS * 65536), so no VMM shares a uid with
+/// a sandbox or with another VMM (each VM gets its own).
+const VMM_UID_BASE: u32 = airlock_sandbox::HOST_UID_BASE + airlock_sandbox::HOST_UID_SLOTS * 65536;
+/// Distinct VMM uids handed out round-robin.
+const VMM_UID_SLOTS: u32 = 65536;
+const _: () = assert!(VMM_UID_BASE as u64 + VMM_UID_SLOTS as u64 <= u32::MAX as u64);
+
+/// Where things live and which accelerator to use.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    /// The image cache (`/var/cache/airlock/microvm`).
+    pub cache: PathBuf,
+    /// Root of the VMs' private state directories (`/run/airlock/vm`).
+    pub state: PathBuf,
+    /// The guest agent binary.
+    pub agent: PathBuf,
+    /// `None`: KVM when it boots a guest here, else TCG.
+    pub accel: Option<Accel>,
+}
+
+impl HostOptions {
+    /// Defaults, overridden by `AIRLOCK_VM_CACHE`, `AIRLOCK_VM_STATE`, `AIRLOCK_GUEST`
+    /// and `AIRLOCK_VM_ACCEL` (`kvm`, `tcg`, `auto`).
+    pub fn from_env() -> HostOptions {
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let agent = var("AIRLOCK_GUEST").unwrap_or_else(default_agent_path);
+        let accel = match std::env::var("AIRLOCK_VM_ACCEL").as_deref() {
+            Ok("kvm") => Some(Accel::Kvm),
+            Ok("tcg") => Some(Accel::Tcg),
+            _ => None,
+        };
+        HostOptions {
+            cache: var("AIRLOCK_VM_CACHE").unwrap_or_else(|| "/var/cache/airlock/microvm".into()),
+            state: var("AIRLOCK_VM_STATE").unwrap_or_else(|| "/run/airlock/vm".into()),
+            agent,
+            accel,
+        }
+    }
+}
+
+/// `airlock-guest` next to the running executable (how cargo and packages lay them out),
+/// else `/usr/libexec/airlock/airlock-guest`.
+fn default_agent_path() -> PathBuf {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("airlock-guest")));
+    match beside {
+        Some(p) if p.is_file() => p,
+        _ => PathBuf::from("/usr/libexec/airlock/airlock-guest"),
+    }
+}
+
+/// What a VM is sized for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmSize {
+    /// Guest RAM in MiB.
+    pub ram_mib: u64,
+    /// Virtual CPUs (and whole host cores the VMM may use).
+    pub vcpus: u32,
+}
+
+impl VmSize {
+    /// A VM large enough for a program with `limits` (the limits themselves are enforced
+    /// inside the guest, by its sandbox's cgroup).
+    pub fn for_limits(limits: &Limits) -> VmSize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        VmSize {
+            ram_mib: limits.memory_bytes.div_ceil(1 << 20) + GUEST_OVERHEAD_MIB,
+            vcpus: (limits.cpus.ceil() as u32).clamp(1, cores),
+        }
+    }
+}
+
+/// Prepared once per airlock process: image, VMM, cgroups, accelerator.
+#[derive(Debug)]
+pub struct MicroVmHost {
+    /// The VMM behind every VM.
+    vmm: Box<dyn Vmm>,
+    /// Boot files.
+    image: GuestImage,
+    /// How long preparing them took.
+    prepared: PrepareTimes,
+    /// cgroups of the VMM processes.
+    cgroups: CgroupHost,
+    /// `<state>/<owner>`: this process's VMs' state directories.
+    state_dir: PathBuf,
+    /// The accelerator and why it was chosen.
+    accel: Accel,
+    accel_reason: String,
+    /// The host's TSC frequency, for the guest's command line.
+    tsc_khz: u64,
+    /// Counter for VMM uids.
+    next_uid: AtomicU32,
+    /// VMs of dead airlock processes purged at start.
+    purged: usize,
+}
+
+impl MicroVmHost {
+    /// Checks the host, prepares (or reuses) the guest image and purges what crashed
+    /// airlock processes left (VMM processes, cgroups, state directories).
+    pub fn new(options: &HostOptions) -> Result<MicroVmHost, VmError> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(VmError::Host(
+                "micro-VMs need root: the VMM is put in a cgroup and run as an unprivileged uid (try sudo)"
+                    .into(),
+            ));
+        }
+        let cgroups = CgroupHost::detect().map_err(|e| VmError::Host(format!("cgroups: {e}")))?;
+        let mut purged = cgroups.purge_stale();
+        purged += purge_state(&options.state);
+        let state_dir = options.state.join(cgroups.owner());
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&state_dir)
+            .map_err(|e| VmError::Host(format!("creating {}: {e}", state_dir.display())))?;
+        let builder = ImageBuilder {
+            cache: options.cache.clone(),
+            agent: options.agent.clone(),
+            host_root: PathBuf::from("/"),
+        };
+        let (image, prepared) = builder.prepare()?;
+        let vmm: Box<dyn Vmm> = Box::new(Qemu::default());
+        let mut host = MicroVmHost {
+            vmm,
+            image,
+            prepared,
+            cgroups,
+            state_dir,
+            accel: Accel::Tcg,
+            accel_reason: String::new(),
+            tsc_khz: sys::tsc_khz(Duration::from_millis(20)),
+            next_uid: AtomicU32::new(sys::getpid() as u32),
+            purged,
+        };
+        (host.accel, host.accel_reason) = match options.accel {
+            Some(a) => (a, "chosen with AIRLOCK_VM_ACCEL".to_owned()),
+            None => {
+                let version = host.vmm.version().unwrap_or_default();
+                crate::accel::choose(&crate::accel::verdict(&host, &options.cache, &version, false))
+            }
+        };
+        Ok(host)
+    }
+
+    /// Probes KVM again (ignoring the cached verdict) and returns the verdict, for
+    /// `doctor`.
+    pub fn probe_kvm(&self, cache: &Path) -> crate::accel::Verdict {
+        let version = self.vmm.version().unwrap_or_default();
+        crate::accel::verdict(self, cache, &version, true)
+    }
+
+    /// The VMM's name and version.
+    pub fn vmm(&self) -> (&'static str, String) {
+        (
+            self.vmm.name(),
+            self.vmm.version().unwrap_or_else(|e| e.to_string()),
+        )
+    }
+
+    /// The guest's boot files.
+    pub fn image(&self) -> &GuestImage {
+        &self.image
+    }
+
+    /// How long preparing the image took in this process (zeros when it was cached).
+    pub fn prepare_times(&self) -> PrepareTimes {
+        self.prepared
+    }
+
+    /// The accelerator VMs use, and why.
+    pub fn accel(&self) -> (Accel, &str) {
+        (self.accel, &self.accel_reason)
+    }
+
+    /// VMs of dead airlock processes purged when this host started.
+    pub fn purged_at_start(&self) -> usize {
+        self.purged
+    }
+
+    /// The guest kernel's command line.
+    fn cmdline(&self, accel: Accel) -> String {
+        // tsc_early_khz: the early TSC calibration is unreliable when emulated (about one
+        // boot in eight hangs without it). cryptomgr.notests: the boot-time self-tests of
+        // the kernel's crypto algorithms check the implementations, not a security
+        // property, and take 0.5 s of an emulated boot. panic=-1 with the VMM's
+        // -no-reboot: a guest that panics ends the VM at once.
+        let mut c = format!(
+            "console=ttyS0 quiet panic=-1 tsc_early_khz={} tsc=reliable cryptomgr.notests",
+            self.tsc_khz
+        );
+        if accel == Accel::Tcg {
+            // An emulated CPU does not speculate, so there is nothing for the guest's
+            // Spectre/Meltdown mitigations to defend, and page-table isolation is
+            // expensive to emulate.
+            c.push_str(" mitigations=off");
+        }
+        c
+    }
+
+    /// Boots a VM sized `size` and waits until its agent is ready.
+    pub fn boot(&self, size: VmSize) -> Result<BootedVm, VmError> {
+        self.boot_with(size, self.accel, BOOT_TIMEOUT)
+    }
+
+    /// Boots as root with a given accelerator and a short timeout: the KVM probe only.
+    pub(crate) fn boot_probe(
+        &self,
+        size: VmSize,
+        accel: Accel,
+        timeout: Duration,
+    ) -> Result<BootedVm, VmError> {
+        boot(BootParams {
+            vmm: &*self.vmm,
+            image: &self.image,
+            cgroups: &self.cgroups,
+            state_dir: &self.state_dir,
+            cmdline: self.cmdline(accel),
+            accel,
+            size,
+            uid: 0,
+            timeout,
+        })
+    }
+
+    fn boot_with(&self, size: VmSize, accel: Accel, timeout: Duration) -> Result<BootedVm, VmError> {
+        boot(BootParams {
+            vmm: &*self.vmm,
+            image: &self.image,
+            cgroups: &self.cgroups,
+            state_dir: &self.state_dir,
+            cmdline: self.cmdline(accel),
+            accel,
+            size,
+            uid: VMM_UID_BASE + self.next_uid.fetch_add(1, Ordering::Relaxed) % VMM_UID_SLOTS,
+            timeout,
+        })
+    }
+
+    /// Boots a VM for `spec`, runs it, and destroys the VM.
+    pub fn run(
+        &self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, VmError> {
+        spec.validate().map_err(VmError::Spec)?;
+        let mut vm = self.boot(VmSize::for_limits(&spec.limits))?;
+        vm.run(spec, sink, cancel)
+    }
+}
+
+/// Everything `boot` needs.
+pub(crate) struct BootParams<'a> {
+    pub vmm: &'a dyn Vmm,
+    pub image: &'a GuestImage,
+    pub cgroups: &'a CgroupHost,
+    pub state_dir: &'a Path,
+    pub cmdline: String,
+    pub accel: Accel,
+    pub size: VmSize,
+    pub uid: u32,
+    pub timeout: Duration,
+}
+
+/// A fresh VM id: `vm-` and 16 hex digits from the kernel's random source.
+fn new_id() -> Result<String, VmError> {
+    let mut bytes = [0u8; 8];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| VmError::Host(format!("/dev/urandom: {e}")))?;
+    Ok(format!(
+        "vm-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
+}
+
+pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
+    let t0 = Instant::now();
+    let id = new_id()?;
+    let state = p.state_dir.join(&id);
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&state)
+        .map_err(|e| VmError::Host(format!("creating {}: {e}", state.display())))?;
+    // From here on the guard owns the state directory (and later the cgroup and process).
+    let mut vm = BootedVm {
+        id: id.clone(),
+        child: None,
+        agent: None,
+        control: None,
+        cgroup: None,
+        state: state.clone(),
+        boot: Duration::ZERO,
+        info: GuestInfo::default(),
+        used: false,
+    };
+    let limits = CgroupLimits {
+        memory_bytes: (p.size.ram_mib
+            + VMM_OVERHEAD_MIB
+            + if p.accel == Accel::Tcg {
+                crate::qemu::TCG_TB_MIB
+            } else {
+                0
+            })
+            << 20,
+        cpus: f64::from(p.size.vcpus),
+        pids: VMM_PIDS,
+    };
+    let cgroup = p
+        .cgroups
+        .create(&id, &limits)
+        .map_err(|e| VmError::Host(format!("cgroup for the VM: {e}")))?;
+    let procs = cgroup
+        .paths()
+        .map(|d| CString::new(d.join("cgroup.procs").into_os_string().into_encoded_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| VmError::Host(format!("cgroup path: {e}")))?;
+    vm.cgroup = Some(cgroup);
+    let console_path = state.join("console.log");
+    let console = fs::OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .mode(0o600)
+        .open(&console_path)
+        .map_err(|e| VmError::Host(format!("creating {}: {e}", console_path.display())))?;
+    let groups = if p.accel == Accel::Kvm && p.uid != 0 {
+        crate::accel::kvm_group().into_iter().collect()
+    } else {
+        Vec::new()
+    };
+    let launched = p.vmm.launch(Launch {
+        image: p.image,
+        cmdline: p.cmdline,
+        ram_mib: p.size.ram_mib,
+        vcpus: p.size.vcpus,
+        accel: p.accel,
+        console,
+        uid: p.uid,
+        gid: p.uid,
+        groups,
+        cgroup_procs: procs,
+        state_dir: state.clone(),
+    })?;
+    let pid = launched.child.id();
+    vm.child = Some(launched.child);
+    vm.control = Some(launched.control);
+    let _ = fs::write(
+        state.join("pid"),
+        format!("{pid} {}\n", start_time(pid).unwrap_or(0)),
+    );
+    let agent = launched.agent;
+    agent
+        .set_nonblocking(true)
+        .map_err(|e| VmError::Host(format!("agent socket: {e}")))?;
+    vm.agent = Some(Channel {
+        stream: agent,
+        decoder: Decoder::default(),
+    });
+
+    let deadline = t0 + p.timeout;
+    match vm.channel()?.recv(deadline, &[]) {
+        Ok(frame) => match frame.msg {
+            ToHost::Ready(info) => vm.info = info,
+            other => return Err(vm.boot_failed(&format!("unexpected first message {other:?}"))),
+        },
+        Err(Recv::Timeout) => return Err(vm.boot_failed(&format!("no agent after {:?}", p.timeout))),
+        Err(Recv::Closed) => return Err(vm.boot_failed("the VM stopped while booting")),
+        Err(Recv::Cancelled) => unreachable!("no cancel fds"),
+        Err(Recv::Failed(e)) => return Err(vm.boot_failed(&e.to_string())),
+    }
+    vm.boot = t0.elapsed();
+    Ok(vm)
+}
+
+/// The host's end of the agent's port, with its frame reassembly.
+#[derive(Debug)]
+struct Channel {
+    stream: UnixStream,
+    decoder: Decoder,
+}
+
+/// Why no frame was received.
+#[derive(Debug)]
+enum Recv {
+    Timeout,
+    Closed,
+    Cancelled,
+    Failed(VmError),
+}
+
+impl Channel {
+    /// Sends one frame (blocking until written: the guest drains its port continuously).
+    fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> Result<(), VmError> {
+        let mut buf = Vec::new();
+        proto::write(&mut buf, msg, payload).map_err(|e| VmError::Guest(e.to_string()))?;
+        let mut off = 0;
+        while off < buf.len() {
+            match self.stream.write(&buf[off..]) {
+                Ok(0) => return Err(VmError::Guest("the VM closed its port".into())),
+                Ok(n) => off += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLOUT)];
+                    let _ = poll(&mut fds, PollTimeout::from(1000u16));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(VmError::Guest(format!("writing to the VM: {e}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// The next frame, waiting until `deadline`; returns early when a `cancel` fd is
+    /// readable.
+    fn recv(&mut self, deadline: Instant, cancel: &[BorrowedFd<'_>]) -> Result<proto::Frame<ToHost>, Recv> {
+        let mut buf = vec![0u8; CHUNK + 4096];
+        loop {
+            match self.decoder.next_frame::<ToHost>() {
+                Ok(Some(frame)) => return Ok(frame),
+                Ok(None) => {}
+                Err(e) => return Err(Recv::Failed(VmError::Guest(e.to_string()))),
+            }
+            match self.stream.read(&mut buf) {
+                Ok(0) => return Err(Recv::Closed),
+                Ok(n) => {
+                    self.decoder.push(&buf[..n]);
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Recv::Failed(VmError::Guest(format!("reading from the VM: {e}")))),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Recv::Timeout);
+            }
+            let mut fds = vec![PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
+            fds.extend(cancel.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)));
+            let ms = left.as_millis().min(60_000) as u16;
+            match poll(&mut fds, PollTimeout::from(ms.max(1))) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(Recv::Failed(VmError::Guest(format!("poll: {e}")))),
+            }
+            if fds[1..].iter().any(|f| f.any().unwrap_or(false)) {
+                return Err(Recv::Cancelled);
+            }
+        }
+    }
+}
+
+/// A booted VM whose agent waits for requests. Dropping it kills the VMM, removes its
+/// cgroup and its state directory.
+#[derive(Debug)]
+pub struct BootedVm {
+    /// `vm-<hex>`: names the cgroup and the state directory.
+    id: String,
+    /// Owned: the VMM process; killed and reaped on drop.
+    child: Option<Child>,
+    /// Owned: the agent's channel.
+    agent: Option<Channel>,
+    /// Owned: the VMM's control channel (QMP).
+    control: Option<Box<dyn VmControl>>,
+    /// Owned: the VMM's cgroup; destroyed on drop, after the process is reaped.
+    cgroup: Option<Cgroup>,
+    /// Owned: the private state directory; removed on drop.
+    state: PathBuf,
+    /// From launch to the agent's `Ready`.
+    boot: Duration,
+    /// What the guest reported at start.
+    info: GuestInfo,
+    /// Whether a program has run (a VM serves one).
+    used: bool,
+}
+
+impl BootedVm {
+    /// The VM's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// How long the boot took, from launch to the agent's `Ready`.
+    pub fn boot_time(&self) -> Duration {
+        self.boot
+    }
+
+    /// What the guest reported at start.
+    pub fn guest_info(&self) -> &GuestInfo {
+        &self.info
+    }
+
+    /// The VMM process's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Asks the VMM which accelerator the guest runs on.
+    pub fn accelerator(&mut self) -> Result<String, VmError> {
+        match self.control.as_mut() {
+            Some(c) => c.accelerator(),
+            None => Err(VmError::Control("no control channel".into())),
+        }
+    }
+
+    fn channel(&mut self) -> Result<&mut Channel, VmError> {
+        self.agent
+            .as_mut()
+            .ok_or_else(|| VmError::Guest("the VM is gone".into()))
+    }
+
+    /// Waits for `Ok` (or the guest's error) to a request.
+    fn expect_ok(&mut self, what: &str) -> Result<(), VmError> {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        match self.channel()?.recv(deadline, &[]) {
+            Ok(f) => match f.msg {
+                ToHost::Ok => Ok(()),
+                ToHost::Error { message } => Err(VmError::Guest(format!("{what}: {message}"))),
+                other => Err(VmError::Guest(format!("{what}: unexpected reply {other:?}"))),
+            },
+            Err(e) => Err(self.lost(what, e)),
+        }
+    }
+
+    /// The error for a channel that failed during `what`.
+    fn lost(&mut self, what: &str, e: Recv) -> VmError {
+        match e {
+            Recv::Failed(e) => e,
+            Recv::Timeout => VmError::Guest(format!("{what}: the guest did not answer")),
+            Recv::Cancelled => VmError::Cancelled,
+            Recv::Closed => VmError::Guest(format!(
+                "{what}: the VM stopped{}",
+                console_tail(&self.state.join("console.log"))
+            )),
+        }
+    }
+
+    /// Runs `spec`'s program in this VM and returns its result; output within the limit
+    /// also goes to `sink` as it arrives. The guest runs it in the namespace sandbox under
+    /// its own cgroup; past the deadline (plus a grace for the guest's report) the VM is
+    /// killed from outside. When a `cancel` fd becomes readable the VM is killed and
+    /// [`VmError::Cancelled`] returned. A VM runs one program: a second call fails.
+    pub fn run(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, VmError> {
+        spec.validate().map_err(VmError::Spec)?;
+        if std::mem::replace(&mut self.used, true) {
+            return Err(VmError::Guest("this VM already ran a program".into()));
+        }
+        let t0 = Instant::now();
+        let limits = spec.limits.clone();
+        self.channel()?.send(
+            &ToGuest::Create {
+                limits: limits.clone(),
+            },
+            &[],
+        )?;
+        self.expect_ok("creating the sandbox")?;
+        for file in &spec.files {
+            let mut chunks = file.content.chunks(CHUNK).peekable();
+            let mut first = true;
+            loop {
+                let chunk = chunks.next().unwrap_or(&[]);
+                let last = chunks.peek().is_none();
+                let msg = ToGuest::WriteFile {
+                    path: file.path.clone(),
+                    mode: file.mode,
+                    first,
+                    last,
+                };
+                self.channel()?.send(&msg, chunk)?;
+                first = false;
+                if last {
+                    break;
+                }
+            }
+            self.expect_ok(&format!("writing {}", file.path))?;
+        }
+        for chunk in spec.stdin.chunks(CHUNK) {
+            self.channel()?.send(&ToGuest::Stdin, chunk)?;
+        }
+        let exec = ToGuest::Exec {
+            command: spec.command.clone(),
+            env: spec.env.clone(),
+            limits,
+        };
+        self.channel()?.send(&exec, &[])?;
+        let setup = t0.elapsed() + self.boot;
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(spec.limits.timeout_ms) + DEADLINE_GRACE;
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        loop {
+            let frame = match self.channel()?.recv(deadline, cancel) {
+                Ok(f) => f,
+                Err(Recv::Timeout) => {
+                    self.kill();
+                    return Ok(self.host_result(Outcome::Timeout, &out, &err, started, setup));
+                }
+                Err(Recv::Cancelled) => {
+                    self.kill();
+                    return Err(VmError::Cancelled);
+                }
+                Err(Recv::Closed) if self.vm_oom_killed() => {
+                    self.kill();
+                    return Ok(self.host_result(Outcome::Oom, &out, &err, started, setup));
+                }
+                Err(e) => {
+                    let e = self.lost("running the program", e);
+                    self.kill();
+                    return Err(e);
+                }
+            };
+            match frame.msg {
+                ToHost::Stdout => {
+                    sink.stdout(&frame.payload);
+                    out.extend_from_slice(&frame.payload);
+                }
+                ToHost::Stderr => {
+                    sink.stderr(&frame.payload);
+                    err.extend_from_slice(&frame.payload);
+                }
+                ToHost::Exited { result } => {
+                    let mut result = *result;
+                    result.id = self.id.clone();
+                    result.stdout = String::from_utf8_lossy(&out).into_owned();
+                    result.stderr = String::from_utf8_lossy(&err).into_owned();
+                    result.setup_ms = round3(result.setup_ms + setup.as_secs_f64() * 1e3);
+                    return Ok(result);
+                }
+                ToHost::Error { message } => return Err(VmError::Guest(message)),
+                other => return Err(VmError::Guest(format!("unexpected message {other:?}"))),
+            }
+        }
+    }
+
+    /// Reads a file under the guest's /workspace (at most `max_bytes`), after a run.
+    pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, VmError> {
+        let msg = ToGuest::ReadFile {
+            path: path.to_owned(),
+            max_bytes,
+        };
+        self.channel()?.send(&msg, &[])?;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let mut data = Vec::new();
+        loop {
+            let frame = match self.channel()?.recv(deadline, &[]) {
+                Ok(f) => f,
+                Err(e) => return Err(self.lost("reading a file", e)),
+            };
+            match frame.msg {
+                ToHost::FileChunk { last } => {
+                    data.extend_from_slice(&frame.payload);
+                    if data.len() as u64 > max_bytes {
+                        return Err(VmError::Guest(format!("{path}: more than {max_bytes} bytes")));
+                    }
+                    if last {
+                        return Ok(data);
+                    }
+                }
+                ToHost::Error { message } => return Err(VmError::Guest(message)),
+                other => return Err(VmError::Guest(format!("unexpected message {other:?}"))),
+            }
+        }
+    }
+
+    /// Whether the VMM's cgroup saw an OOM kill (the VM as a whole outgrew its wall).
+    fn vm_oom_killed(&self) -> bool {
+        self.cgroup.as_ref().is_some_and(|c| c.usage().oom_kills > 0)
+    }
+
+    /// The result when the guest could not report (deadline passed, VM killed): output
+    /// received so far; the guest's usage counters died with it, so they are zero.
+    fn host_result(
+        &self,
+        outcome: Outcome,
+        out: &[u8],
+        err: &[u8],
+        started: Instant,
+        setup: Duration,
+    ) -> ExecResult {
+        ExecResult {
+            id: self.id.clone(),
+            outcome,
+            exit_code: None,
+            signal: Some(libc::SIGKILL),
+            timed_out: outcome == Outcome::Timeout,
+            oom_killed: outcome == Outcome::Oom,
+            stdout: String::from_utf8_lossy(out).into_owned(),
+            stderr: String::from_utf8_lossy(err).into_owned(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            stdout_bytes: out.len() as u64,
+            stderr_bytes: err.len() as u64,
+            wall_ms: round3(started.elapsed().as_secs_f64() * 1e3),
+            setup_ms: round3(setup.as_secs_f64() * 1e3),
+            cpu_ms: 0.0,
+            memory_peak_bytes: 0,
+            egress: Vec::new(),
+        }
+    }
+
+    /// Kills the VMM and everything in its cgroup, and reaps it.
+    fn kill(&mut self) {
+        self.agent = None;
+        self.control = None;
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(cg) = &self.cgroup {
+            let _ = cg.kill();
+        }
+    }
+
+    /// The error for a boot that did not reach the agent, with the console's last lines.
+    fn boot_failed(&mut self, why: &str) -> VmError {
+        self.kill();
+        VmError::Boot(format!("{why}{}", console_tail(&self.state.join("console.log"))))
+    }
+}
+
+impl Drop for BootedVm {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(cg) = self.cgroup.take() {
+            let _ = cg.destroy();
+        }
+        let _ = fs::remove_dir_all(&self.state);
+    }
+}
+
+fn round3(ms: f64) -> f64 {
+    (ms * 1e3).round() / 1e3
+}
+
+/// The last lines of the console log, as a suffix for an error message.
+fn console_tail(path: &Path) -> String {
+    let text = fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().rev().take(CONSOLE_TAIL_LINES).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail: Vec<&str> = lines.into_iter().rev().collect();
+    format!("; guest console:\n{}", tail.join("\n"))
+}
+
+/// Field 22 of /proc/<pid>/stat: the process's start time in clock ticks since boot.
+pub(crate) fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Removes the state directories of airlock processes that are gone, after killing any
+/// VMM they recorded that still runs. Returns how many VMs were purged.
+fn purge_state(root: &Path) -> usize {
+    let Ok(owners) = fs::read_dir(root) else {
+        return 0;
+    };
+    let mut purged = 0;
+    for owner in owners.flatten() {
+        let name = owner.file_name().to_string_lossy().into_owned();
+        let Some((pid, start)) = name.split_once('-') else {
+            continue;
+        };
+        let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+            continue;
+        };
+        if start_time(pid) == Some(start) {
+            continue; // a live airlock process
+        }
+        for vm in fs::read_dir(owner.path()).into_iter().flatten().flatten() {
+            let recorded = fs::read_to_string(vm.path().join("pid")).unwrap_or_default();
+            let mut it = recorded.split_whitespace().map(|v| v.parse::<u64>().ok());
+            if let (Some(Some(pid)), Some(Some(start))) = (it.next(), it.next())
+                && start_time(pid as u32) == Some(start)
+            {
+                // SAFETY: kill with a pid whose start time we just matched to the
+                // recorded VMM; no memory is involved.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+            if fs::remove_dir_all(vm.path()).is_ok() {
+                purged += 1;
+            }
+        }
+        let _ = fs::remove_dir(owner.path());
+    }
+    purged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_size_follows_the_limits() {
+        let l = Limits {
+            memory_bytes: 256 << 20,
+            cpus: 0.5,
+            ..Limits::default()
+        };
+        let s = VmSize::for_limits(&l);
+        assert_eq!(s.ram_mib, 256 + GUEST_OVERHEAD_MIB);
+        assert_eq!(s.vcpus, 1);
+    }
+
+    #[test]
+    fn state_of_dead_owners_is_purged_and_live_ones_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let live = root.path().join(format!("{me}-{}", start_time(me).unwrap()));
+        let dead = root.path().join(format!("{me}-1"));
+        for d in [&live, &dead] {
+            fs::create_dir_all(d.join("vm-1")).unwrap();
+            fs::write(d.join("vm-1/console.log"), "x").unwrap();
+        }
+        assert_eq!(purge_state(root.path()), 1);
+        assert!(live.join("vm-1").is_dir());
+        assert!(!dead.exists());
+    }
+}

@@ -1,0 +1,90 @@
+//! The one interface a virtual machine monitor implements: start a VM from the guest
+//! image with the agent's channel attached, and hand back the process. QEMU's `microvm`
+//! machine is the implementation today ([`crate::qemu::Qemu`]); Firecracker or Cloud
+//! Hypervisor fit the same shape (a kernel, an initramfs, a read-only block device, one
+//! byte stream to the agent, one process to kill).
+
+use std::ffi::CString;
+use std::fmt;
+use std::fs::File;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::Child;
+
+use crate::VmError;
+use crate::image::GuestImage;
+
+/// How the guest's CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualization through /dev/kvm.
+    Kvm,
+    /// QEMU's software emulation (TCG): slower, works everywhere.
+    Tcg,
+}
+
+impl Accel {
+    /// `kvm` or `tcg`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// Everything a VMM needs to start one VM. Prepared by the caller before the fork: the
+/// strings and paths here are what the child uses after it.
+#[derive(Debug)]
+pub struct Launch<'a> {
+    /// Kernel, initramfs and rootfs image.
+    pub image: &'a GuestImage,
+    /// The kernel command line.
+    pub cmdline: String,
+    /// Guest RAM in MiB.
+    pub ram_mib: u64,
+    /// Virtual CPUs.
+    pub vcpus: u32,
+    /// Hardware or emulated CPU.
+    pub accel: Accel,
+    /// The VMM process's stdout and stderr (the guest's serial console goes there too).
+    pub console: File,
+    /// The unprivileged uid and gid the VMM process runs as from its first instruction.
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// Supplementary groups (the group of /dev/kvm under KVM), else none.
+    pub groups: Vec<u32>,
+    /// `cgroup.procs` files the process joins before it executes the VMM.
+    pub cgroup_procs: Vec<CString>,
+    /// The VM's private state directory (owned by root; the VMM does not write it).
+    pub state_dir: PathBuf,
+}
+
+/// A started VM.
+#[derive(Debug)]
+pub struct Launched {
+    /// The VMM process.
+    pub child: Child,
+    /// The host's end of the agent's byte stream.
+    pub agent: UnixStream,
+    /// The VMM's control channel, connected and ready for commands.
+    pub control: Box<dyn VmControl>,
+}
+
+/// Control of a running VM beyond killing its process.
+pub trait VmControl: fmt::Debug + Send {
+    /// Asks the VMM which accelerator the guest runs on (`kvm`, `tcg`).
+    fn accelerator(&mut self) -> Result<String, VmError>;
+}
+
+/// A virtual machine monitor.
+pub trait Vmm: fmt::Debug + Send + Sync {
+    /// Its name, for `doctor` and errors (`qemu`).
+    fn name(&self) -> &'static str;
+    /// Its version string.
+    fn version(&self) -> Result<String, VmError>;
+    /// Starts a VM. The process is in its cgroup and unprivileged before it executes the
+    /// VMM, and dies with the calling thread (PR_SET_PDEATHSIG).
+    fn launch(&self, launch: Launch<'_>) -> Result<Launched, VmError>;
+}
