@@ -1,10 +1,15 @@
 //! `airlock doctor`: one line per host feature; non-zero exit when a required one is missing.
+//! The micro-VM lines come last: they boot a VM.
 
 use std::process::ExitCode;
 
 pub fn run() -> anyhow::Result<ExitCode> {
     let mut missing = false;
-    for c in airlock_sandbox::doctor::run() {
+    let mut checks = airlock_sandbox::doctor::run();
+    // Micro-VM readiness: not required (the namespace backend runs without it); it boots
+    // a VM to find out, so it takes a few seconds.
+    checks.extend(airlock_microvm::doctor::run());
+    for c in checks {
         let mark = match (c.ok, c.required) {
             (true, _) => "ok  ",
             (false, true) => "FAIL",

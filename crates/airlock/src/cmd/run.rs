@@ -1,7 +1,8 @@
 //! `airlock run [OPTIONS] [--] COMMAND [ARGS...]`.
 
+use airlock_microvm::{HostOptions, MicroVmHost, VmError};
 use airlock_sandbox::{Engine, OutputSink, SandboxError};
-use airlock_spec::{FileSpec, Limits, NetworkPolicy, Spec, parse_duration, parse_size};
+use airlock_spec::{FileSpec, Isolation, Limits, NetworkPolicy, Spec, parse_duration, parse_size};
 use anyhow::{Context, bail};
 use clap::Args;
 use nix::sys::signal::{SigSet, Signal};
@@ -60,6 +61,10 @@ pub struct RunArgs {
     /// (how to reach an internal service on purpose); repeatable.
     #[arg(long = "allow-cidr", value_name = "CIDR")]
     allow_cidrs: Vec<String>,
+    /// Isolation: `namespaces` (the host kernel's namespaces, cgroup, seccomp and
+    /// landlock) or `microvm` (the same sandbox inside a micro-VM of its own).
+    #[arg(long, value_name = "MODE", default_value = "namespaces", value_parser = ["namespaces", "microvm"])]
+    isolation: String,
     /// Print the result as JSON on stdout (exit 0 whenever the sandbox ran).
     #[arg(long)]
     json: bool,
@@ -151,6 +156,10 @@ impl RunArgs {
             }
             _ => {}
         }
+        spec.isolation = self
+            .isolation
+            .parse()
+            .map_err(|e: airlock_spec::SpecError| anyhow::anyhow!("--isolation: {}", e.message))?;
         if let Some(root) = self.rootfs {
             let root = std::fs::canonicalize(&root)
                 .with_context(|| format!("--rootfs {}: cannot open it", root.display()))?;
@@ -178,6 +187,8 @@ fn flag_for(field: &str) -> String {
         _ if field.starts_with("env") => "--env",
         _ if field.starts_with("network.allow_cidrs") => "--allow-cidr",
         _ if field.starts_with("network.allow") => "--allow",
+        "network" => "--net",
+        "rootfs" => "--rootfs",
         _ => return field.to_owned(),
     };
     name.to_owned()
@@ -195,6 +206,11 @@ impl OutputSink for Live {
     }
 }
 
+fn interrupted() -> ExitCode {
+    eprintln!("airlock: interrupted; the sandbox was killed and purged");
+    ExitCode::from(130)
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (spec, json) = args.into_spec()?;
     // Ctrl-C, SIGTERM and SIGHUP end the run cleanly (sandbox killed and purged) instead
@@ -206,18 +222,28 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     signals.thread_block().context("blocking signals")?;
     let cancel = SignalFd::new(&signals).context("signalfd")?;
 
-    let engine = Engine::new()?;
     let mut live = Live;
     let mut quiet = airlock_sandbox::Capture;
     let sink: &mut dyn OutputSink = if json { &mut quiet } else { &mut live };
-    let result = match engine.run(&spec, sink, &[cancel.as_fd()]) {
-        Ok(r) => r,
-        Err(SandboxError::Cancelled) => {
-            eprintln!("airlock: interrupted; the sandbox was killed and purged");
-            return Ok(ExitCode::from(130));
+    let result = match spec.isolation {
+        Isolation::Namespaces => {
+            let engine = Engine::new()?;
+            match engine.run(&spec, sink, &[cancel.as_fd()]) {
+                Ok(r) => r,
+                Err(SandboxError::Cancelled) => return Ok(interrupted()),
+                Err(SandboxError::Spec(e)) => bail!("{}: {}", flag_for(&e.field), e.message),
+                Err(e) => return Err(e.into()),
+            }
         }
-        Err(SandboxError::Spec(e)) => bail!("{}: {}", flag_for(&e.field), e.message),
-        Err(e) => return Err(e.into()),
+        Isolation::Microvm => {
+            let host = MicroVmHost::new(&HostOptions::from_env())?;
+            match host.run(&spec, sink, &[cancel.as_fd()]) {
+                Ok(r) => r,
+                Err(VmError::Cancelled) => return Ok(interrupted()),
+                Err(VmError::Spec(e)) => bail!("{}: {}", flag_for(&e.field), e.message),
+                Err(e) => return Err(e.into()),
+            }
+        }
     };
     if json {
         let mut out = std::io::stdout().lock();
