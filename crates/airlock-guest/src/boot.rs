@@ -1,7 +1,7 @@
 //! From the kernel's hand-off to a serving agent. Order is fixed:
 //!
 //! 1. /dev (devtmpfs), /proc and /sys in the initramfs, so modules can be loaded and
-//!    devices found;
+//!    devices found; memory overcommit as on a host;
 //! 2. load the modules shipped in the initramfs, in the numbered order the host resolved
 //!    from their dependencies (virtio-mmio finds the devices QEMU's microvm machine lists
 //!    in ACPI; then the block, console and squashfs drivers);
@@ -76,6 +76,11 @@ pub fn boot() -> Result<(File, u64), String> {
     )?;
     mnt("proc", "/proc", Some("proc"), nosuid, None)?;
     mnt("sysfs", "/sys", Some("sysfs"), nosuid, None)?;
+    // The VM's RAM is the program's memory limit plus a little, so the kernel's heuristic
+    // overcommit would refuse a large allocation that a host grants and then OOM-kills
+    // at the cgroup's limit. Always grant: the sandbox's cgroup is the limit, as on a
+    // host, and the result says `oom` the same way.
+    fs::write("/proc/sys/vm/overcommit_memory", "1").map_err(|e| format!("vm.overcommit_memory: {e}"))?;
 
     // 2.
     let mut modules: Vec<PathBuf> = fs::read_dir(MODULES)

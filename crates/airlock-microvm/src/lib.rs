@@ -42,7 +42,7 @@ mod sys;
 mod vm;
 pub mod vmm;
 
-pub use vm::{BootedVm, HostOptions, MicroVmHost, VmSize};
+pub use vm::{BootedVm, HostOptions, MicroVmHost, VMM_UID_BASE, VMM_UID_SLOTS, VmSize};
 pub use vmm::Accel;
 
 /// Why a micro-VM run could not happen. A program that fails is an `ExecResult`.

@@ -55,9 +55,9 @@ const CONSOLE_TAIL_LINES: usize = 15;
 /// First host uid of VMM processes: right after the uid ranges of namespace sandboxes
 /// (airlock-sandbox's HOST_UID_BASE + HOST_UID_SLOTS * 65536), so no VMM shares a uid with
 /// a sandbox or with another VMM (each VM gets its own).
-const VMM_UID_BASE: u32 = airlock_sandbox::HOST_UID_BASE + airlock_sandbox::HOST_UID_SLOTS * 65536;
+pub const VMM_UID_BASE: u32 = airlock_sandbox::HOST_UID_BASE + airlock_sandbox::HOST_UID_SLOTS * 65536;
 /// Distinct VMM uids handed out round-robin.
-const VMM_UID_SLOTS: u32 = 65536;
+pub const VMM_UID_SLOTS: u32 = 65536;
 const _: () = assert!(VMM_UID_BASE as u64 + VMM_UID_SLOTS as u64 <= u32::MAX as u64);
 
 /// Where things live and which accelerator to use.
@@ -303,6 +303,14 @@ impl MicroVmHost {
         spec.validate().map_err(VmError::Spec)?;
         let mut vm = self.boot(VmSize::for_limits(&spec.limits))?;
         vm.run(spec, sink, cancel)
+    }
+}
+
+impl Drop for MicroVmHost {
+    /// Removes this process's state directory once its VMs are gone (each removes its own
+    /// on drop; a live VM keeps the directory non-empty and it stays).
+    fn drop(&mut self) {
+        let _ = fs::remove_dir(&self.state_dir);
     }
 }
 
