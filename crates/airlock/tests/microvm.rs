@@ -1,0 +1,310 @@
+//! `airlock run --isolation microvm`: the namespace backend's contract, for real, in a
+//! micro-VM (under TCG on hosts whose KVM cannot boot a guest, so each run takes
+//! seconds: the suite is small, serial, and its time limits are generous). After every
+//! path, nothing of the VM may remain: no VMM process, cgroup, state directory or socket.
+//!
+//! Needs qemu-system-x86_64, mksquashfs and apt (the first run builds the guest image,
+//! about a minute) and the `airlock-guest` binary next to `airlock` (`cargo build`
+//! builds both).
+
+mod common;
+
+use common::host::{Run, airlock_run, assert_nothing_left, owner_cgroups, proc_infos, serial, wait_until};
+use common::setup;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Where VMs keep their state (the default of `airlock`).
+const STATE_ROOT: &str = "/run/airlock/vm";
+
+/// `airlock run --isolation microvm ARGS...`.
+fn vm_run(args: &[&str]) -> Run {
+    let mut full = vec!["--isolation", "microvm"];
+    full.extend_from_slice(args);
+    airlock_run(&full)
+}
+
+/// `--json` run; the parsed result.
+fn vm_json(args: &[&str], argv: &[&str]) -> (Run, serde_json::Value) {
+    let mut full: Vec<&str> = args.to_vec();
+    full.extend(["--json", "--"]);
+    full.extend_from_slice(argv);
+    let run = vm_run(&full);
+    let v = run.json();
+    (run, v)
+}
+
+/// VMM processes (uid in the VMM range) whose parent is `pid`, or all when `pid` is None.
+fn vmm_processes(parent: Option<u32>) -> Vec<String> {
+    proc_infos()
+        .into_iter()
+        .filter(|(_, p)| {
+            p.uid >= airlock_microvm::VMM_UID_BASE
+                && p.uid - airlock_microvm::VMM_UID_BASE < airlock_microvm::VMM_UID_SLOTS
+                && parent.is_none_or(|pp| p.ppid == pp)
+                && p.state != 'Z'
+        })
+        .map(|(pid, p)| format!("{pid}: {p}"))
+        .collect()
+}
+
+/// State directories of airlock process `pid`.
+fn state_dirs(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("{pid}-");
+    std::fs::read_dir(STATE_ROOT)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect()
+}
+
+/// Sockets of airlock process `pid` or its children in the filesystem: none are ever
+/// made (the agent's and QMP's sockets are socketpairs passed as fds), so none may exist
+/// under the state root either.
+fn socket_files(dir: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut found = Vec::new();
+    for entry in walk(dir) {
+        if std::fs::symlink_metadata(&entry).is_ok_and(|m| m.file_type().is_socket()) {
+            found.push(entry);
+        }
+    }
+    found
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// Everything of airlock process `pid` (exited) is gone: VMM processes, cgroups, state
+/// directories, sockets, and sandbox processes.
+#[track_caller]
+fn assert_vm_gone(pid: u32) {
+    assert!(
+        wait_until(Duration::from_secs(5), || vmm_processes(None).is_empty()),
+        "VMM processes remain: {:?}",
+        vmm_processes(None)
+    );
+    assert_nothing_left(pid);
+    assert!(state_dirs(pid).is_empty(), "state left: {:?}", state_dirs(pid));
+    let sockets = socket_files(Path::new(STATE_ROOT));
+    assert!(sockets.is_empty(), "sockets left: {sockets:?}");
+}
+
+#[test]
+fn output_and_exit_codes_match_the_namespace_backend() {
+    let _g = serial();
+    let code = "import sys; print(6*7); print('warn', file=sys.stderr); sys.exit(3)";
+    let (run, vm) = vm_json(&[], &["python3", "-c", code]);
+    assert_vm_gone(run.pid);
+    let ns = airlock_run(&["--json", "--", "python3", "-c", code]).json();
+    assert_eq!(vm["outcome"], "exited", "{vm:#}");
+    assert_eq!(vm["exit_code"], 3);
+    assert_eq!(vm["stdout"], "42\n");
+    assert_eq!(vm["stderr"], "warn\n");
+    // The same result document: same fields, same values where they are deterministic.
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&vm), keys(&ns));
+    for field in [
+        "outcome",
+        "exit_code",
+        "signal",
+        "stdout",
+        "stderr",
+        "timed_out",
+        "oom_killed",
+    ] {
+        assert_eq!(vm[field], ns[field], "{field}");
+    }
+    assert!(vm["cpu_ms"].as_f64().unwrap() > 0.0, "{vm:#}");
+    assert!(vm["memory_peak_bytes"].as_u64().unwrap() > 0, "{vm:#}");
+
+    // Without --json, airlock's exit status is the program's (128+N for a signal).
+    let run = vm_run(&["--", "sh", "-c", "echo out; exit 7"]);
+    assert_eq!(run.code(), Some(7), "{}", run.stderr());
+    assert_eq!(run.stdout(), "out\n");
+    assert_vm_gone(run.pid);
+    let run = vm_run(&["--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(run.code(), Some(128 + 15), "{}", run.stderr());
+    assert_vm_gone(run.pid);
+}
+
+#[test]
+fn timeout_kills_the_vm_near_the_deadline() {
+    let _g = serial();
+    let (run, v) = vm_json(&["--timeout", "2s"], &["sleep", "60"]);
+    assert_eq!(v["outcome"], "timeout", "{v:#}");
+    assert_eq!(v["timed_out"], true);
+    let wall = v["wall_ms"].as_f64().unwrap();
+    assert!(
+        (2000.0..2600.0).contains(&wall),
+        "killed {wall} ms after start, deadline 2000 ms"
+    );
+    // The whole run (boot included) ends well before the program would have.
+    assert!(run.elapsed < Duration::from_secs(45), "{:?}", run.elapsed);
+    assert_vm_gone(run.pid);
+}
+
+#[test]
+fn memory_bomb_ends_as_oom() {
+    let _g = serial();
+    // 400 MB against a 64 MB cap: harmless on the host if it ever ran there.
+    let (run, v) = vm_json(
+        &["--memory", "64M"],
+        &["python3", "-c", "x = bytearray(400 << 20); print('survived')"],
+    );
+    assert_eq!(v["outcome"], "oom", "{v:#}");
+    assert_eq!(v["oom_killed"], true);
+    assert_eq!(v["stdout"], "");
+    let peak = v["memory_peak_bytes"].as_u64().unwrap();
+    assert!(peak <= 64 << 20, "peak {peak} over the cap");
+    assert_vm_gone(run.pid);
+}
+
+#[test]
+fn fork_bomb_is_contained() {
+    let _g = serial();
+    // Bounded: at most 300 children that sleep 3 s, harmless if it ever ran on the host.
+    let code = "import os, time\n\
+                n = 0\n\
+                for i in range(300):\n\
+                \x20   try:\n\
+                \x20       pid = os.fork()\n\
+                \x20   except OSError:\n\
+                \x20       break\n\
+                \x20   if pid == 0:\n\
+                \x20       time.sleep(3)\n\
+                \x20       os._exit(0)\n\
+                \x20   n += 1\n\
+                print(n)\n";
+    let (run, v) = vm_json(&["--pids", "20", "--timeout", "60s"], &["python3", "-c", code]);
+    assert_eq!(v["outcome"], "exited", "{v:#}");
+    let forked: u32 = v["stdout"].as_str().unwrap().trim().parse().unwrap();
+    assert!(forked < 20, "{forked} processes forked under --pids 20");
+    assert_vm_gone(run.pid);
+}
+
+#[test]
+fn output_caps_hold() {
+    let _g = serial();
+    let (run, v) = vm_json(
+        &["--output-limit", "1K"],
+        &["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x; echo done >&2"],
+    );
+    assert_eq!(v["outcome"], "exited", "{v:#}");
+    assert_eq!(v["stdout"].as_str().unwrap().len(), 1024);
+    assert_eq!(v["stdout_truncated"], true);
+    assert_eq!(v["stdout_bytes"], 300000);
+    assert_eq!(v["stderr"], "done\n");
+    assert_eq!(v["stderr_truncated"], false);
+    assert_vm_gone(run.pid);
+}
+
+#[test]
+fn files_go_in_and_stdin_is_read() {
+    let _g = serial();
+    let (dir, _) = setup("microvm-files");
+    let script = dir.path().join("job.py");
+    std::fs::write(
+        &script,
+        "import sys\nprint(open('data/in.txt').read().strip(), sys.stdin.read())\n",
+    )
+    .unwrap();
+    let data = dir.path().join("in.txt");
+    std::fs::write(&data, "from the host\n").unwrap();
+    let input = dir.path().join("stdin.txt");
+    std::fs::write(&input, "and stdin").unwrap();
+    let file_arg = format!("{}:data/in.txt", data.display());
+    let (run, v) = vm_json(
+        &[
+            "--file",
+            script.to_str().unwrap(),
+            "--file",
+            &file_arg,
+            "--stdin",
+            input.to_str().unwrap(),
+        ],
+        &["python3", "job.py"],
+    );
+    assert_eq!(v["outcome"], "exited", "{v:#}");
+    assert_eq!(v["stdout"], "from the host and stdin\n");
+    assert_vm_gone(run.pid);
+}
+
+#[test]
+fn the_sandbox_inside_is_the_namespace_sandbox() {
+    let _g = serial();
+    // Unprivileged user, no network beyond loopback, read-only system directories,
+    // seccomp (unshare is refused), in the VM.
+    let script = "id -u; cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '; \
+                  touch /usr/x 2>/dev/null && echo usr-writable; \
+                  unshare -U true 2>/dev/null && echo unshare-allowed; echo end";
+    let (run, v) = vm_json(&[], &["sh", "-c", script]);
+    assert_eq!(v["outcome"], "exited", "{v:#}");
+    assert_eq!(v["stdout"], "1000\nlo\nend\n", "{v:#}");
+    assert_vm_gone(run.pid);
+}
+
+#[test]
+fn kill_9_of_airlock_leaves_nothing_after_the_next_start() {
+    let _g = serial();
+    let mut child = Command::new(common::airlock_bin())
+        .args(["run", "--isolation", "microvm", "--timeout", "120s", "--"])
+        .args(["sh", "-c", "echo ready; sleep 100"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn airlock");
+    let pid = child.id();
+    // The program is running in the VM once its first line arrives.
+    let mut first = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut first).unwrap();
+    assert_eq!(first, "ready\n", "airlock ended before the program ran");
+    assert_eq!(
+        vmm_processes(Some(pid)).len(),
+        1,
+        "{:?}",
+        vmm_processes(Some(pid))
+    );
+    assert!(!state_dirs(pid).is_empty());
+
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let _ = child.wait();
+    // The VMM dies with airlock (parent-death signal).
+    assert!(
+        wait_until(Duration::from_secs(5), || vmm_processes(None).is_empty()),
+        "VMM outlived airlock: {:?}",
+        vmm_processes(None)
+    );
+    // Its cgroup and state directory wait for the next airlock start, which purges them.
+    let next = vm_run(&["--", "true"]);
+    assert_eq!(next.code(), Some(0), "{}", next.stderr());
+    assert!(owner_cgroups(pid).is_empty(), "{:?}", owner_cgroups(pid));
+    assert!(state_dirs(pid).is_empty(), "{:?}", state_dirs(pid));
+    assert_vm_gone(next.pid);
+}
