@@ -32,8 +32,10 @@ pub const INIT_ARG: &str = "__airlock_init__";
 /// If this process was started as a sandbox init, runs it and never returns.
 /// Binaries that use the engine call this first thing in `main`.
 pub fn maybe_run_init() {
-    if std::env::args_os().nth(1).is_some_and(|a| a == INIT_ARG) {
-        run()
+    match std::env::args_os().nth(1) {
+        Some(a) if a == INIT_ARG => run(),
+        Some(a) if a == crate::zygote::ZYGOTE_ARG => crate::zygote::serve(),
+        _ => {}
     }
 }
 
@@ -49,9 +51,11 @@ struct Init {
     sigchld: SignalFd,
 }
 
-fn run() -> ! {
-    // SAFETY: fd 3 is the control socket the supervisor placed there before exec;
-    // nothing else in this fresh process owns it.
+/// Runs init on the control socket at fd 3; never returns. Called in a fresh exec of
+/// airlock, or in a child of the single-threaded zygote.
+pub(crate) fn run() -> ! {
+    // SAFETY: fd 3 is the control socket the supervisor (or the zygote) placed there;
+    // nothing else in this process owns it.
     let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
     match setup(control) {
         Ok(mut init) => init.serve(),

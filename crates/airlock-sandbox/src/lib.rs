@@ -31,15 +31,18 @@ mod sandbox;
 mod supervisor;
 pub mod sys;
 mod workspace;
+mod zygote;
 
 use airlock_spec::{ExecResult, Spec, SpecError};
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 pub use init::{INIT_ARG, maybe_run_init};
 pub use protocol::FileEntry;
 pub use sandbox::{HOST_UID_BASE, HOST_UID_SLOTS, Sandbox, SandboxConfig};
 pub use supervisor::{Capture, OutputSink};
+pub use zygote::ZYGOTE_ARG;
 
 /// Why a sandbox could not be run. Every variant means the program did not run (or was
 /// stopped before a result existed); a program that fails is an `ExecResult`, not this.
@@ -106,6 +109,10 @@ pub struct Engine {
     slot: AtomicU32,
     /// Sandboxes of dead airlock processes removed at start.
     purged: usize,
+    /// The fork server that clones sandboxes, once [`Engine::start_zygote`] started it.
+    zygote: OnceLock<zygote::Zygote>,
+    /// Set when the zygote stopped answering: sandboxes are cloned directly from then on.
+    zygote_gone: AtomicBool,
 }
 
 impl Engine {
@@ -132,6 +139,8 @@ impl Engine {
             seccomp: airlock_seccomp::to_bytes(&program),
             slot: AtomicU32::new(0),
             purged,
+            zygote: OnceLock::new(),
+            zygote_gone: AtomicBool::new(false),
         })
     }
 
@@ -161,6 +170,35 @@ impl Engine {
     /// How many sandboxes of dead airlock processes were purged when this engine started.
     pub fn purged_at_start(&self) -> usize {
         self.purged
+    }
+
+    /// Starts a fork server that clones every later sandbox's init (see the `zygote`
+    /// module): for a long-running supervisor that creates many sandboxes, it saves each
+    /// one the copy of the supervisor's address space and the exec of airlock. The
+    /// process must call [`maybe_run_init`] first thing in `main`, as for init. Does
+    /// nothing if it runs already. Should the zygote die, sandboxes are cloned directly
+    /// again.
+    pub fn start_zygote(&self) -> Result<(), SandboxError> {
+        if self.zygote.get().is_some() {
+            return Ok(());
+        }
+        let zygote = zygote::Zygote::start().map_err(SandboxError::Spawn)?;
+        // A concurrent start lost the race: its zygote exits when its socket closes.
+        let _ = self.zygote.set(zygote);
+        Ok(())
+    }
+
+    /// The zygote, while it answers.
+    pub(crate) fn zygote(&self) -> Option<&zygote::Zygote> {
+        if self.zygote_gone.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.zygote.get()
+    }
+
+    /// Notes that the zygote stopped answering.
+    pub(crate) fn zygote_failed(&self) {
+        self.zygote_gone.store(true, Ordering::Relaxed);
     }
 
     pub(crate) fn next_slot(&self) -> u32 {

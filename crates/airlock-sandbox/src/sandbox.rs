@@ -115,7 +115,7 @@ pub struct Sandbox {
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
-fn high(fd: &OwnedFd) -> io::Result<OwnedFd> {
+pub(crate) fn high(fd: &OwnedFd) -> io::Result<OwnedFd> {
     let raw = fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(HIGH_FD)).map_err(io::Error::from)?;
     // SAFETY: F_DUPFD_CLOEXEC returned a new fd that nothing else owns.
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
@@ -143,40 +143,23 @@ impl Sandbox {
             SockFlag::SOCK_CLOEXEC,
         )
         .map_err(|e| SandboxError::Spawn(e.into()))?;
-        let null = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/null")
-            .map_err(SandboxError::Spawn)?;
-        let null = OwnedFd::from(null);
-        // Init's stdio is /dev/null (never the caller's terminal); fd 3 is its control end.
-        let child_fds = [&null, &null, &null, &child_control]
-            .map(high)
-            .into_iter()
-            .collect::<io::Result<Vec<_>>>()
-            .map_err(SandboxError::Spawn)?;
-        drop((null, child_control));
-
-        // Everything the child touches before execve is prepared here: the child of a
-        // multi-threaded supervisor must not allocate or take locks.
-        let exe = c"/proc/self/exe";
-        let init_arg = CString::new(INIT_ARG).expect("constant has no NUL");
-        let argv: [*const libc::c_char; 3] = [c"airlock-init".as_ptr(), init_arg.as_ptr(), std::ptr::null()];
-        let envp: [*const libc::c_char; 1] = [std::ptr::null()];
-        let raw_fds: [RawFd; 4] = std::array::from_fn(|i| child_fds[i].as_raw_fd());
-
         let cgroup_fd = cgroup.clone_into_fd().map(|fd| fd.as_raw_fd());
-        // SAFETY: the child branch below only calls async-signal-safe functions (dup2,
-        // close_range, recv, raw setres*id, prctl, setsid, execve, _exit) on data prepared
-        // above.
-        let cloned = unsafe { sys::clone_process(NAMESPACES, cgroup_fd) }.map_err(SandboxError::Spawn)?;
-        let Some(cloned) = cloned else {
-            // SAFETY: see above: async-signal-safe libc calls only; every pointer refers to
-            // memory prepared before the clone and still mapped in this copy of the
-            // address space.
-            unsafe { child_to_init(&raw_fds, exe.as_ptr(), argv.as_ptr(), envp.as_ptr()) }
+        // Through the zygote when there is one; directly when not, or no longer.
+        let zygote = match engine.zygote() {
+            Some(z) => match z.spawn(NAMESPACES, cgroup_fd, &child_control) {
+                Ok(cloned) => Some(cloned.map_err(SandboxError::Spawn)?),
+                Err(_) => {
+                    engine.zygote_failed();
+                    None
+                }
+            },
+            None => None,
         };
-        drop(child_fds);
+        let cloned = match zygote {
+            Some(cloned) => cloned,
+            None => clone_directly(cgroup_fd, &child_control)?,
+        };
+        drop(child_control);
         let mut sandbox = Sandbox {
             id,
             cgroup: Some(cgroup),
@@ -246,6 +229,44 @@ impl Sandbox {
         sandbox.setup = t0.elapsed();
         Ok(sandbox)
     }
+}
+
+/// Clones the sandbox's init from this process; the child execs airlock as init, with
+/// `child_control` as its fd 3.
+fn clone_directly(cgroup_fd: Option<RawFd>, child_control: &OwnedFd) -> Result<sys::Cloned, SandboxError> {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(SandboxError::Spawn)?;
+    let null = OwnedFd::from(null);
+    // Init's stdio is /dev/null (never the caller's terminal); fd 3 is its control end.
+    let child_fds = [&null, &null, &null, child_control]
+        .map(high)
+        .into_iter()
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(SandboxError::Spawn)?;
+    drop(null);
+
+    // Everything the child touches before execve is prepared here: the child of a
+    // multi-threaded supervisor must not allocate or take locks.
+    let exe = c"/proc/self/exe";
+    let init_arg = CString::new(INIT_ARG).expect("constant has no NUL");
+    let argv: [*const libc::c_char; 3] = [c"airlock-init".as_ptr(), init_arg.as_ptr(), std::ptr::null()];
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    let raw_fds: [RawFd; 4] = std::array::from_fn(|i| child_fds[i].as_raw_fd());
+
+    // SAFETY: the child branch below only calls async-signal-safe functions (dup2,
+    // close_range, recv, raw setres*id, prctl, setsid, execve, _exit) on data prepared
+    // above.
+    let cloned = unsafe { sys::clone_process(NAMESPACES, cgroup_fd) }.map_err(SandboxError::Spawn)?;
+    let Some(cloned) = cloned else {
+        // SAFETY: see above: async-signal-safe libc calls only; every pointer refers to
+        // memory prepared before the clone and still mapped in this copy of the
+        // address space.
+        unsafe { child_to_init(&raw_fds, exe.as_ptr(), argv.as_ptr(), envp.as_ptr()) }
+    };
+    Ok(cloned)
 }
 
 /// The child's side of the clone, up to the exec of init.

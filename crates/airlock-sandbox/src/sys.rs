@@ -56,10 +56,12 @@ pub struct Cloned {
 /// functions until it execs or exits.
 pub unsafe fn clone_process(flags: u64, cgroup: Option<RawFd>) -> io::Result<Option<Cloned>> {
     let mut pidfd: libc::c_int = -1;
+    // With CLONE_PARENT the child's exit signal is the caller's own, and clone3 wants 0.
+    let parent = flags & libc::CLONE_PARENT as u64 != 0;
     let mut args = CloneArgs {
         flags: flags | libc::CLONE_PIDFD as u64,
         pidfd: &mut pidfd as *mut libc::c_int as u64,
-        exit_signal: libc::SIGCHLD as u64,
+        exit_signal: if parent { 0 } else { libc::SIGCHLD as u64 },
         ..CloneArgs::default()
     };
     if let Some(fd) = cgroup {

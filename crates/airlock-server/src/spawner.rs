@@ -23,8 +23,13 @@ pub struct Spawner {
 }
 
 impl Spawner {
-    /// Starts `threads` spawner threads.
+    /// Starts `threads` spawner threads, and the engine's zygote (the service creates
+    /// many sandboxes: each one then costs the host less; see
+    /// [`Engine::start_zygote`]).
     pub fn new(engine: Arc<Engine>, threads: usize) -> Spawner {
+        if let Err(e) = engine.start_zygote() {
+            tracing::warn!(error = %e, "no zygote: sandboxes are cloned from the service itself");
+        }
         let (tx, rx) = mpsc::channel::<(SandboxConfig, Reply)>();
         let rx = Arc::new(Mutex::new(rx));
         let mut handles = Vec::new();
