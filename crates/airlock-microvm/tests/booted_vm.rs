@@ -1,0 +1,81 @@
+//! The host API a pool builds on, against a real VM: boot first, run later, read the
+//! program's files back, and nothing left once the VM is dropped. Needs root,
+//! qemu-system-x86_64, mksquashfs, and the `airlock-guest` binary of this build
+//! (`cargo build -p airlock-guest`; `cargo test --workspace` builds it).
+
+use airlock_microvm::{HostOptions, MicroVmHost, VmSize};
+use airlock_sandbox::Capture;
+use airlock_spec::{FileSpec, Spec};
+use std::path::PathBuf;
+
+/// `airlock-guest` from the target directory this test was built in.
+fn agent() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/<profile>/airlock-guest
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("airlock-guest"))
+        .expect("target dir");
+    assert!(
+        path.is_file(),
+        "{} is missing: build it with `cargo build -p airlock-guest`",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn a_booted_vm_runs_one_program_and_gives_its_files_back() {
+    let options = HostOptions {
+        agent: agent(),
+        ..HostOptions::from_env()
+    };
+    let host = MicroVmHost::new(&options).expect("micro-VM host");
+    let mut spec = Spec::new(vec![
+        "sh".into(),
+        "-c".into(),
+        "mkdir -p out && tr a-z A-Z < in.txt > out/result.txt && echo done".into(),
+    ]);
+    spec.files.push(FileSpec {
+        path: "in.txt".into(),
+        content: b"hello from the host\n".to_vec(),
+        mode: 0o644,
+    });
+
+    // Boot now, run later: what a pool of pre-booted VMs does.
+    let mut vm = host.boot(VmSize::for_limits(&spec.limits)).expect("boot");
+    let pid = vm.pid().expect("VMM pid");
+    let state = PathBuf::from(format!("/proc/{pid}"));
+    assert!(state.exists());
+    assert!(vm.guest_info().kernel.contains('.'), "{:?}", vm.guest_info());
+    assert_eq!(vm.accelerator().expect("QMP"), host.accel().0.as_str());
+
+    let result = vm.run(&spec, &mut Capture, &[]).expect("run");
+    assert_eq!(result.exit_code, Some(0), "{result:?}");
+    assert_eq!(result.stdout, "done\n");
+    assert_eq!(result.id, vm.id());
+
+    // Files out.
+    let out = vm.read_file("out/result.txt", 1 << 20).expect("read_file");
+    assert_eq!(out, b"HELLO FROM THE HOST\n");
+    let missing = vm.read_file("out/nope.txt", 1 << 20).unwrap_err();
+    assert!(missing.to_string().contains("nope"), "{missing}");
+
+    // One run per VM.
+    let again = vm.run(&spec, &mut Capture, &[]).unwrap_err();
+    assert!(again.to_string().contains("already ran"), "{again}");
+
+    let id = vm.id().to_owned();
+    drop(vm);
+    // The VMM is reaped (its /proc entry is gone) and its state directory removed.
+    assert!(!state.exists(), "VMM {pid} still exists");
+    let leftovers: Vec<_> = std::fs::read_dir(&options.state)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|owner| std::fs::read_dir(owner.path()).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy() == id)
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
