@@ -2,7 +2,7 @@
 //! Unknown fields are rejected, naming the field; limits above the server's maxima get a
 //! 400 naming the field and the maximum.
 
-use airlock_spec::{ExecResult, FileSpec, Limits, NetworkPolicy, Spec};
+use airlock_spec::{ExecResult, FileSpec, Isolation, Limits, NetworkPolicy, Spec};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -89,6 +89,8 @@ pub struct ExecRequest {
     pub limits: LimitsRequest,
     /// Network policy (`{"mode": "none"}`).
     pub network: Option<NetworkPolicy>,
+    /// `namespaces` (default) or `microvm`; in a session, the session's.
+    pub isolation: Option<Isolation>,
 }
 
 /// `POST /v1/sandboxes`.
@@ -103,6 +105,8 @@ pub struct CreateSandboxRequest {
     pub limits: LimitsRequest,
     /// Network policy.
     pub network: Option<NetworkPolicy>,
+    /// `namespaces` (default) or `microvm`: every exec of the session runs in it.
+    pub isolation: Option<Isolation>,
 }
 
 /// The result of an exec: the CLI's `ExecResult` plus the time spent queued.
@@ -203,6 +207,7 @@ impl ExecRequest {
         spec.env = self.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         spec.stdin = self.stdin.clone().unwrap_or_default().into_bytes();
         spec.network = self.network.clone().unwrap_or_default();
+        spec.isolation = self.isolation.unwrap_or_default();
         for (i, f) in self.files.iter().enumerate() {
             let content = match f.encoding {
                 Encoding::Utf8 => f.content.clone().into_bytes(),

@@ -9,6 +9,8 @@ use std::time::Duration;
 pub struct ServerConfig {
     /// Warm sandboxes kept ready (0 disables the pool).
     pub pool: usize,
+    /// Micro-VMs kept booted for `"isolation": "microvm"` (0: booted per request).
+    pub vm_pool: usize,
     /// Live sandboxes at most (one-shot execs and sessions).
     pub max_sandboxes: usize,
     /// The sum of admitted memory caps never exceeds this.
@@ -56,6 +58,8 @@ impl Default for ServerConfig {
         ServerConfig {
             // A few per core: enough to absorb a burst while the pool refills.
             pool: (cpus * 2).clamp(2, 16),
+            // Off unless asked for: a booted VM holds memory and, emulated, some CPU.
+            vm_pool: 0,
             max_sandboxes: ((memory_budget / defaults.memory_bytes) as usize).clamp(1, 1024),
             memory_budget,
             queue_timeout: Duration::from_secs(10),

@@ -35,6 +35,7 @@ pub mod config;
 mod error;
 pub mod mcp;
 mod metrics;
+mod microvm;
 mod pool;
 mod routes;
 mod runner;
@@ -68,6 +69,8 @@ pub struct Service {
     refill: tokio::task::JoinHandle<()>,
     /// Purges expired sessions; aborted by [`Service::shutdown`].
     reaper: tokio::task::JoinHandle<()>,
+    /// Keeps micro-VMs booted; awaited by [`Service::shutdown`].
+    vm_refill: tokio::task::JoinHandle<()>,
 }
 
 impl Service {
@@ -85,10 +88,14 @@ impl Service {
             state.stopping.subscribe(),
         ));
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&state)));
+        let vm_refill = tokio::spawn(
+            Arc::clone(&state.vm).refill(Arc::clone(&state.metrics), state.stopping.subscribe()),
+        );
         Ok(Service {
             state,
             refill,
             reaper,
+            vm_refill,
         })
     }
 
@@ -104,10 +111,12 @@ impl Service {
             state,
             refill,
             reaper,
+            vm_refill,
         } = self;
         state.stopping.send_replace(true);
         state.cancel_all();
         let _ = refill.await;
+        let _ = vm_refill.await;
         reaper.abort();
         let sessions: Vec<_> = state
             .sessions
@@ -117,6 +126,8 @@ impl Service {
         for s in sessions {
             purge_session(s).await;
         }
+        let vms = state.vm.drain();
+        let _ = tokio::task::spawn_blocking(move || drop(vms)).await;
         let pooled = state.pool.drain();
         let spawner = Arc::clone(&state.spawner);
         let _ = tokio::task::spawn_blocking(move || {

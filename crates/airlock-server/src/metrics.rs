@@ -63,6 +63,10 @@ pub struct Metrics {
     pub queue_wait: Histogram,
     /// Egress proxy decisions.
     pub egress: Family<DecisionLabel, Counter>,
+    /// Time to boot a micro-VM, by pool.
+    pub vm_provision: HistFamily<PoolLabel>,
+    /// Micro-VMs booted and waiting.
+    pub vm_pool_ready: Gauge,
 }
 
 impl Metrics {
@@ -77,6 +81,8 @@ impl Metrics {
         let rejected = Family::<ReasonLabel, Counter>::default();
         let queue_wait = latency_histogram();
         let egress = Family::<DecisionLabel, Counter>::default();
+        let vm_provision = HistFamily::<PoolLabel>::new_with_constructor(latency_histogram);
+        let vm_pool_ready = Gauge::default();
         registry.register("airlock_exec", "Execs by outcome", exec_total.clone());
         registry.register(
             "airlock_exec_duration_seconds",
@@ -109,6 +115,16 @@ impl Metrics {
             "Egress proxy decisions (connections or requests)",
             egress.clone(),
         );
+        registry.register(
+            "airlock_vm_provision_seconds",
+            "Time to boot a micro-VM to its agent (warm: ahead of time for the pool; cold: for the request)",
+            vm_provision.clone(),
+        );
+        registry.register(
+            "airlock_vm_pool_ready",
+            "Micro-VMs booted and waiting",
+            vm_pool_ready.clone(),
+        );
         Metrics {
             registry,
             exec_total,
@@ -119,7 +135,16 @@ impl Metrics {
             rejected,
             queue_wait,
             egress,
+            vm_provision,
+            vm_pool_ready,
         }
+    }
+
+    /// Records a micro-VM booted for `pool` ("warm" or "cold").
+    pub fn vm_provisioned(&self, pool: &str, took: Duration) {
+        self.vm_provision
+            .get_or_create(&PoolLabel { pool: pool.into() })
+            .observe(took.as_secs_f64());
     }
 
     /// Records a sandbox built for `pool` ("warm" or "cold").

@@ -7,7 +7,7 @@
 //! the exec, through a pipe whose write end the request holds.
 
 use airlock_sandbox::{OutputSink, SandboxConfig, SandboxError};
-use airlock_spec::{ExecResult, Spec};
+use airlock_spec::{ExecResult, Isolation, Spec};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,6 +157,9 @@ async fn one_shot_task(
     gone: OwnedFd,
     stream: Option<mpsc::Sender<StreamEvent>>,
 ) -> Result<ExecResponse, ApiError> {
+    if spec.isolation == Isolation::Microvm {
+        return one_shot_vm(state, key, spec, permit, queued, gone, stream).await;
+    }
     let config = SandboxConfig::of(&spec);
     let (mut sandbox, cold_setup, warm) = match state.pool.take_deferred(&config) {
         Some(sb) => (sb, Duration::ZERO, true),
@@ -188,6 +191,41 @@ async fn one_shot_task(
     });
     let mut result = result.map_err(api_error)?;
     result.setup_ms = ((result.setup_ms + cold_setup.as_secs_f64() * 1e3) * 1e3).round() / 1e3;
+    let resp = ExecResponse {
+        result,
+        queue_ms: ms(queued),
+    };
+    record(state, key, &resp);
+    Ok(resp)
+}
+
+/// [`one_shot_task`] in a micro-VM: a booted one from the VM pool, or one booted now.
+async fn one_shot_vm(
+    state: &Arc<AppState>,
+    key: &KeyName,
+    spec: Spec,
+    permit: Permit,
+    queued: Duration,
+    gone: OwnedFd,
+    stream: Option<mpsc::Sender<StreamEvent>>,
+) -> Result<ExecResponse, ApiError> {
+    let (vm, booted) = state.vm.provision(&spec, &state.metrics).await?;
+    let cancel = Arc::clone(&state.cancel);
+    let ran = tokio::task::spawn_blocking(move || {
+        let mut sink = ChannelSink(stream);
+        crate::microvm::run_blocking(vm, &spec, &mut sink, &[cancel.as_fd(), gone.as_fd()])
+    })
+    .await;
+    let (result, vm) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
+    // Like a sandbox: destroyed off the response's path, and capacity is free only then.
+    let state2 = Arc::clone(state);
+    tokio::task::spawn_blocking(move || {
+        drop(vm);
+        drop(permit);
+        state2.metrics.sandboxes_active.set(state2.active() as i64);
+    });
+    let mut result = result.map_err(crate::microvm::vm_error)?;
+    result.setup_ms = ((result.setup_ms + booted.as_secs_f64() * 1e3) * 1e3).round() / 1e3;
     let resp = ExecResponse {
         result,
         queue_ms: ms(queued),

@@ -147,6 +147,8 @@ pub struct AppState {
     pub spawner: Arc<Spawner>,
     /// Warm sandboxes.
     pub pool: Arc<Pool>,
+    /// Micro-VMs (`"isolation": "microvm"`) and their pool.
+    pub vm: Arc<crate::microvm::VmService>,
     /// The admission gate.
     pub admission: Admission,
     /// Metrics.
@@ -189,6 +191,7 @@ impl AppState {
         let (cancel, trigger) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
         Arc::new(AppState {
             pool: Arc::new(Pool::new(config.pool, pool_config)),
+            vm: Arc::new(crate::microvm::VmService::new(config.vm_pool, &config.defaults)),
             admission: Admission::new(&config),
             metrics: Arc::new(Metrics::new()),
             sessions: Mutex::new(HashMap::new()),

@@ -90,6 +90,12 @@ pub(crate) async fn create_session(
             format!("must be between 1 and {} seconds", state.config.max_ttl.as_secs()),
         ));
     }
+    if req.isolation == Some(airlock_spec::Isolation::Microvm) {
+        return Err(ApiError::invalid(
+            "isolation",
+            "sessions run with isolation namespaces only; use POST /v1/exec for microvm",
+        ));
+    }
     let limits = limits(&req.limits, &state.config, &state.config.defaults)?;
     let mut spec = Spec::new(vec!["true".into()]);
     spec.limits = limits.clone();

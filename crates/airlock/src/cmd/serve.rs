@@ -25,6 +25,10 @@ pub struct ServeArgs {
     /// Warm sandboxes kept ready (0 disables the pool) [default: 2 per core, 2..16].
     #[arg(long, value_name = "N")]
     pool: Option<usize>,
+    /// Micro-VMs kept booted for `"isolation": "microvm"` requests (0: each such request
+    /// boots its own VM, and the guest image is prepared on the first one).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    vm_pool: usize,
     /// Live sandboxes at most [default: memory budget / default memory cap].
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
@@ -92,6 +96,7 @@ impl ServeArgs {
         if let Some(n) = self.pool {
             c.pool = n;
         }
+        c.vm_pool = self.vm_pool;
         if let Some(b) = self.memory_budget {
             c.memory_budget = b;
             c.max_sandboxes = ((b / c.defaults.memory_bytes) as usize).clamp(1, 1024);

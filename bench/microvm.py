@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""The micro-VM backend, measured: cold runs, the service with a pool of booted VMs, and
+host memory per pooled VM. Side by side with the namespace backend in the same run.
+
+  1. Cold: `airlock run --isolation microvm -- /bin/true` (boot, run, destroy), N times;
+     and `airlock run -- /bin/true` (namespaces) as the reference.
+  2. Service: one `airlock serve --vm-pool P --pool 2` on 127.0.0.1:0. Client-observed
+     latency of `POST /v1/exec` running /bin/true at concurrency 1:
+       - microvm, paced: each request is sent once the VM pool is full again (what a
+         request sees when the pool keeps up with the arrival rate);
+       - microvm, back to back: requests sent as fast as they complete (the pool drains
+         and requests boot their own VMs: what a burst beyond the pool sees);
+       - namespaces, back to back, on the same daemon.
+  3. Memory: PSS (/proc/PID/smaps_rollup) of each pooled VMM process, once the pool is full
+     and idle.
+
+    sudo python3 bench/microvm.py [--airlock PATH] [--cold 5] [--requests 40] [--vm-pool 2]
+
+Python 3 standard library only. Root is needed (airlock creates cgroups). Figures are
+medians over the runs; the machine's other load is printed (uptime) since VMs emulated in
+software are CPU-bound.
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGET_P50_MS = 50.0
+TARGET_P99_MS = 150.0
+TARGET_PSS_MB = 64.0
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def cold(airlock, extra, n):
+    walls = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        p = subprocess.run([airlock, "run", *extra, "--json", "--", "/bin/true"],
+                           capture_output=True, timeout=300)
+        wall = (time.perf_counter() - t0) * 1000
+        if p.returncode != 0:
+            sys.exit(f"airlock run {' '.join(extra)} failed: {p.stderr.decode()[-2000:]}")
+        r = json.loads(p.stdout)
+        if r.get("exit_code") != 0:
+            sys.exit(f"/bin/true did not exit 0: {r}")
+        walls.append(wall)
+    return walls
+
+
+class Daemon:
+    LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
+
+    def __init__(self, argv, env):
+        self.log = tempfile.NamedTemporaryFile(prefix="airlock-bench-vm-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log,
+                                     stdin=subprocess.DEVNULL, env=env)
+        line = self.proc.stdout.readline()
+        m = self.LISTENING.search(line)
+        if not m:
+            self.stop()
+            sys.exit(f"no 'listening on' line from airlock serve: {line!r}; log {self.log.name}")
+        self.port = int(m.group(1))
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+
+    def request(self, method, path, body=None):
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        self.conn.request(method, path, body=body, headers=headers)
+        r = self.conn.getresponse()
+        return r.status, r.read()
+
+    def metric(self, name):
+        _, text = self.request("GET", "/metrics")
+        for line in text.decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def wait_vm_pool(self, target, timeout=600):
+        deadline = time.monotonic() + timeout
+        while self.metric("airlock_vm_pool_ready") < target:
+            if time.monotonic() > deadline:
+                sys.exit(f"the VM pool did not fill to {target} in {timeout} s; log {self.log.name}")
+            time.sleep(0.05)
+
+    def exec(self, isolation):
+        body = json.dumps({"cmd": ["/bin/true"], "isolation": isolation}).encode()
+        t0 = time.perf_counter()
+        status, data = self.request("POST", "/v1/exec", body)
+        ms = (time.perf_counter() - t0) * 1000
+        if status != 200:
+            sys.exit(f"POST /v1/exec ({isolation}): {status} {data[:500]!r}")
+        r = json.loads(data)
+        if r.get("exit_code") != 0:
+            sys.exit(f"/bin/true did not exit 0: {r}")
+        return ms, r
+
+    def vmm_pss_mb(self):
+        """PSS of every QEMU process below the daemon, in MB."""
+        out = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv0 = f.read().split(b"\0", 1)[0]
+                if b"qemu-system" not in argv0:
+                    continue
+                if not self._descends(int(pid)):
+                    continue
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    pss = next(int(l.split()[1]) for l in f if l.startswith("Pss:"))
+                out.append(pss / 1024)
+            except (OSError, StopIteration):
+                continue
+        return out
+
+    def _descends(self, pid):
+        while pid > 1:
+            if pid == self.proc.pid:
+                return True
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                return False
+        return False
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def row(label, xs):
+    return (f"| {label} | {len(xs)} | {statistics.median(xs):.1f} | {pct(xs, 90):.1f} | "
+            f"{pct(xs, 99):.1f} | {min(xs):.1f} | {max(xs):.1f} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--airlock", default=shutil.which("airlock") or "target/release/airlock")
+    ap.add_argument("--cold", type=int, default=5, help="cold runs of each backend")
+    ap.add_argument("--requests", type=int, default=40, help="requests per service row")
+    ap.add_argument("--vm-pool", type=int, default=2, help="VMs the daemon keeps booted")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: airlock creates cgroups")
+    airlock = os.path.abspath(args.airlock)
+    print(f"airlock: {airlock}; load: {os.getloadavg()}")
+
+    # Prepares the guest image once (cached), so it is not in the first cold figure.
+    cold(airlock, ["--isolation", "microvm"], 1)
+    vm_cold = cold(airlock, ["--isolation", "microvm"], args.cold)
+    ns_cold = cold(airlock, [], args.cold)
+
+    env = dict(os.environ, AIRLOCK_LOG=os.environ.get("AIRLOCK_LOG", "warn"))
+    d = Daemon([airlock, "serve", "--listen", "127.0.0.1:0", "--pool", "2",
+                "--vm-pool", str(args.vm_pool)], env)
+    try:
+        d.wait_vm_pool(args.vm_pool)
+        time.sleep(1.0)  # let the just-booted guests settle to idle
+        pss = d.vmm_pss_mb()
+        paced, setup = [], []
+        for _ in range(args.requests):
+            d.wait_vm_pool(args.vm_pool)
+            ms, r = d.exec("microvm")
+            paced.append(ms)
+            setup.append(r["setup_ms"])
+        d.wait_vm_pool(args.vm_pool)
+        burst = [d.exec("microvm")[0] for _ in range(args.requests)]
+        ns = [d.exec("namespaces")[0] for _ in range(args.requests)]
+        boots = d.metric("airlock_vm_provision_seconds_sum") / max(1.0, d.metric("airlock_vm_provision_seconds_count"))
+    finally:
+        d.stop()
+
+    print()
+    print("| ms | n | median | p90 | p99 | min | max |")
+    print("|---|---|---|---|---|---|---|")
+    print(row("cold `airlock run --isolation microvm -- /bin/true`", vm_cold))
+    print(row("cold `airlock run -- /bin/true` (namespaces)", ns_cold))
+    print(row("service, microvm, warm pool (paced)", paced))
+    print(row("service, microvm, back to back (pool drains)", burst))
+    print(row("service, namespaces, back to back", ns))
+    print()
+    print(f"mean VM boot to agent ready (pool and cold, from /metrics): {boots * 1000:.0f} ms")
+    print(f"setup_ms reported for warm microvm execs: median {statistics.median(setup):.1f}")
+    if pss:
+        print(f"PSS per pooled VMM process (MB): {', '.join(f'{x:.1f}' for x in pss)}; "
+              f"median {statistics.median(pss):.1f} (target <= {TARGET_PSS_MB:.0f})")
+    print(f"ratio microvm cold / namespaces cold (median): "
+          f"{statistics.median(vm_cold) / statistics.median(ns_cold):.0f}x")
+    print(f"targets (warm pool, c=1): p50 <= {TARGET_P50_MS:.0f} ms: "
+          f"{'met' if statistics.median(paced) <= TARGET_P50_MS else 'MISSED'}; "
+          f"p99 <= {TARGET_P99_MS:.0f} ms: {'met' if pct(paced, 99) <= TARGET_P99_MS else 'MISSED'}")
+    print(f"load at the end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

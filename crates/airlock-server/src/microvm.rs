@@ -1,0 +1,222 @@
+//! Micro-VM execs in the service (`"isolation": "microvm"`): the VM host, prepared on
+//! first use (or at start when the VM pool is on), a pool of booted VMs waiting for one
+//! program each, and one-shot runs in them.
+//!
+//! A VM serves one request and is then destroyed, like a pooled namespace sandbox. Pooled
+//! VMs are all of one size (the server's default limits); a request whose limits need a
+//! bigger VM boots one for itself. The limits themselves are enforced inside the guest,
+//! by its sandbox's cgroup, so a VM bigger than a request needs is still a tight fit.
+
+use airlock_microvm::{BootedVm, HostOptions, MicroVmHost, VmError, VmSize};
+use airlock_sandbox::OutputSink;
+use airlock_spec::{ExecResult, Limits, Spec};
+use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, OnceCell, watch};
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::state::stopped;
+
+/// Host memory a VM costs beyond its program's memory cap, for admission: the guest
+/// kernel and agent, and the VMM itself.
+pub const VM_OVERHEAD_BYTES: u64 = 128 << 20;
+
+/// The service's micro-VM side.
+#[derive(Debug)]
+pub struct VmService {
+    /// Where the image cache and state directories are.
+    options: HostOptions,
+    /// Prepared once (image build, accelerator probe); an error is kept and reported to
+    /// every request rather than retried per request.
+    host: OnceCell<Result<Arc<MicroVmHost>, String>>,
+    /// Booted VMs waiting for a program, oldest first.
+    ready: Mutex<VecDeque<BootedVm>>,
+    /// How many to keep booted.
+    target: usize,
+    /// The size pooled VMs are booted with.
+    size: VmSize,
+    /// Wakes the refiller when one is taken.
+    taken: Notify,
+}
+
+impl VmService {
+    /// A VM side that keeps `target` VMs sized for `defaults` booted (0: none; VMs are
+    /// then booted per request, and the host is prepared on the first one).
+    pub fn new(target: usize, defaults: &Limits) -> VmService {
+        VmService {
+            options: HostOptions::from_env(),
+            host: OnceCell::new(),
+            ready: Mutex::new(VecDeque::new()),
+            target,
+            size: VmSize::for_limits(defaults),
+            taken: Notify::new(),
+        }
+    }
+
+    /// The prepared host; prepares it on first call (building the guest image can take
+    /// a while the first time on a machine; it is cached on disk after that).
+    pub async fn host(&self) -> Result<Arc<MicroVmHost>, ApiError> {
+        let options = self.options.clone();
+        let host = self
+            .host
+            .get_or_init(|| async move {
+                let t0 = Instant::now();
+                let prepared = tokio::task::spawn_blocking(move || MicroVmHost::new(&options))
+                    .await
+                    .map_err(|e| format!("preparing micro-VMs: {e}"))
+                    .and_then(|r| r.map_err(|e| e.to_string()));
+                match &prepared {
+                    Ok(host) => {
+                        let (accel, why) = host.accel();
+                        tracing::info!(
+                            accel = accel.as_str(),
+                            why,
+                            purged = host.purged_at_start(),
+                            took_ms = t0.elapsed().as_millis() as u64,
+                            "micro-VMs ready"
+                        );
+                    }
+                    Err(e) => tracing::error!(error = %e, "micro-VMs are unavailable"),
+                }
+                prepared.map(Arc::new)
+            })
+            .await;
+        host.clone().map_err(|e| {
+            ApiError::invalid(
+                "isolation",
+                format!("isolation microvm is not available on this host: {e} (see `airlock doctor`)"),
+            )
+        })
+    }
+
+    /// Takes a booted VM at least as big as `need`.
+    fn take(&self, need: VmSize) -> Option<BootedVm> {
+        if self.target == 0 || need.ram_mib > self.size.ram_mib || need.vcpus > self.size.vcpus {
+            return None;
+        }
+        let vm = self.ready.lock().ok()?.pop_front();
+        if vm.is_some() {
+            self.taken.notify_one();
+        }
+        vm
+    }
+
+    /// VMs booted and waiting now.
+    pub fn ready(&self) -> usize {
+        self.ready.lock().map_or(0, |r| r.len())
+    }
+
+    /// Removes every waiting VM (for shutdown); dropping them kills and purges them.
+    pub fn drain(&self) -> Vec<BootedVm> {
+        self.ready
+            .lock()
+            .map(|mut r| r.drain(..).collect())
+            .unwrap_or_default()
+    }
+
+    /// Keeps `target` VMs booted until `stop` turns true. VMs are booted one at a time:
+    /// under software emulation a boot takes a core for over a second, and requests
+    /// need the other.
+    pub async fn refill(self: Arc<Self>, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+        if self.target == 0 {
+            return;
+        }
+        let host = tokio::select! {
+            h = self.host() => h,
+            () = stopped(&mut stop) => return,
+        };
+        let Ok(host) = host else {
+            // Logged by host(); requests get the reason.
+            return;
+        };
+        loop {
+            while self.ready() < self.target {
+                let h = Arc::clone(&host);
+                let size = self.size;
+                let t0 = Instant::now();
+                let booted = tokio::select! {
+                    r = tokio::task::spawn_blocking(move || h.boot(size)) => r,
+                    () = stopped(&mut stop) => return,
+                };
+                match booted {
+                    Ok(Ok(vm)) => {
+                        metrics.vm_provisioned("warm", t0.elapsed());
+                        if let Ok(mut ready) = self.ready.lock() {
+                            ready.push_back(vm);
+                        }
+                        if *stop.borrow() {
+                            // Shutdown began while it booted: the drain may have run.
+                            let late = self.drain();
+                            let _ = tokio::task::spawn_blocking(move || drop(late)).await;
+                            return;
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "micro-VM pool: booting a VM failed");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "micro-VM pool: boot task failed");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+                metrics.vm_pool_ready.set(self.ready() as i64);
+            }
+            metrics.vm_pool_ready.set(self.ready() as i64);
+            tokio::select! {
+                () = self.taken.notified() => {}
+                () = stopped(&mut stop) => return,
+            }
+            metrics.vm_pool_ready.set(self.ready() as i64);
+        }
+    }
+
+    /// A VM for `spec`: a pooled one when one fits, else one booted now. Returns it with
+    /// the time the request spent booting it (zero when warm).
+    pub async fn provision(&self, spec: &Spec, metrics: &Metrics) -> Result<(BootedVm, Duration), ApiError> {
+        let need = VmSize::for_limits(&spec.limits);
+        if let Some(vm) = self.take(need) {
+            metrics.vm_pool_ready.set(self.ready() as i64);
+            return Ok((vm, Duration::ZERO));
+        }
+        let host = self.host().await?;
+        let t0 = Instant::now();
+        let vm = tokio::task::spawn_blocking(move || host.boot(need))
+            .await
+            .map_err(|e| ApiError::internal(format!("boot task: {e}")))?
+            .map_err(vm_error)?;
+        let took = t0.elapsed();
+        metrics.vm_provisioned("cold", took);
+        Ok((vm, took))
+    }
+}
+
+/// Runs `spec` in `vm` on the calling (blocking) thread; the VM is returned for the
+/// caller to drop off the response's path.
+pub fn run_blocking(
+    mut vm: BootedVm,
+    spec: &Spec,
+    sink: &mut dyn OutputSink,
+    cancel: &[BorrowedFd<'_>],
+) -> (Result<ExecResult, VmError>, BootedVm) {
+    let r = vm.run(spec, sink, cancel);
+    (r, vm)
+}
+
+/// Maps a micro-VM error to the API's.
+pub fn vm_error(e: VmError) -> ApiError {
+    match e {
+        VmError::Spec(e) => ApiError::invalid(e.field, e.message),
+        VmError::Cancelled => ApiError::shutting_down(),
+        VmError::Guest(m) if m.contains("command not found") || m.contains("no such executable") => {
+            ApiError::invalid("cmd", m)
+        }
+        other => {
+            tracing::error!(error = %other, "micro-VM failure");
+            ApiError::internal(other.to_string())
+        }
+    }
+}
