@@ -1,7 +1,7 @@
 //! KVM or TCG, decided by trying: a /dev/kvm that exists is not one that boots a guest
 //! (a nested, paravirtual /dev/kvm may accept every ioctl and then hang the stock guest
 //! kernel in its first instructions). The probe boots the real guest under KVM with a
-//! short timeout; the verdict is cached per (host kernel, VMM version, guest kernel), so
+//! short timeout; the verdict is cached per (host kernel, VMM binary, guest kernel), so
 //! it is paid once.
 
 use serde::{Deserialize, Serialize};
@@ -33,11 +33,11 @@ pub fn kvm_group() -> Option<u32> {
     (meta.mode() & 0o060 == 0o060 && meta.gid() != 0).then_some(meta.gid())
 }
 
-fn cache_key(host: &MicroVmHost, vmm_version: &str) -> String {
+fn cache_key(host: &MicroVmHost, vmm: &str) -> String {
     let release = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
-    let key = format!("{release}|{vmm_version}|{}", host.image().kernel_release);
+    let key = format!("{release}|{vmm}|{}", host.image().kernel_release);
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in key.bytes() {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
@@ -82,9 +82,10 @@ pub fn probe(host: &MicroVmHost) -> Verdict {
     }
 }
 
-/// The probe's verdict, from the cache or by probing (and caching).
-pub fn verdict(host: &MicroVmHost, cache: &Path, vmm_version: &str, fresh: bool) -> Verdict {
-    let path = cache.join(cache_key(host, vmm_version));
+/// The probe's verdict, from the cache or by probing (and caching). `vmm` is the VMM's
+/// fingerprint.
+pub fn verdict(host: &MicroVmHost, cache: &Path, vmm: &str, fresh: bool) -> Verdict {
+    let path = cache.join(cache_key(host, vmm));
     if !fresh
         && let Some(v) = fs::read(&path)
             .ok()

@@ -135,6 +135,23 @@ impl Vmm for Qemu {
             .to_owned())
     }
 
+    fn fingerprint(&self) -> String {
+        use std::os::unix::fs::MetadataExt;
+        let found = if self.binary.components().count() > 1 {
+            Some(self.binary.clone())
+        } else {
+            std::env::var_os("PATH").and_then(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|d| d.join(&self.binary))
+                    .find(|p| p.is_file())
+            })
+        };
+        match found.and_then(|p| std::fs::metadata(&p).ok().map(|m| (p, m))) {
+            Some((p, m)) => format!("{}:{}:{}", p.display(), m.len(), m.mtime()),
+            None => self.binary.display().to_string(),
+        }
+    }
+
     fn launch(&self, launch: Launch<'_>) -> Result<Launched, VmError> {
         let spawn_err = |what: &str, e: std::io::Error| VmError::Vmm(format!("{what}: {e}"));
         let (agent, agent_guest) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;

@@ -192,8 +192,8 @@ impl MicroVmHost {
         (host.accel, host.accel_reason) = match options.accel {
             Some(a) => (a, "chosen with AIRLOCK_VM_ACCEL".to_owned()),
             None => {
-                let version = host.vmm.version().unwrap_or_default();
-                crate::accel::choose(&crate::accel::verdict(&host, &options.cache, &version, false))
+                let vmm = host.vmm.fingerprint();
+                crate::accel::choose(&crate::accel::verdict(&host, &options.cache, &vmm, false))
             }
         };
         Ok(host)
@@ -202,8 +202,7 @@ impl MicroVmHost {
     /// Probes KVM again (ignoring the cached verdict) and returns the verdict, for
     /// `doctor`.
     pub fn probe_kvm(&self, cache: &Path) -> crate::accel::Verdict {
-        let version = self.vmm.version().unwrap_or_default();
-        crate::accel::verdict(self, cache, &version, true)
+        crate::accel::verdict(self, cache, &self.vmm.fingerprint(), true)
     }
 
     /// The VMM's name and version.

@@ -84,6 +84,9 @@ pub trait Vmm: fmt::Debug + Send + Sync {
     fn name(&self) -> &'static str;
     /// Its version string.
     fn version(&self) -> Result<String, VmError>;
+    /// A cheap string that changes when the VMM is replaced or upgraded (for caches
+    /// keyed by it; running the VMM to ask its version costs tens of milliseconds).
+    fn fingerprint(&self) -> String;
     /// Starts a VM. The process is in its cgroup and unprivileged before it executes the
     /// VMM, and dies with the calling thread (PR_SET_PDEATHSIG).
     fn launch(&self, launch: Launch<'_>) -> Result<Launched, VmError>;
