@@ -308,3 +308,52 @@ fn kill_9_of_airlock_leaves_nothing_after_the_next_start() {
     assert!(state_dirs(pid).is_empty(), "{:?}", state_dirs(pid));
     assert_vm_gone(next.pid);
 }
+
+/// A handful of the namespace backend's attacks (tests/security.rs), run in one VM: the
+/// guest's sandbox refuses them the same way. Each is harmless should it get through (see
+/// tests/attacks/syscalls.c).
+#[test]
+fn namespace_backend_attacks_are_refused_in_the_vm() {
+    let _g = serial();
+    let (dir, _) = setup("microvm-attacks");
+    let bin = common::compile_attack("syscalls", dir.path());
+    let attacks: &[(&str, &[i32])] = &[
+        ("mount", &[libc::EPERM]),
+        ("unshare_newuser", &[libc::EPERM]),
+        ("setns", &[libc::EPERM]),
+        ("ptrace_attach", &[libc::EPERM]),
+        ("bpf", &[libc::EPERM]),
+        ("finit_module", &[libc::EPERM]),
+        ("kexec_load", &[libc::EPERM]),
+        ("reboot", &[libc::EPERM]),
+        ("io_uring_setup", &[libc::EPERM]),
+        ("socket_vsock", &[libc::EAFNOSUPPORT, libc::EPERM]),
+    ];
+    let script: String = attacks
+        .iter()
+        .map(|(name, _)| format!("./syscalls {name}; "))
+        .collect();
+    let file = format!("{}:syscalls", bin.display());
+    let (run, v) = vm_json(&["--file", &file, "--timeout", "60s"], &["sh", "-c", &script]);
+    assert_eq!(v["outcome"], "exited", "{v:#}");
+    let out = v["stdout"].as_str().unwrap();
+    for (name, errnos) in attacks {
+        let line = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no result for {name}: {v:#}"));
+        let field = |key: &str| -> i64 {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+        };
+        assert_eq!(field("ret="), -1, "{name} was not refused: {line}");
+        let errno = field("errno=") as i32;
+        assert!(
+            errnos.contains(&errno),
+            "{name}: errno {errno}, expected {errnos:?}: {line}"
+        );
+    }
+    assert_vm_gone(run.pid);
+}
