@@ -239,9 +239,11 @@ impl MicroVmHost {
         // boot in eight hangs without it). cryptomgr.notests: the boot-time self-tests of
         // the kernel's crypto algorithms check the implementations, not a security
         // property, and take 0.5 s of an emulated boot. panic=-1 with the VMM's
-        // -no-reboot: a guest that panics ends the VM at once.
+        // -no-reboot: a guest that panics ends the VM at once. loglevel=1: only
+        // emergencies (a panic) reach the console, whose log lives in the host's /run: a
+        // program that makes the guest kernel log (OOM kills, say) cannot grow it.
         let mut c = format!(
-            "console=ttyS0 quiet panic=-1 tsc_early_khz={} tsc=reliable cryptomgr.notests",
+            "console=ttyS0 quiet loglevel=1 panic=-1 tsc_early_khz={} tsc=reliable cryptomgr.notests",
             self.tsc_khz
         );
         if accel == Accel::Tcg {
@@ -653,13 +655,16 @@ impl BootedVm {
         let setup = t0.elapsed() + self.boot;
         let started = Instant::now();
         let deadline = started + Duration::from_millis(spec.limits.timeout_ms) + DEADLINE_GRACE;
-        let (mut out, mut err) = (Vec::new(), Vec::new());
+        // The guest caps output, and so does the host: a guest that misbehaves (or is
+        // taken over) cannot make airlock hold more than the limit.
+        let limit = usize::try_from(spec.limits.output_bytes).unwrap_or(usize::MAX);
+        let (mut out, mut err) = (Capped::new(limit), Capped::new(limit));
         loop {
             let frame = match self.channel()?.recv(deadline, cancel) {
                 Ok(f) => f,
                 Err(Recv::Timeout) => {
                     self.kill();
-                    return Ok(self.host_result(Outcome::Timeout, &out, &err, started, setup));
+                    return Ok(self.host_result(Outcome::Timeout, out, err, started, setup));
                 }
                 Err(Recv::Cancelled) => {
                     self.kill();
@@ -667,7 +672,7 @@ impl BootedVm {
                 }
                 Err(Recv::Closed) if self.vm_oom_killed() => {
                     self.kill();
-                    return Ok(self.host_result(Outcome::Oom, &out, &err, started, setup));
+                    return Ok(self.host_result(Outcome::Oom, out, err, started, setup));
                 }
                 Err(e) => {
                     let e = self.lost("running the program", e);
@@ -676,19 +681,15 @@ impl BootedVm {
                 }
             };
             match frame.msg {
-                ToHost::Stdout => {
-                    sink.stdout(&frame.payload);
-                    out.extend_from_slice(&frame.payload);
-                }
-                ToHost::Stderr => {
-                    sink.stderr(&frame.payload);
-                    err.extend_from_slice(&frame.payload);
-                }
+                ToHost::Stdout => sink.stdout(out.take(&frame.payload)),
+                ToHost::Stderr => sink.stderr(err.take(&frame.payload)),
                 ToHost::Exited { result } => {
                     let mut result = *result;
                     result.id = self.id.clone();
-                    result.stdout = String::from_utf8_lossy(&out).into_owned();
-                    result.stderr = String::from_utf8_lossy(&err).into_owned();
+                    result.stdout_truncated |= out.cut;
+                    result.stderr_truncated |= err.cut;
+                    result.stdout = String::from_utf8_lossy(&out.kept).into_owned();
+                    result.stderr = String::from_utf8_lossy(&err.kept).into_owned();
                     result.setup_ms = round3(result.setup_ms + setup.as_secs_f64() * 1e3);
                     return Ok(result);
                 }
@@ -738,8 +739,8 @@ impl BootedVm {
     fn host_result(
         &self,
         outcome: Outcome,
-        out: &[u8],
-        err: &[u8],
+        out: Capped,
+        err: Capped,
         started: Instant,
         setup: Duration,
     ) -> ExecResult {
@@ -750,12 +751,12 @@ impl BootedVm {
             signal: Some(libc::SIGKILL),
             timed_out: outcome == Outcome::Timeout,
             oom_killed: outcome == Outcome::Oom,
-            stdout: String::from_utf8_lossy(out).into_owned(),
-            stderr: String::from_utf8_lossy(err).into_owned(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            stdout_bytes: out.len() as u64,
-            stderr_bytes: err.len() as u64,
+            stdout: String::from_utf8_lossy(&out.kept).into_owned(),
+            stderr: String::from_utf8_lossy(&err.kept).into_owned(),
+            stdout_truncated: out.cut,
+            stderr_truncated: err.cut,
+            stdout_bytes: out.total,
+            stderr_bytes: err.total,
             wall_ms: round3(started.elapsed().as_secs_f64() * 1e3),
             setup_ms: round3(setup.as_secs_f64() * 1e3),
             cpu_ms: 0.0,
@@ -791,6 +792,38 @@ impl Drop for BootedVm {
             let _ = cg.destroy();
         }
         let _ = fs::remove_dir_all(&self.state);
+    }
+}
+
+/// One output stream as received from the guest: at most `limit` bytes kept.
+#[derive(Debug)]
+struct Capped {
+    kept: Vec<u8>,
+    limit: usize,
+    /// Bytes received, kept or not.
+    total: u64,
+    /// Whether bytes were dropped.
+    cut: bool,
+}
+
+impl Capped {
+    fn new(limit: usize) -> Self {
+        Capped {
+            kept: Vec::new(),
+            limit,
+            total: 0,
+            cut: false,
+        }
+    }
+
+    /// Keeps what fits of `data` and returns it.
+    fn take<'a>(&mut self, data: &'a [u8]) -> &'a [u8] {
+        self.total += data.len() as u64;
+        let room = self.limit.saturating_sub(self.kept.len());
+        let kept = &data[..data.len().min(room)];
+        self.cut |= kept.len() < data.len();
+        self.kept.extend_from_slice(kept);
+        kept
     }
 }
 
@@ -857,6 +890,15 @@ fn purge_state(root: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_is_capped_on_the_host_too() {
+        let mut c = Capped::new(5);
+        assert_eq!(c.take(b"abc"), b"abc");
+        assert_eq!(c.take(b"defg"), b"de");
+        assert_eq!(c.take(b"h"), b"");
+        assert_eq!((c.kept.as_slice(), c.total, c.cut), (&b"abcde"[..], 8, true));
+    }
 
     #[test]
     fn vm_size_follows_the_limits() {

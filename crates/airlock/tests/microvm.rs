@@ -36,17 +36,20 @@ fn vm_json(args: &[&str], argv: &[&str]) -> (Run, serde_json::Value) {
     (run, v)
 }
 
-/// VMM processes (uid in the VMM range) whose parent is `pid`, or all when `pid` is None.
-fn vmm_processes(parent: Option<u32>) -> Vec<String> {
+/// Live VMM processes (uid in the VMM range) of airlock process `pid`: their cgroup is in
+/// its owner directory (`airlock/<pid>-<start>/vm-…`), which stays true after airlock dies.
+/// Other airlock processes on the machine (other suites, benchmarks) have their own.
+fn vmm_processes(pid: u32) -> Vec<String> {
+    let owner = format!("/airlock/{pid}-");
     proc_infos()
         .into_iter()
-        .filter(|(_, p)| {
+        .filter(|(vmm, p)| {
             p.uid >= airlock_microvm::VMM_UID_BASE
                 && p.uid - airlock_microvm::VMM_UID_BASE < airlock_microvm::VMM_UID_SLOTS
-                && parent.is_none_or(|pp| p.ppid == pp)
                 && p.state != 'Z'
+                && std::fs::read_to_string(format!("/proc/{vmm}/cgroup")).is_ok_and(|c| c.contains(&owner))
         })
-        .map(|(pid, p)| format!("{pid}: {p}"))
+        .map(|(vmm, p)| format!("{vmm}: {p}"))
         .collect()
 }
 
@@ -96,9 +99,9 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 #[track_caller]
 fn assert_vm_gone(pid: u32) {
     assert!(
-        wait_until(Duration::from_secs(5), || vmm_processes(None).is_empty()),
+        wait_until(Duration::from_secs(5), || vmm_processes(pid).is_empty()),
         "VMM processes remain: {:?}",
-        vmm_processes(None)
+        vmm_processes(pid)
     );
     assert_nothing_left(pid);
     assert!(state_dirs(pid).is_empty(), "state left: {:?}", state_dirs(pid));
@@ -281,12 +284,7 @@ fn kill_9_of_airlock_leaves_nothing_after_the_next_start() {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     out.read_line(&mut first).unwrap();
     assert_eq!(first, "ready\n", "airlock ended before the program ran");
-    assert_eq!(
-        vmm_processes(Some(pid)).len(),
-        1,
-        "{:?}",
-        vmm_processes(Some(pid))
-    );
+    assert_eq!(vmm_processes(pid).len(), 1, "{:?}", vmm_processes(pid));
     assert!(!state_dirs(pid).is_empty());
 
     let status = Command::new("kill")
@@ -297,9 +295,9 @@ fn kill_9_of_airlock_leaves_nothing_after_the_next_start() {
     let _ = child.wait();
     // The VMM dies with airlock (parent-death signal).
     assert!(
-        wait_until(Duration::from_secs(5), || vmm_processes(None).is_empty()),
+        wait_until(Duration::from_secs(5), || vmm_processes(pid).is_empty()),
         "VMM outlived airlock: {:?}",
-        vmm_processes(None)
+        vmm_processes(pid)
     );
     // Its cgroup and state directory wait for the next airlock start, which purges them.
     let next = vm_run(&["--", "true"]);
