@@ -286,6 +286,48 @@ fn kill_9_of_airlock_leaves_nothing_after_the_next_start() {
     assert_eq!(first, "ready\n", "airlock ended before the program ran");
     assert_eq!(vmm_processes(pid).len(), 1, "{:?}", vmm_processes(pid));
     assert!(!state_dirs(pid).is_empty());
+    // While it runs: the VMM is unprivileged, under its own seccomp filter, without a way
+    // to gain privileges, in a memory-capped cgroup of its own.
+    let vmm: u32 = vmm_processes(pid)[0].split(':').next().unwrap().parse().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{vmm}/status")).unwrap();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    assert_eq!(field("Seccomp:"), "2", "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    let uids: Vec<u32> = field("Uid:").split(' ').map(|u| u.parse().unwrap()).collect();
+    assert!(
+        uids.iter().all(|u| *u >= airlock_microvm::VMM_UID_BASE),
+        "{uids:?}"
+    );
+    let cgroups = std::fs::read_to_string(format!("/proc/{vmm}/cgroup")).unwrap();
+    let memory = cgroups
+        .lines()
+        .find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let mount = if controllers.split(',').any(|c| c == "memory") {
+                Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'))
+            } else if controllers.is_empty() && Path::new("/sys/fs/cgroup/memory.max").exists() {
+                Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'))
+            } else {
+                return None;
+            };
+            Some(mount)
+        })
+        .expect("the VMM's memory cgroup");
+    assert!(memory.to_string_lossy().contains("/vm-"), "{}", memory.display());
+    let cap = ["memory.limit_in_bytes", "memory.max"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(memory.join(f)).ok())
+        .expect("memory limit file");
+    let cap: u64 = cap.trim().parse().expect("a finite memory cap");
+    assert!(cap < 4 << 30, "VMM memory cap {cap}");
 
     let status = Command::new("kill")
         .args(["-9", &pid.to_string()])
@@ -305,6 +347,33 @@ fn kill_9_of_airlock_leaves_nothing_after_the_next_start() {
     assert!(owner_cgroups(pid).is_empty(), "{:?}", owner_cgroups(pid));
     assert!(state_dirs(pid).is_empty(), "{:?}", state_dirs(pid));
     assert_vm_gone(next.pid);
+}
+
+/// `airlock doctor` says whether micro-VMs run here, on which accelerator and why, and
+/// proves it with a boot.
+#[test]
+fn doctor_reports_micro_vm_readiness() {
+    let _g = serial();
+    let run = common::host::airlock(&["doctor"]);
+    let out = run.stdout();
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no {name:?} line in:\n{out}"))
+            .to_owned()
+    };
+    let accel = line("microvm: accelerator");
+    assert!(accel.starts_with("ok"), "{accel}");
+    assert!(
+        accel.contains("KVM: ") || (accel.contains("TCG: ") && accel.contains("/dev/kvm")),
+        "the accelerator line must say which and why: {accel}"
+    );
+    let boot = line("microvm: boot + run");
+    assert!(boot.starts_with("ok") && boot.contains("cold boot"), "{boot}");
+    assert!(boot.contains("landlock ABI"), "{boot}");
+    let image = line("microvm: guest image");
+    assert!(image.contains("rootfs") && image.contains("MB"), "{image}");
+    assert_vm_gone(run.pid);
 }
 
 /// A handful of the namespace backend's attacks (tests/security.rs), run in one VM: the
