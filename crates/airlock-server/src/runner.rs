@@ -127,6 +127,23 @@ pub async fn admit(
     }
 }
 
+/// The longest a taken sandbox's replacement waits for the program to end.
+const REFILL_DELAY_MAX: Duration = Duration::from_millis(10);
+
+/// Lets the refiller replace a sandbox taken from the pool once the returned sender is
+/// dropped (when the program has ended), or after [`REFILL_DELAY_MAX`]: building the
+/// replacement takes several milliseconds of CPU, which a short program should not
+/// have to share, and a long one should not keep the pool depleted.
+fn refill_after(pool: &Arc<crate::pool::Pool>) -> oneshot::Sender<()> {
+    let (done, ended) = oneshot::channel::<()>();
+    let pool = Arc::clone(pool);
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(REFILL_DELAY_MAX, ended).await;
+        pool.taken();
+    });
+    done
+}
+
 /// Runs `spec` in a fresh sandbox (warm when the pool can serve it), then purges it.
 /// `permit` is the request's admission; `gone` fires if the client leaves.
 pub async fn one_shot(
@@ -161,12 +178,14 @@ async fn one_shot_task(
         return one_shot_vm(state, key, spec, permit, queued, gone, stream).await;
     }
     let config = SandboxConfig::of(&spec);
-    let (mut sandbox, cold_setup, warm) = match state.pool.take_deferred(&config) {
-        Some(sb) => (sb, Duration::ZERO, true),
+    let t0 = std::time::Instant::now();
+    // The time spent waiting for the refiller's sandbox counts as setup, like a cold one.
+    let (mut sandbox, cold_setup, refill) = match state.pool.take_or_wait(&config).await {
+        Some(sb) => (sb, t0.elapsed(), Some(refill_after(&state.pool))),
         None => {
             let (created, took) = state.spawner.create(config).await;
             state.metrics.provisioned("cold", took);
-            (created.map_err(api_error)?, took, false)
+            (created.map_err(api_error)?, took, None)
         }
     };
     let cancel = Arc::clone(&state.cancel);
@@ -176,10 +195,7 @@ async fn one_shot_task(
         (r, sandbox)
     })
     .await;
-    if warm {
-        // Only now: building the replacement would compete with the program for the CPU.
-        state.pool.taken();
-    }
+    drop(refill);
     let (result, sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
     // Purge off the response's path. The permit goes with the sandbox: capacity is free
     // only once the sandbox is gone.
