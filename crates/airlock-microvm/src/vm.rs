@@ -457,18 +457,25 @@ enum Recv {
 }
 
 impl Channel {
-    /// Sends one frame (blocking until written: the guest drains its port continuously).
+    /// Sends one frame. The guest drains its port continuously; one that stops reading
+    /// for [`REQUEST_TIMEOUT`] is given up on.
     fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> Result<(), VmError> {
         let mut buf = Vec::new();
         proto::write(&mut buf, msg, payload).map_err(|e| VmError::Guest(e.to_string()))?;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
         let mut off = 0;
         while off < buf.len() {
             match self.stream.write(&buf[off..]) {
                 Ok(0) => return Err(VmError::Guest("the VM closed its port".into())),
                 Ok(n) => off += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(VmError::Guest("the guest stopped reading its port".into()));
+                    }
                     let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLOUT)];
-                    let _ = poll(&mut fds, PollTimeout::from(1000u16));
+                    let ms = left.as_millis().clamp(1, 1000) as u16;
+                    let _ = poll(&mut fds, PollTimeout::from(ms));
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(VmError::Guest(format!("writing to the VM: {e}"))),
