@@ -258,6 +258,11 @@ impl MicroVmHost {
     }
 
     /// Boots a VM sized `size` and waits until its agent is ready.
+    ///
+    /// The VMM gets SIGKILL when the *thread* that booted it exits (PR_SET_PDEATHSIG is
+    /// per thread), which is what makes a SIGKILLed airlock leave no VM running. A pool
+    /// must therefore boot from threads that live as long as the VMs they boot (not, for
+    /// example, from tokio's `spawn_blocking` threads, which exit when idle).
     pub fn boot(&self, size: VmSize) -> Result<BootedVm, VmError> {
         self.boot_with(size, self.accel, BOOT_TIMEOUT)
     }
