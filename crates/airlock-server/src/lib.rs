@@ -128,6 +128,7 @@ impl Service {
         }
         let vms = state.vm.drain();
         let _ = tokio::task::spawn_blocking(move || drop(vms)).await;
+        state.vm.stop();
         let pooled = state.pool.drain();
         let spawner = Arc::clone(&state.spawner);
         let _ = tokio::task::spawn_blocking(move || {

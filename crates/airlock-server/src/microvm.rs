@@ -24,6 +24,75 @@ use crate::state::stopped;
 /// kernel and agent, and the VMM itself.
 pub const VM_OVERHEAD_BYTES: u64 = 128 << 20;
 
+/// A boot job: the host, the size, and where the booted VM goes.
+type BootJob = (
+    Arc<MicroVmHost>,
+    VmSize,
+    tokio::sync::oneshot::Sender<(Result<BootedVm, VmError>, Duration)>,
+);
+
+/// Boots VMs on long-lived threads of its own. A VMM gets SIGKILL when the thread that
+/// started it exits (PR_SET_PDEATHSIG follows the thread), so VMs are never booted on
+/// tokio's blocking threads, which end after a while idle.
+#[derive(Debug)]
+struct Booter {
+    /// Jobs for the threads; dropping it lets them exit.
+    jobs: Mutex<Option<std::sync::mpsc::Sender<BootJob>>>,
+}
+
+impl Booter {
+    fn new(threads: usize) -> Booter {
+        let (tx, rx) = std::sync::mpsc::channel::<BootJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        for n in 0..threads.max(1) {
+            let rx = Arc::clone(&rx);
+            let spawned = std::thread::Builder::new()
+                .name(format!("airlock-vm-boot-{n}"))
+                .spawn(move || {
+                    loop {
+                        let job = rx.lock().map(|r| r.recv());
+                        let Ok(Ok((host, size, reply))) = job else { return };
+                        let t0 = Instant::now();
+                        let booted = host.boot(size);
+                        let _ = reply.send((booted, t0.elapsed()));
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "starting a VM boot thread");
+            }
+        }
+        Booter {
+            jobs: Mutex::new(Some(tx)),
+        }
+    }
+
+    /// Boots a VM of `size` on a boot thread.
+    async fn boot(&self, host: Arc<MicroVmHost>, size: VmSize) -> (Result<BootedVm, VmError>, Duration) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = self
+            .jobs
+            .lock()
+            .ok()
+            .and_then(|j| j.as_ref().map(|j| j.send((host, size, tx)).is_ok()));
+        if sent != Some(true) {
+            return (
+                Err(VmError::Host("the VM boot threads are stopped".into())),
+                Duration::ZERO,
+            );
+        }
+        rx.await
+            .unwrap_or_else(|_| (Err(VmError::Host("a VM boot thread died".into())), Duration::ZERO))
+    }
+
+    /// Lets the threads exit once their current boot is done. The VMs they booted die
+    /// with them, so this comes after every VM is dropped.
+    fn stop(&self) {
+        if let Ok(mut j) = self.jobs.lock() {
+            j.take();
+        }
+    }
+}
+
 /// The service's micro-VM side.
 #[derive(Debug)]
 pub struct VmService {
@@ -40,6 +109,8 @@ pub struct VmService {
     size: VmSize,
     /// Wakes the refiller when one is taken.
     taken: Notify,
+    /// Where VMs are booted (the pool's and cold ones).
+    booter: Booter,
 }
 
 impl VmService {
@@ -53,7 +124,14 @@ impl VmService {
             target,
             size: VmSize::for_limits(defaults),
             taken: Notify::new(),
+            // One for the pool and one for requests that find it empty.
+            booter: Booter::new(2),
         }
+    }
+
+    /// Stops the boot threads (after every VM is gone: see [`Booter::stop`]).
+    pub fn stop(&self) {
+        self.booter.stop();
     }
 
     /// The prepared host; prepares it on first call (building the guest image can take
@@ -134,16 +212,13 @@ impl VmService {
         };
         loop {
             while self.ready() < self.target {
-                let h = Arc::clone(&host);
-                let size = self.size;
-                let t0 = Instant::now();
-                let booted = tokio::select! {
-                    r = tokio::task::spawn_blocking(move || h.boot(size)) => r,
+                let (booted, took) = tokio::select! {
+                    r = self.booter.boot(Arc::clone(&host), self.size) => r,
                     () = stopped(&mut stop) => return,
                 };
                 match booted {
-                    Ok(Ok(vm)) => {
-                        metrics.vm_provisioned("warm", t0.elapsed());
+                    Ok(vm) => {
+                        metrics.vm_provisioned("warm", took);
                         if let Ok(mut ready) = self.ready.lock() {
                             ready.push_back(vm);
                         }
@@ -154,12 +229,8 @@ impl VmService {
                             return;
                         }
                     }
-                    Ok(Err(e)) => {
-                        tracing::error!(error = %e, "micro-VM pool: booting a VM failed");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
                     Err(e) => {
-                        tracing::error!(error = %e, "micro-VM pool: boot task failed");
+                        tracing::error!(error = %e, "micro-VM pool: booting a VM failed");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
@@ -183,12 +254,8 @@ impl VmService {
             return Ok((vm, Duration::ZERO));
         }
         let host = self.host().await?;
-        let t0 = Instant::now();
-        let vm = tokio::task::spawn_blocking(move || host.boot(need))
-            .await
-            .map_err(|e| ApiError::internal(format!("boot task: {e}")))?
-            .map_err(vm_error)?;
-        let took = t0.elapsed();
+        let (booted, took) = self.booter.boot(host, need).await;
+        let vm = booted.map_err(vm_error)?;
         metrics.vm_provisioned("cold", took);
         Ok((vm, took))
     }
