@@ -12,6 +12,10 @@ use crate::metrics::Metrics;
 use crate::spawner::Spawner;
 use crate::state::stopped;
 
+/// Sandboxes built at once at most. One build keeps a core busy for a few milliseconds;
+/// back-to-back requests drain the pool faster than one builder refills it.
+const BUILDERS: usize = 2;
+
 /// The pool's sandboxes and the builds under way, under one lock.
 #[derive(Debug, Default)]
 struct Ready {
@@ -53,11 +57,23 @@ impl Drop for Waiting<'_> {
 struct Building<'a>(&'a Pool);
 
 impl<'a> Building<'a> {
+    #[cfg(test)]
     fn start(pool: &'a Pool) -> Self {
         if let Ok(mut ready) = pool.ready.lock() {
             ready.building += 1;
         }
         Building(pool)
+    }
+
+    /// Counts one more build if the pool, with the builds under way, is short of its
+    /// target.
+    fn start_if_short(pool: &'a Pool) -> Option<Self> {
+        let mut ready = pool.ready.lock().ok()?;
+        if ready.sandboxes.len() + ready.building >= pool.target {
+            return None;
+        }
+        ready.building += 1;
+        Some(Building(pool))
     }
 }
 
@@ -142,7 +158,7 @@ impl Pool {
     /// the replacement (several milliseconds of CPU) does not compete with a short program
     /// it was taken for.
     pub fn taken(&self) {
-        self.taken.notify_one();
+        self.taken.notify_waiters();
     }
 
     /// Sandboxes ready now.
@@ -163,44 +179,61 @@ impl Pool {
             .unwrap_or_default()
     }
 
-    /// Keeps the pool full until `stop` turns true.
+    /// Keeps the pool full until `stop` turns true, with up to [`BUILDERS`] sandboxes
+    /// under way at once.
     pub async fn refill(
+        self: Arc<Self>,
+        spawner: Arc<Spawner>,
+        metrics: Arc<Metrics>,
+        stop: watch::Receiver<bool>,
+    ) {
+        if self.target == 0 {
+            return;
+        }
+        let builders = (0..BUILDERS)
+            .map(|_| Arc::clone(&self).builder(Arc::clone(&spawner), Arc::clone(&metrics), stop.clone()));
+        futures_util::future::join_all(builders).await;
+    }
+
+    /// One builder: builds while the pool (with what is under way) is short.
+    async fn builder(
         self: Arc<Self>,
         spawner: Arc<Spawner>,
         metrics: Arc<Metrics>,
         mut stop: watch::Receiver<bool>,
     ) {
-        if self.target == 0 {
-            return;
-        }
         loop {
-            while self.ready() < self.target {
-                let building = Building::start(&self);
-                let (created, took) = tokio::select! {
-                    r = spawner.create(self.config.clone()) => r,
+            // Registered before the check, so a take in between still wakes us.
+            let taken = self.taken.notified();
+            tokio::pin!(taken);
+            taken.as_mut().enable();
+            let Some(building) = Building::start_if_short(&self) else {
+                metrics.pool_ready.set(self.ready() as i64);
+                tokio::select! {
+                    () = taken => {}
                     () = stopped(&mut stop) => return,
-                };
-                match created {
-                    Ok(sandbox) => {
-                        metrics.provisioned("warm", took);
-                        if let Ok(mut ready) = self.ready.lock() {
-                            ready.sandboxes.push_back(sandbox);
-                        }
-                        drop(building);
-                        metrics.pool_ready.set(self.ready() as i64);
+                }
+                continue;
+            };
+            let (created, took) = tokio::select! {
+                r = spawner.create(self.config.clone()) => r,
+                () = stopped(&mut stop) => return,
+            };
+            match created {
+                Ok(sandbox) => {
+                    metrics.provisioned("warm", took);
+                    if let Ok(mut ready) = self.ready.lock() {
+                        ready.sandboxes.push_back(sandbox);
                     }
-                    Err(e) => {
-                        tracing::error!(error = %e, "warm pool: building a sandbox failed");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
+                    drop(building);
+                    metrics.pool_ready.set(self.ready() as i64);
+                }
+                Err(e) => {
+                    drop(building);
+                    tracing::error!(error = %e, "warm pool: building a sandbox failed");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
-            metrics.pool_ready.set(self.ready() as i64);
-            tokio::select! {
-                () = self.taken.notified() => {}
-                () = stopped(&mut stop) => return,
-            }
-            metrics.pool_ready.set(self.ready() as i64);
         }
     }
 }
