@@ -6,7 +6,8 @@
 //! - one virtio-serial port, `airlock.agent`, backed by a socket whose other end stays
 //!   with airlock (passed as an inherited fd: no socket file exists anywhere);
 //! - QMP on a second inherited socket;
-//! - no network device (`-nodefaults -nic none`), no display, no USB, no default devices;
+//! - no network device (`-nodefaults -nic none`), no display, no USB, no default devices,
+//!   no legacy PIT or PIC;
 //! - QEMU's own seccomp sandbox (`-sandbox on,...`), and it never runs as root: the
 //!   process joins its cgroup and drops to an unprivileged uid before `execve`.
 
@@ -53,8 +54,11 @@ impl Qemu {
     pub fn args(&self, launch: &Launch<'_>) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |s: &str| a.push(s.into());
+        // No legacy PIT or PIC: the guest uses the local APIC (TSC deadline) and the
+        // IOAPIC; fewer emulated devices reachable from the guest, and a slightly faster
+        // boot. The RTC stays: without it the guest boots slower.
         push("-M");
-        push("microvm,acpi=on,x-option-roms=off");
+        push("microvm,acpi=on,x-option-roms=off,pit=off,pic=off");
         match launch.accel {
             Accel::Kvm => {
                 push("-accel");
