@@ -11,7 +11,8 @@
 //!
 //! Each is keyed by what it is built from (package name; agent and kernel; the mtimes of
 //! every directory imaged), so a stale one is rebuilt and a fresh one is reused. Builds
-//! hold an exclusive lock on the cache, so concurrent airlock processes build once.
+//! hold an exclusive lock on the cache, so concurrent airlock processes build once; stale
+//! files are removed only when no other airlock process is using the cache.
 
 use goblin::elf::Elf;
 use nix::fcntl::{Flock, FlockArg};
@@ -164,21 +165,13 @@ pub struct ImageBuilder {
 }
 
 impl ImageBuilder {
-    /// Prepares (or reuses) every boot file.
-    pub fn prepare(&self) -> Result<(GuestImage, PrepareTimes), ImageError> {
+    /// Prepares (or reuses) every boot file. The returned [`CacheUse`] keeps them from
+    /// being removed as stale by another airlock process while this one uses them: hold
+    /// it as long as VMs may be started from them.
+    pub fn prepare(&self) -> Result<(GuestImage, PrepareTimes, CacheUse), ImageError> {
         mkdir_world_readable(&self.cache)?;
-        let lock_path = self.cache.join("lock");
-        let lock_file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io_err("open", &lock_path))?;
-        let _lock = Flock::lock(lock_file, FlockArg::LockExclusive).map_err(|(_, e)| ImageError::Io {
-            what: "lock",
-            path: lock_path.clone(),
-            source: e.into(),
-        })?;
+        // One builder at a time.
+        let _build = lock(&self.cache.join("lock"), FlockArg::LockExclusive)?;
         let mut times = PrepareTimes::default();
 
         let t = Instant::now();
@@ -197,8 +190,17 @@ impl ImageBuilder {
             let t = Instant::now();
             self.build_rootfs(&rootfs)?;
             times.rootfs_build_ms = ms(t);
-            remove_others(&self.cache, "rootfs-", &rootfs);
         }
+
+        // Every airlock process that may still start VMs holds the use lock shared. Stale
+        // files (another agent's initramfs, the rootfs of an older /usr) are removed only
+        // when nobody does; otherwise they wait for a later start.
+        remove_stale_if_unused(&self.cache, &initramfs, &rootfs);
+        // Taken while still holding the build lock: no builder can remove these files
+        // between the clean-up above and this line.
+        let using = CacheUse {
+            _lock: lock(&self.cache.join(USE_LOCK), FlockArg::LockShared)?,
+        };
         Ok((
             GuestImage {
                 kernel,
@@ -207,6 +209,7 @@ impl ImageBuilder {
                 rootfs,
             },
             times,
+            using,
         ))
     }
 
@@ -313,7 +316,6 @@ impl ImageBuilder {
             .and_then(|b| b.into_inner().map_err(|e| e.into_error()))
             .map_err(io_err("write initramfs", &path))?;
         write_atomic(&path, &bytes)?;
-        remove_others(&self.cache, "initramfs-", &path);
         Ok(path)
     }
 
@@ -415,6 +417,43 @@ impl ImageBuilder {
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644)).map_err(io_err("chmod", &tmp))?;
         fs::rename(&tmp, dest).map_err(io_err("rename", dest))
     }
+}
+
+/// A shared lock on the cache's files: while held, no airlock process removes them.
+#[derive(Debug)]
+pub struct CacheUse {
+    /// Owned: the shared flock on `use.lock`, released on drop.
+    _lock: Flock<fs::File>,
+}
+
+/// The lock every process that may boot from the cache holds shared.
+const USE_LOCK: &str = "use.lock";
+
+/// Removes the initramfs and rootfs files other than `initramfs` and `rootfs`, unless
+/// another process holds the cache's use lock. Returns whether it removed (or could have).
+fn remove_stale_if_unused(cache: &Path, initramfs: &Path, rootfs: &Path) -> bool {
+    let Ok(only_us) = lock(&cache.join(USE_LOCK), FlockArg::LockExclusiveNonblock) else {
+        return false;
+    };
+    remove_others(cache, "initramfs-", initramfs);
+    remove_others(cache, "rootfs-", rootfs);
+    drop(only_us);
+    true
+}
+
+/// Opens (creating) `path` and flocks it.
+fn lock(path: &Path, how: FlockArg) -> Result<Flock<fs::File>, ImageError> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(io_err("open", path))?;
+    Flock::lock(file, how).map_err(|(_, e)| ImageError::Io {
+        what: "lock",
+        path: path.to_owned(),
+        source: e.into(),
+    })
 }
 
 /// Bumped when the layout of an initramfs or rootfs changes, so old cached ones are
@@ -761,6 +800,26 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(10));
         fs::write(root.path().join("usr/bin/tool"), "x").unwrap();
         assert_ne!(k1, b.rootfs_key().unwrap());
+    }
+
+    #[test]
+    fn stale_files_stay_while_another_process_uses_the_cache() {
+        let cache = tempfile::tempdir().unwrap();
+        let file = |n: &str| {
+            let p = cache.path().join(n);
+            fs::write(&p, "x").unwrap();
+            p
+        };
+        let (new_i, new_r) = (file("initramfs-2.cpio"), file("rootfs-2.sqfs"));
+        let (old_i, old_r) = (file("initramfs-1.cpio"), file("rootfs-1.sqfs"));
+        // Another user (a separate open file description, as another process would have).
+        let other = lock(&cache.path().join(USE_LOCK), FlockArg::LockShared).unwrap();
+        assert!(!remove_stale_if_unused(cache.path(), &new_i, &new_r));
+        assert!(old_i.exists() && old_r.exists());
+        drop(other);
+        assert!(remove_stale_if_unused(cache.path(), &new_i, &new_r));
+        assert!(!old_i.exists() && !old_r.exists());
+        assert!(new_i.exists() && new_r.exists());
     }
 
     #[test]

@@ -148,6 +148,8 @@ pub struct MicroVmHost {
     next_uid: AtomicU32,
     /// VMs of dead airlock processes purged at start.
     purged: usize,
+    /// Keeps the image files from being removed as stale while this host may boot VMs.
+    _cache_use: crate::image::CacheUse,
 }
 
 impl MicroVmHost {
@@ -175,7 +177,7 @@ impl MicroVmHost {
             agent: options.agent.clone(),
             host_root: PathBuf::from("/"),
         };
-        let (image, prepared) = builder.prepare()?;
+        let (image, prepared, cache_use) = builder.prepare()?;
         let vmm: Box<dyn Vmm> = Box::new(Qemu::default());
         let mut host = MicroVmHost {
             vmm,
@@ -188,6 +190,7 @@ impl MicroVmHost {
             tsc_khz: sys::tsc_khz(Duration::from_millis(20)),
             next_uid: AtomicU32::new(sys::getpid() as u32),
             purged,
+            _cache_use: cache_use,
         };
         (host.accel, host.accel_reason) = match options.accel {
             Some(a) => (a, "chosen with AIRLOCK_VM_ACCEL".to_owned()),
