@@ -23,6 +23,7 @@
 //! let spec = Spec::new(vec!["python3".into(), "-c".into(), "print(6*7)".into()]);
 //! // Boot and run are separate: a pool keeps booted VMs and gives each one run.
 //! let mut vm = host.boot(VmSize::for_limits(&spec.limits))?;
+//! vm.prepare(&spec.limits)?; // optional: build the guest's sandbox ahead as well
 //! let result = vm.run(&spec, &mut airlock_sandbox::Capture, &[])?;
 //! assert_eq!(result.stdout, "42\n");
 //! drop(vm); // kills the VMM, removes its cgroup and state directory

@@ -304,7 +304,8 @@ impl MicroVmHost {
         })
     }
 
-    /// Boots a VM for `spec`, runs it, and destroys the VM.
+    /// Boots a VM for `spec`, runs it, and destroys the VM. The result's `setup_ms`
+    /// includes the boot.
     pub fn run(
         &self,
         spec: &Spec,
@@ -313,7 +314,9 @@ impl MicroVmHost {
     ) -> Result<ExecResult, VmError> {
         spec.validate().map_err(VmError::Spec)?;
         let mut vm = self.boot(VmSize::for_limits(&spec.limits))?;
-        vm.run(spec, sink, cancel)
+        let mut result = vm.run(spec, sink, cancel)?;
+        result.setup_ms = round3(result.setup_ms + vm.boot_time().as_secs_f64() * 1e3);
+        Ok(result)
     }
 }
 
@@ -369,6 +372,8 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
         boot: Duration::ZERO,
         info: GuestInfo::default(),
         used: false,
+        sandbox_disk: None,
+        sandbox_setup: Duration::ZERO,
     };
     let limits = CgroupLimits {
         memory_bytes: (p.size.ram_mib
@@ -553,6 +558,10 @@ pub struct BootedVm {
     info: GuestInfo,
     /// Whether a program has run (a VM serves one).
     used: bool,
+    /// The disk size the guest's sandbox was built with, once it exists.
+    sandbox_disk: Option<u64>,
+    /// How long building the guest's sandbox took.
+    sandbox_setup: Duration,
 }
 
 impl BootedVm {
@@ -574,6 +583,11 @@ impl BootedVm {
     /// The VMM process's pid.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// How long building the guest's sandbox took (zero until it exists).
+    pub fn sandbox_setup_time(&self) -> Duration {
+        self.sandbox_setup
     }
 
     /// Asks the VMM which accelerator the guest runs on.
@@ -616,6 +630,31 @@ impl BootedVm {
         }
     }
 
+    /// Builds the guest's sandbox now, ahead of the run: what a pool does while the VM
+    /// waits, so a request pays only for its files and its program. The run's memory,
+    /// CPU and pids limits are applied when it starts; its disk size must be
+    /// `limits.disk_bytes` (the sandbox's tmpfs is sized once).
+    pub fn prepare(&mut self, limits: &Limits) -> Result<(), VmError> {
+        if self.sandbox_disk.is_some() || self.used {
+            return Err(VmError::Guest("this VM's sandbox already exists".into()));
+        }
+        self.create_sandbox(limits)
+    }
+
+    fn create_sandbox(&mut self, limits: &Limits) -> Result<(), VmError> {
+        let t = Instant::now();
+        self.channel()?.send(
+            &ToGuest::Create {
+                limits: limits.clone(),
+            },
+            &[],
+        )?;
+        self.expect_ok("creating the sandbox")?;
+        self.sandbox_disk = Some(limits.disk_bytes);
+        self.sandbox_setup = t.elapsed();
+        Ok(())
+    }
+
     /// Runs `spec`'s program in this VM and returns its result; output within the limit
     /// also goes to `sink` as it arrives. The guest runs it in the namespace sandbox under
     /// its own cgroup; past the deadline (plus a grace for the guest's report) the VM is
@@ -628,18 +667,22 @@ impl BootedVm {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
         spec.validate().map_err(VmError::Spec)?;
+        let limits = spec.limits.clone();
+        if let Some(disk) = self.sandbox_disk
+            && disk != limits.disk_bytes
+        {
+            return Err(VmError::Guest(format!(
+                "this VM's sandbox was built with a {disk}-byte disk, the run asks for {}",
+                limits.disk_bytes
+            )));
+        }
         if std::mem::replace(&mut self.used, true) {
             return Err(VmError::Guest("this VM already ran a program".into()));
         }
         let t0 = Instant::now();
-        let limits = spec.limits.clone();
-        self.channel()?.send(
-            &ToGuest::Create {
-                limits: limits.clone(),
-            },
-            &[],
-        )?;
-        self.expect_ok("creating the sandbox")?;
+        if self.sandbox_disk.is_none() {
+            self.create_sandbox(&limits)?;
+        }
         for file in &spec.files {
             let mut chunks = file.content.chunks(CHUNK).peekable();
             let mut first = true;
@@ -669,7 +712,9 @@ impl BootedVm {
             limits,
         };
         self.channel()?.send(&exec, &[])?;
-        let setup = t0.elapsed() + self.boot;
+        // What this call waited for before the program: the sandbox (unless prepared
+        // ahead), files and stdin. A cold run adds the boot ([`MicroVmHost::run`]).
+        let setup = t0.elapsed();
         let started = Instant::now();
         let deadline = started + Duration::from_millis(spec.limits.timeout_ms) + DEADLINE_GRACE;
         // The guest caps output, and so does the host: a guest that misbehaves (or is

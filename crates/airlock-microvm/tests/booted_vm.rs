@@ -51,10 +51,23 @@ fn a_booted_vm_runs_one_program_and_gives_its_files_back() {
     assert!(vm.guest_info().kernel.contains('.'), "{:?}", vm.guest_info());
     assert_eq!(vm.accelerator().expect("QMP"), host.accel().0.as_str());
 
+    // The sandbox inside is built ahead too; a run must match its disk size.
+    vm.prepare(&spec.limits).expect("prepare");
+    assert!(vm.sandbox_setup_time() > std::time::Duration::ZERO);
+    let mut other_disk = spec.clone();
+    other_disk.limits.disk_bytes *= 2;
+    let err = vm.run(&other_disk, &mut Capture, &[]).unwrap_err();
+    assert!(err.to_string().contains("disk"), "{err}");
+
     let result = vm.run(&spec, &mut Capture, &[]).expect("run");
     assert_eq!(result.exit_code, Some(0), "{result:?}");
     assert_eq!(result.stdout, "done\n");
     assert_eq!(result.id, vm.id());
+    // The hand-off did not include the boot or the sandbox, which were ready.
+    assert!(
+        result.setup_ms < vm.sandbox_setup_time().as_secs_f64() * 1e3 + vm.boot_time().as_secs_f64() * 1e3,
+        "{result:?}"
+    );
 
     // Files out.
     let out = vm.read_file("out/result.txt", 1 << 20).expect("read_file");
