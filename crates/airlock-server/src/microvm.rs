@@ -28,6 +28,7 @@ pub const VM_OVERHEAD_BYTES: u64 = 128 << 20;
 type BootJob = (
     Arc<MicroVmHost>,
     VmSize,
+    Option<Limits>,
     tokio::sync::oneshot::Sender<(Result<BootedVm, VmError>, Duration)>,
 );
 
@@ -51,9 +52,16 @@ impl Booter {
                 .spawn(move || {
                     loop {
                         let job = rx.lock().map(|r| r.recv());
-                        let Ok(Ok((host, size, reply))) = job else { return };
+                        let Ok(Ok((host, size, prepare, reply))) = job else {
+                            return;
+                        };
                         let t0 = Instant::now();
-                        let booted = host.boot(size);
+                        let booted = host.boot(size).and_then(|mut vm| {
+                            if let Some(limits) = &prepare {
+                                vm.prepare(limits)?;
+                            }
+                            Ok(vm)
+                        });
                         let _ = reply.send((booted, t0.elapsed()));
                     }
                 });
@@ -66,14 +74,20 @@ impl Booter {
         }
     }
 
-    /// Boots a VM of `size` on a boot thread.
-    async fn boot(&self, host: Arc<MicroVmHost>, size: VmSize) -> (Result<BootedVm, VmError>, Duration) {
+    /// Boots a VM of `size` on a boot thread; with `prepare`, also builds the guest's
+    /// sandbox for those limits (see [`BootedVm::prepare`]).
+    async fn boot(
+        &self,
+        host: Arc<MicroVmHost>,
+        size: VmSize,
+        prepare: Option<Limits>,
+    ) -> (Result<BootedVm, VmError>, Duration) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let sent = self
             .jobs
             .lock()
             .ok()
-            .and_then(|j| j.as_ref().map(|j| j.send((host, size, tx)).is_ok()));
+            .and_then(|j| j.as_ref().map(|j| j.send((host, size, prepare, tx)).is_ok()));
         if sent != Some(true) {
             return (
                 Err(VmError::Host("the VM boot threads are stopped".into())),
@@ -107,6 +121,9 @@ pub struct VmService {
     target: usize,
     /// The size pooled VMs are booted with.
     size: VmSize,
+    /// The limits pooled VMs' guest sandboxes are built with (the disk size must match a
+    /// request's; memory, CPU and pids are applied per run).
+    defaults: Limits,
     /// Wakes the refiller when one is taken.
     taken: Notify,
     /// Where VMs are booted (the pool's and cold ones).
@@ -123,6 +140,7 @@ impl VmService {
             ready: Mutex::new(VecDeque::new()),
             target,
             size: VmSize::for_limits(defaults),
+            defaults: defaults.clone(),
             taken: Notify::new(),
             // One for the pool and one for requests that find it empty.
             booter: Booter::new(2),
@@ -170,9 +188,14 @@ impl VmService {
         })
     }
 
-    /// Takes a booted VM at least as big as `need`.
-    fn take(&self, need: VmSize) -> Option<BootedVm> {
-        if self.target == 0 || need.ram_mib > self.size.ram_mib || need.vcpus > self.size.vcpus {
+    /// Takes a booted VM that fits `limits`: at least as big, with the same disk size.
+    fn take(&self, limits: &Limits) -> Option<BootedVm> {
+        let need = VmSize::for_limits(limits);
+        if self.target == 0
+            || need.ram_mib > self.size.ram_mib
+            || need.vcpus > self.size.vcpus
+            || limits.disk_bytes != self.defaults.disk_bytes
+        {
             return None;
         }
         let vm = self.ready.lock().ok()?.pop_front();
@@ -213,7 +236,7 @@ impl VmService {
         loop {
             while self.ready() < self.target {
                 let (booted, took) = tokio::select! {
-                    r = self.booter.boot(Arc::clone(&host), self.size) => r,
+                    r = self.booter.boot(Arc::clone(&host), self.size, Some(self.defaults.clone())) => r,
                     () = stopped(&mut stop) => return,
                 };
                 match booted {
@@ -248,13 +271,13 @@ impl VmService {
     /// A VM for `spec`: a pooled one when one fits, else one booted now. Returns it with
     /// the time the request spent booting it (zero when warm).
     pub async fn provision(&self, spec: &Spec, metrics: &Metrics) -> Result<(BootedVm, Duration), ApiError> {
-        let need = VmSize::for_limits(&spec.limits);
-        if let Some(vm) = self.take(need) {
+        if let Some(vm) = self.take(&spec.limits) {
             metrics.vm_pool_ready.set(self.ready() as i64);
             return Ok((vm, Duration::ZERO));
         }
         let host = self.host().await?;
-        let (booted, took) = self.booter.boot(host, need).await;
+        let need = VmSize::for_limits(&spec.limits);
+        let (booted, took) = self.booter.boot(host, need, None).await;
         let vm = booted.map_err(vm_error)?;
         metrics.vm_provisioned("cold", took);
         Ok((vm, took))
