@@ -135,12 +135,41 @@ struct State {
     stdin: Vec<u8>,
     /// More stdin came than [`MAX_STDIN`].
     stdin_overflow: bool,
+    /// Saved as a template (`Freeze`) and not yet `Resume`d as a clone: only `Resume` is
+    /// served.
+    frozen: bool,
 }
 
 impl State {
     /// Handles one request; only a failure to answer on the port is an error.
     fn handle(&mut self, engine: &Engine, port: &Port, msg: ToGuest, payload: Vec<u8>) -> io::Result<()> {
+        if self.frozen && !matches!(msg, ToGuest::Resume { .. }) {
+            return port.error("this VM is a template: it serves nothing before `resume`");
+        }
         match msg {
+            ToGuest::Freeze => {
+                self.frozen = true;
+                port.send(&ToHost::Ok, &[])
+            }
+            ToGuest::Resume { unix_time_ns } => {
+                if payload.len() < proto::RESUME_SEED {
+                    return port.error(format!(
+                        "resume needs {} random bytes, got {}",
+                        proto::RESUME_SEED,
+                        payload.len()
+                    ));
+                }
+                // Every clone starts with its template's random state and clock: both
+                // are replaced before anything else runs.
+                if let Err(e) = sys::reseed_random(&payload) {
+                    return port.error(format!("reseeding the random generator: {e}"));
+                }
+                if let Err(e) = sys::set_realtime(unix_time_ns) {
+                    return port.error(format!("setting the clock: {e}"));
+                }
+                self.frozen = false;
+                port.send(&ToHost::Ok, &[])
+            }
             ToGuest::Create { limits } => {
                 if self.sandbox.is_some() {
                     return port.error("a sandbox already exists in this VM");

@@ -56,7 +56,22 @@ pub enum ToGuest {
         /// At most this many bytes.
         max_bytes: u64,
     },
+    /// The host is about to save this VM as the template of clones: from now on the
+    /// agent refuses everything but `Resume`, so no clone can run a program before it
+    /// has its own random state and clock. Answered by `Ok`.
+    Freeze,
+    /// This VM is a clone, just restored from its template: mix the payload (at least
+    /// [`RESUME_SEED`] fresh random bytes from the host) into the guest kernel's random
+    /// generator and reseed it, set the clock, and serve again. Answered by `Ok` or
+    /// `Error`.
+    Resume {
+        /// The host's CLOCK_REALTIME, in nanoseconds since the epoch.
+        unix_time_ns: u64,
+    },
 }
+
+/// Random bytes a `Resume` carries: a full key for the guest kernel's generator.
+pub const RESUME_SEED: usize = 32;
 
 /// Guest -> host.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -25,6 +25,9 @@ use crate::{VmError, sys};
 /// The fds the agent's and QMP's sockets have in QEMU.
 const AGENT_FD: i32 = 3;
 const QMP_FD: i32 = 4;
+/// The fd of a VM's RAM file ([`crate::vmm::RamFile`]) in QEMU, opened by QEMU again as
+/// `/proc/self/fd/5` (QEMU 7.2's `memory-backend-file` takes a path, not an fd).
+pub const RAM_FD: i32 = 5;
 /// Our copies are moved above this first, so the dup2s into 3 and 4 never clobber.
 const HIGH_FD: i32 = 10;
 /// Name of the agent's virtio-serial port (the guest finds it in /sys/class/virtio-ports).
@@ -58,7 +61,11 @@ impl Qemu {
         // IOAPIC; fewer emulated devices reachable from the guest, and a slightly faster
         // boot. The RTC stays: without it the guest boots slower.
         push("-M");
-        push("microvm,acpi=on,x-option-roms=off,pit=off,pic=off");
+        if launch.ram_file.is_some() {
+            push("microvm,acpi=on,x-option-roms=off,pit=off,pic=off,memory-backend=ram");
+        } else {
+            push("microvm,acpi=on,x-option-roms=off,pit=off,pic=off");
+        }
         match launch.accel {
             Accel::Kvm => {
                 push("-accel");
@@ -75,6 +82,20 @@ impl Qemu {
         }
         push("-m");
         push(&format!("{}M", launch.ram_mib));
+        if let Some(ram) = &launch.ram_file {
+            // share=off maps the file private: the guest's writes are copied into the
+            // VMM's own memory and never reach the file.
+            push("-object");
+            push(&format!(
+                "memory-backend-file,id=ram,size={}M,mem-path=/proc/self/fd/{RAM_FD},share={}",
+                launch.ram_mib,
+                if ram.shared { "on" } else { "off" }
+            ));
+        }
+        if launch.incoming {
+            push("-incoming");
+            push("defer");
+        }
         push("-smp");
         push(&launch.vcpus.to_string());
         for s in [
@@ -163,6 +184,10 @@ impl Vmm for Qemu {
         let agent_guest = sys::dup_above(agent_guest.as_fd(), HIGH_FD).map_err(|e| spawn_err("dup", e))?;
         let qmp_guest = sys::dup_above(qmp_guest.as_fd(), HIGH_FD).map_err(|e| spawn_err("dup", e))?;
         let console_err = launch.console.try_clone().map_err(|e| spawn_err("console", e))?;
+        let ram_file = match &launch.ram_file {
+            Some(ram) => Some(sys::dup_above(ram.fd, HIGH_FD).map_err(|e| spawn_err("dup", e))?),
+            None => None,
+        };
 
         let mut cmd = Command::new(&self.binary);
         cmd.args(self.args(&launch))
@@ -179,6 +204,7 @@ impl Vmm for Qemu {
         let (uid, gid) = (launch.uid, launch.gid);
         let parent = sys::getpid();
         let (agent_raw, qmp_raw) = (agent_guest.as_raw_fd(), qmp_guest.as_raw_fd());
+        let ram_raw = ram_file.as_ref().map(|f| f.as_raw_fd());
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe syscalls (open, write, close, dup2, set*id, prctl, getppid) on
         // data prepared before the fork; it allocates nothing and takes no lock.
@@ -187,6 +213,9 @@ impl Vmm for Qemu {
                 sys::child_join_cgroups(&procs)?;
                 sys::child_dup2(agent_raw, AGENT_FD)?;
                 sys::child_dup2(qmp_raw, QMP_FD)?;
+                if let Some(ram) = ram_raw {
+                    sys::child_dup2(ram, RAM_FD)?;
+                }
                 sys::child_drop_privileges(uid, gid, &groups, parent)
             });
         }
@@ -195,6 +224,7 @@ impl Vmm for Qemu {
             .map_err(|e| VmError::Vmm(format!("starting {}: {e}", self.binary.display())))?;
         drop(agent_guest);
         drop(qmp_guest);
+        drop(ram_file);
         let control = match Qmp::connect(qmp) {
             Ok(q) => q,
             Err(e) => {

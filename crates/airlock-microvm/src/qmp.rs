@@ -3,9 +3,12 @@
 //! replies are `return` or `error` objects. Asynchronous `event` objects are skipped.
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IoSlice, Write};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 use crate::VmError;
 use crate::vmm::VmControl;
@@ -45,15 +48,43 @@ impl Qmp {
 
     /// Runs one command and returns its `return` value.
     pub fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, VmError> {
+        self.execute_passing(command, arguments, None)
+    }
+
+    /// Runs one command, passing `fd` along with it (SCM_RIGHTS), as `getfd` wants.
+    fn execute_passing(
+        &mut self,
+        command: &str,
+        arguments: Value,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<Value, VmError> {
         let mut msg = json!({ "execute": command });
         if !arguments.is_null() {
             msg["arguments"] = arguments;
         }
         let mut line = msg.to_string();
         line.push('\n');
-        self.writer
-            .write_all(line.as_bytes())
-            .map_err(|e| VmError::Control(format!("qmp {command}: {e}")))?;
+        let sent = match fd {
+            None => self.writer.write_all(line.as_bytes()),
+            Some(fd) => {
+                let fds = [fd.as_raw_fd()];
+                let cmsg = [ControlMessage::ScmRights(&fds)];
+                // A QMP command line is far below the socket buffer: one sendmsg sends it
+                // whole (a short send is reported rather than retried without the fd).
+                match sendmsg::<()>(
+                    self.writer.as_raw_fd(),
+                    &[IoSlice::new(line.as_bytes())],
+                    &cmsg,
+                    MsgFlags::empty(),
+                    None,
+                ) {
+                    Ok(n) if n == line.len() => Ok(()),
+                    Ok(n) => Err(std::io::Error::other(format!("short send: {n} bytes"))),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        };
+        sent.map_err(|e| VmError::Control(format!("qmp {command}: {e}")))?;
         loop {
             let reply = self.read_line()?;
             if let Some(ret) = reply.get("return") {
@@ -79,6 +110,23 @@ impl Qmp {
     }
 }
 
+/// Between polls of a migration's progress: saving or loading the device state takes a
+/// few milliseconds.
+const MIGRATION_POLL: Duration = Duration::from_millis(2);
+
+impl Qmp {
+    /// Migrates without the RAM of `share=on` memory backends (the template's RAM file is
+    /// the clones' RAM already), and hands QEMU `fd` as the migration's file.
+    fn prepare_migration(&mut self, fd: BorrowedFd<'_>) -> Result<(), VmError> {
+        self.execute(
+            "migrate-set-capabilities",
+            json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": true }] }),
+        )?;
+        self.execute_passing("getfd", json!({ "fdname": "state" }), Some(fd))?;
+        Ok(())
+    }
+}
+
 impl VmControl for Qmp {
     fn accelerator(&mut self) -> Result<String, VmError> {
         let kvm = self.execute("query-kvm", Value::Null)?;
@@ -87,6 +135,63 @@ impl VmControl for Qmp {
         } else {
             "tcg".into()
         })
+    }
+
+    fn save_state(&mut self, to: BorrowedFd<'_>, timeout: Duration) -> Result<(), VmError> {
+        let deadline = Instant::now() + timeout;
+        self.execute("stop", Value::Null)?;
+        self.prepare_migration(to)?;
+        self.execute("migrate", json!({ "uri": "fd:state" }))?;
+        loop {
+            let info = self.execute("query-migrate", Value::Null)?;
+            match info["status"].as_str() {
+                Some("completed") => return Ok(()),
+                Some(s @ ("failed" | "cancelled")) => {
+                    return Err(VmError::Control(format!(
+                        "saving the VM's state: {s}: {}",
+                        info["error-desc"].as_str().unwrap_or("no reason given")
+                    )));
+                }
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(VmError::Control(format!(
+                    "saving the VM's state took over {timeout:?}"
+                )));
+            }
+            std::thread::sleep(MIGRATION_POLL);
+        }
+    }
+
+    fn restore_state(&mut self, from: BorrowedFd<'_>, timeout: Duration) -> Result<(), VmError> {
+        let deadline = Instant::now() + timeout;
+        self.prepare_migration(from)?;
+        self.execute("migrate-incoming", json!({ "uri": "fd:state" }))?;
+        // QEMU exits when the state does not load, which ends this connection.
+        loop {
+            let status = self.execute("query-status", Value::Null)?;
+            match status["status"].as_str() {
+                Some("inmigrate") => {}
+                // The template was saved paused, and so is the clone: start it.
+                Some("paused") => {
+                    self.execute("cont", Value::Null)?;
+                    return Ok(());
+                }
+                Some("running") => return Ok(()),
+                other => {
+                    return Err(VmError::Control(format!(
+                        "restoring the VM's state: the VM is {}",
+                        other.unwrap_or("in an unknown state")
+                    )));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(VmError::Control(format!(
+                    "restoring the VM's state took over {timeout:?}"
+                )));
+            }
+            std::thread::sleep(MIGRATION_POLL);
+        }
     }
 }
 

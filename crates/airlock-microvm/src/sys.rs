@@ -94,3 +94,30 @@ pub fn tsc_khz(window: std::time::Duration) -> u64 {
     let ns = (t1 - t0).max(1);
     (u128::from(c1.wrapping_sub(c0)) * 1_000_000 / ns) as u64
 }
+
+/// A new anonymous memory file (memfd), close-on-exec, that can be sealed.
+pub fn memfd(name: &std::ffi::CStr) -> io::Result<std::fs::File> {
+    // SAFETY: `name` is a NUL-terminated string that outlives the call; the flags are
+    // constants.
+    let fd = check(
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) }.into(),
+    )?;
+    // SAFETY: the descriptor was just created and nothing else owns it.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd as RawFd) })
+}
+
+/// Seals a memfd for good: its content and size can no longer change through any
+/// descriptor (write, fallocate, truncate and writable shared mappings fail with EPERM,
+/// even through a descriptor opened for writing), and no seal can be removed. Private
+/// (copy-on-write) mappings stay possible: that is how clones map a template's RAM.
+/// Fails with EBUSY while a writable shared mapping of it exists.
+pub fn seal(file: &std::fs::File) -> io::Result<()> {
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: F_ADD_SEALS on a valid descriptor takes an integer argument.
+    check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) }.into()).map(drop)
+}
+
+/// Opens `file` again, read-only, as a new open file description (its own offset at 0).
+pub fn reopen_read_only(file: &std::fs::File) -> io::Result<std::fs::File> {
+    std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}

@@ -30,8 +30,10 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use crate::image::{GuestImage, ImageBuilder, PrepareTimes};
 use crate::proto::{self, CHUNK, Decoder, GuestInfo, ToGuest, ToHost};
 use crate::qemu::Qemu;
-use crate::vmm::{Accel, Launch, VmControl, Vmm};
+use crate::vmm::{Accel, Launch, RamFile, VmControl, Vmm};
 use crate::{VmError, sys};
+
+mod template;
 
 /// Guest RAM beyond the program's memory limit: the guest kernel, the agent, the sandbox's
 /// init and the page cache of the programs read from the rootfs.
@@ -106,7 +108,7 @@ fn default_agent_path() -> PathBuf {
 }
 
 /// What a VM is sized for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct VmSize {
     /// Guest RAM in MiB.
     pub ram_mib: u64,
@@ -150,6 +152,9 @@ pub struct MicroVmHost {
     purged: usize,
     /// Keeps the image files from being removed as stale while this host may boot VMs.
     _cache_use: crate::image::CacheUse,
+    /// Owned: the template VMs clones are made from, one per VM size, built on first use
+    /// ([`MicroVmHost::clone_vm`]); their memory goes with the host.
+    templates: template::Templates,
 }
 
 impl MicroVmHost {
@@ -191,6 +196,7 @@ impl MicroVmHost {
             next_uid: AtomicU32::new(sys::getpid() as u32),
             purged,
             _cache_use: cache_use,
+            templates: template::Templates::default(),
         };
         (host.accel, host.accel_reason) = match options.accel {
             Some(a) => (a, "chosen with AIRLOCK_VM_ACCEL".to_owned()),
@@ -287,6 +293,8 @@ impl MicroVmHost {
             size,
             uid: 0,
             timeout,
+            ram_file: None,
+            restore: None,
         })
     }
 
@@ -299,9 +307,16 @@ impl MicroVmHost {
             cmdline: self.cmdline(accel),
             accel,
             size,
-            uid: VMM_UID_BASE + self.next_uid.fetch_add(1, Ordering::Relaxed) % VMM_UID_SLOTS,
+            uid: self.vmm_uid(),
             timeout,
+            ram_file: None,
+            restore: None,
         })
+    }
+
+    /// The next VMM uid.
+    fn vmm_uid(&self) -> u32 {
+        VMM_UID_BASE + self.next_uid.fetch_add(1, Ordering::Relaxed) % VMM_UID_SLOTS
     }
 
     /// Boots a VM for `spec`, runs it, and destroys the VM. The result's `setup_ms`
@@ -339,6 +354,10 @@ pub(crate) struct BootParams<'a> {
     pub size: VmSize,
     pub uid: u32,
     pub timeout: Duration,
+    /// Guest RAM in a file: a template's (shared) or a clone's (private).
+    pub ram_file: Option<RamFile<'a>>,
+    /// A clone: restore this template's device state instead of booting.
+    pub restore: Option<&'a template::Template>,
 }
 
 /// A fresh VM id: `vm-` and 16 hex digits from the kernel's random source.
@@ -421,6 +440,8 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
         groups,
         cgroup_procs: procs,
         state_dir: state.clone(),
+        ram_file: p.ram_file,
+        incoming: p.restore.is_some(),
     })?;
     let pid = launched.child.id();
     vm.child = Some(launched.child);
@@ -439,6 +460,11 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
     });
 
     let deadline = t0 + p.timeout;
+    if let Some(template) = p.restore {
+        template.resume(&mut vm, deadline)?;
+        vm.boot = t0.elapsed();
+        return Ok(vm);
+    }
     match vm.channel()?.recv(deadline, &[]) {
         Ok(frame) => match frame.msg {
             ToHost::Ready(info) => vm.info = info,

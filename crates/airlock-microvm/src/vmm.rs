@@ -7,9 +7,11 @@
 use std::ffi::CString;
 use std::fmt;
 use std::fs::File;
+use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::Child;
+use std::time::Duration;
 
 use crate::VmError;
 use crate::image::GuestImage;
@@ -59,6 +61,22 @@ pub struct Launch<'a> {
     pub cgroup_procs: Vec<CString>,
     /// The VM's private state directory (owned by root; the VMM does not write it).
     pub state_dir: PathBuf,
+    /// Guest RAM in a file of the host's instead of anonymous memory: a template's, or
+    /// a clone's copy-on-write view of it. `None`: anonymous RAM (a cold boot).
+    pub ram_file: Option<RamFile<'a>>,
+    /// The VM starts paused and waits for its device state
+    /// ([`VmControl::restore_state`]) instead of booting the kernel.
+    pub incoming: bool,
+}
+
+/// Guest RAM backed by a file (a memfd) the host passes to the VMM.
+#[derive(Debug, Clone, Copy)]
+pub struct RamFile<'a> {
+    /// The file, exactly `ram_mib` long.
+    pub fd: BorrowedFd<'a>,
+    /// `true`: the guest writes the file itself (a template being built). `false`: a
+    /// private copy-on-write mapping, whose writes stay in the VMM's own memory (a clone).
+    pub shared: bool,
 }
 
 /// A started VM.
@@ -76,6 +94,12 @@ pub struct Launched {
 pub trait VmControl: fmt::Debug + Send {
     /// Asks the VMM which accelerator the guest runs on (`kvm`, `tcg`).
     fn accelerator(&mut self) -> Result<String, VmError>;
+    /// Pauses the VM and writes its device state (CPU, devices; not the RAM in a shared
+    /// [`RamFile`]) to `to`, within `timeout`. The VM stays paused.
+    fn save_state(&mut self, to: BorrowedFd<'_>, timeout: Duration) -> Result<(), VmError>;
+    /// Loads the device state a VM started with [`Launch::incoming`] waits for from
+    /// `from`, and starts the VM, within `timeout`.
+    fn restore_state(&mut self, from: BorrowedFd<'_>, timeout: Duration) -> Result<(), VmError>;
 }
 
 /// A virtual machine monitor.
