@@ -42,23 +42,11 @@ pub const INITRAMFS_MODULES_DIR: &str = "modules";
 /// merged-/usr host, or directories imaged as they are.
 const SYSTEM_LINKS: &[&str] = &["bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
-/// What the sandbox's synthesized /etc takes from the host (airlock-sandbox's etc.rs binds
-/// exactly these when present): the loader cache, protocol and service names, MIME
-/// types, time zone, TLS trust, alternatives links and loader configuration.
-const ETC_ENTRIES: &[&str] = &[
-    "ld.so.cache",
-    "ld.so.conf",
-    "protocols",
-    "services",
-    "mime.types",
-    "localtime",
-    "ssl",
-    "ca-certificates",
-    "alternatives",
-    "ld.so.conf.d",
-    "pki",
-    "crypto-policies",
-];
+/// What the sandbox's synthesized /etc takes from the host, when present: the same
+/// entries airlock-sandbox binds.
+fn etc_entries() -> impl Iterator<Item = &'static &'static str> {
+    airlock_sandbox::HOST_ETC_FILES.iter().chain(airlock_sandbox::HOST_ETC_DIRS)
+}
 
 /// Never copied from /etc, even inside the entries above: private keys have no place in
 /// a cache image.
@@ -345,7 +333,7 @@ impl ImageBuilder {
                 _ => {}
             }
         }
-        for name in ETC_ENTRIES {
+        for name in etc_entries() {
             let path = root.join("etc").join(name);
             if let Ok(m) = fs::symlink_metadata(&path) {
                 key.add(name.as_bytes());
@@ -371,7 +359,7 @@ impl ImageBuilder {
         let root = &self.host_root;
         let etc = stage.join("etc");
         fs::create_dir(&etc).map_err(io_err("mkdir", &etc))?;
-        for name in ETC_ENTRIES {
+        for name in etc_entries() {
             let src = root.join("etc").join(name);
             if fs::symlink_metadata(&src).is_ok() {
                 copy_tree(&src, &etc.join(name), Path::new(name))?;

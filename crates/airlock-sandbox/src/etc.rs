@@ -30,7 +30,7 @@ const GENERATED: &[(&str, &str)] = &[
 
 /// Host files bound read-only when present: the dynamic loader's cache, protocol and
 /// service names, MIME types, time zone.
-const BOUND_FILES: &[&str] = &[
+pub const BOUND_FILES: &[&str] = &[
     "ld.so.cache",
     "ld.so.conf",
     "protocols",
@@ -41,7 +41,7 @@ const BOUND_FILES: &[&str] = &[
 
 /// Host directories bound read-only when present: TLS trust, `alternatives` links that
 /// /usr/bin points through (awk, cc, python…), and interpreter configuration.
-const BOUND_DIRS: &[&str] = &[
+pub const BOUND_DIRS: &[&str] = &[
     "ssl",
     "ca-certificates",
     "alternatives",
