@@ -45,7 +45,9 @@ const SYSTEM_LINKS: &[&str] = &["bin", "sbin", "lib", "lib32", "lib64", "libx32"
 /// What the sandbox's synthesized /etc takes from the host, when present: the same
 /// entries airlock-sandbox binds.
 fn etc_entries() -> impl Iterator<Item = &'static &'static str> {
-    airlock_sandbox::HOST_ETC_FILES.iter().chain(airlock_sandbox::HOST_ETC_DIRS)
+    airlock_sandbox::HOST_ETC_FILES
+        .iter()
+        .chain(airlock_sandbox::HOST_ETC_DIRS)
 }
 
 /// Never copied from /etc, even inside the entries above: private keys have no place in
