@@ -24,13 +24,25 @@ use crate::state::stopped;
 /// kernel and agent, and the VMM itself.
 pub const VM_OVERHEAD_BYTES: u64 = 128 << 20;
 
-/// A boot job: the host, the size, and where the booted VM goes.
+/// A boot job: the host, the size, how, and where the booted VM goes.
 type BootJob = (
     Arc<MicroVmHost>,
     VmSize,
+    Start,
     Option<Limits>,
     tokio::sync::oneshot::Sender<(Result<BootedVm, VmError>, Duration)>,
 );
+
+/// How a VM is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// A cold boot.
+    Boot,
+    /// A clone of the host's template of that size ([`MicroVmHost::clone_vm`]: about a
+    /// tenth of a boot, RAM shared with the template), booting when no template can be
+    /// made.
+    Clone,
+}
 
 /// Boots VMs on long-lived threads of its own. A VMM gets SIGKILL when the thread that
 /// started it exits (PR_SET_PDEATHSIG follows the thread), so VMs are never booted on
@@ -52,11 +64,18 @@ impl Booter {
                 .spawn(move || {
                     loop {
                         let job = rx.lock().map(|r| r.recv());
-                        let Ok(Ok((host, size, prepare, reply))) = job else {
+                        let Ok(Ok((host, size, start, prepare, reply))) = job else {
                             return;
                         };
                         let t0 = Instant::now();
-                        let booted = host.boot(size).and_then(|mut vm| {
+                        let started = match start {
+                            Start::Boot => host.boot(size),
+                            Start::Clone => host.clone_vm(size).or_else(|e| {
+                                tracing::warn!(error = %e, "micro-VMs: cloning failed; booting instead");
+                                host.boot(size)
+                            }),
+                        };
+                        let booted = started.and_then(|mut vm| {
                             if let Some(limits) = &prepare {
                                 vm.prepare(limits)?;
                             }
@@ -80,14 +99,14 @@ impl Booter {
         &self,
         host: Arc<MicroVmHost>,
         size: VmSize,
+        start: Start,
         prepare: Option<Limits>,
     ) -> (Result<BootedVm, VmError>, Duration) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let sent = self
-            .jobs
-            .lock()
-            .ok()
-            .and_then(|j| j.as_ref().map(|j| j.send((host, size, prepare, tx)).is_ok()));
+        let sent = self.jobs.lock().ok().and_then(|j| {
+            j.as_ref()
+                .map(|j| j.send((host, size, start, prepare, tx)).is_ok())
+        });
         if sent != Some(true) {
             return (
                 Err(VmError::Host("the VM boot threads are stopped".into())),
@@ -218,9 +237,10 @@ impl VmService {
             .unwrap_or_default()
     }
 
-    /// Keeps `target` VMs booted until `stop` turns true. VMs are booted one at a time:
-    /// under software emulation a boot takes a core for over a second, and requests
-    /// need the other.
+    /// Keeps `target` VMs booted until `stop` turns true. They are clones of a template
+    /// VM of the pool's size (booted once, on the first refill), each restored in about
+    /// a tenth of a boot. VMs are started one at a time: under software emulation a boot
+    /// takes a core for over a second, and requests need the other.
     pub async fn refill(self: Arc<Self>, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
         if self.target == 0 {
             return;
@@ -236,7 +256,7 @@ impl VmService {
         loop {
             while self.ready() < self.target {
                 let (booted, took) = tokio::select! {
-                    r = self.booter.boot(Arc::clone(&host), self.size, Some(self.defaults.clone())) => r,
+                    r = self.booter.boot(Arc::clone(&host), self.size, Start::Clone, Some(self.defaults.clone())) => r,
                     () = stopped(&mut stop) => return,
                 };
                 match booted {
@@ -268,8 +288,10 @@ impl VmService {
         }
     }
 
-    /// A VM for `spec`: a pooled one when one fits, else one booted now. Returns it with
-    /// the time the request spent booting it (zero when warm).
+    /// A VM for `spec`: a pooled one when one fits, else one started now (a clone when
+    /// it is of the pool's size, whose template exists, else a boot: a template for a
+    /// one-off size would cost a boot and keep its RAM). Returns it with the time the
+    /// request spent starting it (zero when warm).
     pub async fn provision(&self, spec: &Spec, metrics: &Metrics) -> Result<(BootedVm, Duration), ApiError> {
         if let Some(vm) = self.take(&spec.limits) {
             metrics.vm_pool_ready.set(self.ready() as i64);
@@ -277,7 +299,12 @@ impl VmService {
         }
         let host = self.host().await?;
         let need = VmSize::for_limits(&spec.limits);
-        let (booted, took) = self.booter.boot(host, need, None).await;
+        let start = if self.target > 0 && need == self.size {
+            Start::Clone
+        } else {
+            Start::Boot
+        };
+        let (booted, took) = self.booter.boot(host, need, start, None).await;
         let vm = booted.map_err(vm_error)?;
         metrics.vm_provisioned("cold", took);
         Ok((vm, took))
