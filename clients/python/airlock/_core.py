@@ -99,6 +99,7 @@ def exec_body(
     env: Mapping[str, str] | None = None,
     limits: Limits | Mapping[str, Any] | None = None,
     network: Network | Mapping[str, Any] | str | None = None,
+    isolation: str | None = None,
 ) -> dict[str, Any]:
     """The JSON of an exec request. Shape errors the server would name are left to it,
     except those Python makes easy to get wrong (a string where argv is wanted)."""
@@ -127,6 +128,8 @@ def exec_body(
     net = Network.coerce(network)
     if net is not None:
         body["network"] = net.to_dict()
+    if isolation is not None:
+        body["isolation"] = isolation
     return body
 
 

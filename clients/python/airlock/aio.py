@@ -245,11 +245,13 @@ class AsyncAirlock:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
+        isolation: str | None = None,
     ) -> ExecResult:
-        """Runs ``code`` (``python``, ``javascript`` or ``bash``) in a fresh sandbox."""
+        """Runs ``code`` (``python``, ``javascript`` or ``bash``) in a fresh sandbox;
+        ``isolation="microvm"`` runs it inside a micro-VM of its own."""
         body = _core.exec_body(
             language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
-            network=network,
+            network=network, isolation=isolation,
         )
         return await self._exec("/v1/exec", body, None)
 
@@ -262,10 +264,12 @@ class AsyncAirlock:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
+        isolation: str | None = None,
     ) -> ExecResult:
         """Runs the argv ``cmd`` in a fresh sandbox."""
         body = _core.exec_body(
-            cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, network=network
+            cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, network=network,
+            isolation=isolation,
         )
         return await self._exec("/v1/exec", body, None)
 
@@ -278,11 +282,12 @@ class AsyncAirlock:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
+        isolation: str | None = None,
     ) -> ExecResult:
         """Runs ``bash -c command`` in a fresh sandbox."""
         return await self.exec(
             ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
-            network=network,
+            network=network, isolation=isolation,
         )
 
     def stream(

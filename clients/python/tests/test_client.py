@@ -273,3 +273,22 @@ def test_memory_above_the_default_cap(al: Airlock) -> None:
     assert r.ok
     with al.sandbox(limits=Limits(memory_bytes=512 * 1024 * 1024)) as sb:
         assert sb.run("print(1)").ok
+
+
+def test_microvm_isolation_runs_under_the_guest_kernel(al: Airlock) -> None:
+    # A micro-VM is booted for the request (seconds under software emulation).
+    with open("/proc/sys/kernel/osrelease") as f:
+        host_kernel = f.read().strip()
+    r = al.exec(["cat", "/proc/sys/kernel/osrelease"], isolation="microvm",
+                limits={"timeout_ms": 60_000})
+    assert r.ok, r
+    assert r.stdout.strip() and r.stdout.strip() != host_kernel, r
+    assert r.id.startswith("vm-"), r
+
+
+def test_a_bad_isolation_names_the_field(al: Airlock) -> None:
+    from airlock import InvalidRequest
+
+    with pytest.raises(InvalidRequest) as ei:
+        al.run("print(1)", isolation="vm")
+    assert ei.value.field == "isolation", ei.value
