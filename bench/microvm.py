@@ -12,9 +12,14 @@ host memory per pooled VM. Side by side with the namespace backend in the same r
          and requests boot their own VMs: what a burst beyond the pool sees);
        - namespaces, back to back, on the same daemon.
   3. Memory: PSS (/proc/PID/smaps_rollup) of each pooled VMM process, once the pool is full
-     and idle.
+     and idle. Pooled VMs are clones of a template VM, sharing its RAM copy-on-write.
+  4. Clones, from the library (`examples/clones`, built with
+     `cargo build --release -p airlock-microvm --example clones`): the template's build (a
+     boot and a save), each clone's restore to a ready agent, PSS per clone with N alive
+     and prepared, split into the template's RAM (shared), RAM the clone copied, and the
+     rest (QEMU, its translated-code cache).
 
-    sudo python3 bench/microvm.py [--airlock PATH] [--cold 5] [--requests 40] [--vm-pool 2]
+    sudo python3 bench/microvm.py [--airlock PATH] [--clones PATH] [--cold 5] [--requests 40] [--vm-pool 2]
 
 Python 3 standard library only. Root is needed (airlock creates cgroups). Figures are
 medians over the runs; the machine's other load is printed (uptime) since VMs emulated in
@@ -150,6 +155,19 @@ class Daemon:
                 self.proc.wait()
 
 
+def clones(binary, airlock, n):
+    """Runs examples/clones with `n` clones; its JSON, or None when it is not built."""
+    if not os.path.exists(binary):
+        print(f"(no {binary}: clone figures skipped)")
+        return None
+    guest = os.path.join(os.path.dirname(airlock), "airlock-guest")
+    env = dict(os.environ, AIRLOCK_GUEST=os.environ.get("AIRLOCK_GUEST", guest))
+    p = subprocess.run([binary, str(n)], capture_output=True, timeout=600, env=env)
+    if p.returncode != 0:
+        sys.exit(f"{binary} failed: {p.stderr.decode()[-2000:]}")
+    return json.loads(p.stdout)
+
+
 def row(label, xs):
     return (f"| {label} | {len(xs)} | {statistics.median(xs):.1f} | {pct(xs, 90):.1f} | "
             f"{pct(xs, 99):.1f} | {min(xs):.1f} | {max(xs):.1f} |")
@@ -161,16 +179,19 @@ def main():
     ap.add_argument("--cold", type=int, default=5, help="cold runs of each backend")
     ap.add_argument("--requests", type=int, default=40, help="requests per service row")
     ap.add_argument("--vm-pool", type=int, default=2, help="VMs the daemon keeps booted")
+    ap.add_argument("--clones", help="examples/clones (default: beside --airlock)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: airlock creates cgroups")
     airlock = os.path.abspath(args.airlock)
+    clones_bin = os.path.abspath(args.clones or os.path.join(os.path.dirname(airlock), "examples", "clones"))
     print(f"airlock: {airlock}; load: {os.getloadavg()}")
 
     # Prepares the guest image once (cached), so it is not in the first cold figure.
     cold(airlock, ["--isolation", "microvm"], 1)
     vm_cold = cold(airlock, ["--isolation", "microvm"], args.cold)
     ns_cold = cold(airlock, [], args.cold)
+    cl = clones(clones_bin, airlock, max(2, args.vm_pool))
 
     env = dict(os.environ, AIRLOCK_LOG=os.environ.get("AIRLOCK_LOG", "warn"))
     d = Daemon([airlock, "serve", "--listen", "127.0.0.1:0", "--pool", "2",
@@ -201,11 +222,23 @@ def main():
     print(row("service, microvm, back to back (pool drains)", burst))
     print(row("service, namespaces, back to back", ns))
     print()
-    print(f"mean VM boot to agent ready (pool and cold, from /metrics): {boots * 1000:.0f} ms")
+    print(f"mean VM provision (pool: clone restore + sandbox; cold: boot), from /metrics: {boots * 1000:.0f} ms")
     print(f"setup_ms reported for warm microvm execs: median {statistics.median(setup):.1f}")
     if pss:
         print(f"PSS per pooled VMM process (MB): {', '.join(f'{x:.1f}' for x in pss)}; "
               f"median {statistics.median(pss):.1f} (target <= {TARGET_PSS_MB:.0f})")
+    if cl:
+        split = cl.get("first_clone_pss_split_mb") or {}
+        print(f"template VM ({cl['ram_mib']} MiB RAM, {cl['accel']}): built (boot + save) in "
+              f"{cl['template_build_ms']:.0f} ms; its RAM file holds {cl['template_ram_file_mb']} MB")
+        print(f"clone restore to ready (ms): {', '.join(f'{x:.0f}' for x in cl['clone_restore_ms'])}; "
+              f"median {statistics.median(cl['clone_restore_ms']):.0f}; sandbox prepare median "
+              f"{statistics.median(cl['clone_prepare_ms']):.0f}")
+        print(f"PSS per clone with {len(cl['clone_pss_mb'])} alive (MB): "
+              f"{', '.join(f'{x:.1f}' for x in cl['clone_pss_mb'])} (target <= {TARGET_PSS_MB:.0f}); first clone: "
+              f"template RAM {split.get('ram_mapping')} (of which copied {split.get('ram_copied')}), "
+              f"rest {split.get('other')}")
+        print(f"/bin/true in a clone (wall ms): median {statistics.median(cl['true_wall_ms']):.1f}")
     print(f"ratio microvm cold / namespaces cold (median): "
           f"{statistics.median(vm_cold) / statistics.median(ns_cold):.0f}x")
     print(f"targets (warm pool, c=1): p50 <= {TARGET_P50_MS:.0f} ms: "
