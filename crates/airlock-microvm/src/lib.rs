@@ -9,7 +9,10 @@
 //!   `microvm` machine (QMP for control, no network device, its own seccomp sandbox,
 //!   unprivileged, in its own cgroup).
 //! - [`MicroVmHost`] prepares all that once; [`MicroVmHost::boot`] starts a VM and
-//!   waits for its agent; [`BootedVm::run`] hands it one program and returns the same
+//!   waits for its agent; [`MicroVmHost::clone_vm`] restores one from a template VM of
+//!   that size instead (booted once and saved; its RAM mapped copy-on-write: a tenth of
+//!   a boot), with its own random state and clock; [`BootedVm::run`] hands it one
+//!   program and returns the same
 //!   `ExecResult` as the namespace backend. Inside, the agent runs the program with
 //!   airlock-sandbox's engine: namespaces, seccomp, landlock and a cgroup v2 of the
 //!   guest's, which is where `memory_peak_bytes`, `cpu_ms` and `oom` come from.
