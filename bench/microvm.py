@@ -155,13 +155,16 @@ class Daemon:
                 self.proc.wait()
 
 
-def clones(binary, airlock, n):
-    """Runs examples/clones with `n` clones; its JSON, or None when it is not built."""
+def clones(binary, airlock, n, prepared=True):
+    """Runs examples/clones with `n` clones (prepared like pooled VMs, or just restored);
+    its JSON, or None when it is not built."""
     if not os.path.exists(binary):
         print(f"(no {binary}: clone figures skipped)")
         return None
     guest = os.path.join(os.path.dirname(airlock), "airlock-guest")
     env = dict(os.environ, AIRLOCK_GUEST=os.environ.get("AIRLOCK_GUEST", guest))
+    if not prepared:
+        env["CLONES_UNPREPARED"] = "1"
     p = subprocess.run([binary, str(n)], capture_output=True, timeout=600, env=env)
     if p.returncode != 0:
         sys.exit(f"{binary} failed: {p.stderr.decode()[-2000:]}")
@@ -192,6 +195,7 @@ def main():
     vm_cold = cold(airlock, ["--isolation", "microvm"], args.cold)
     ns_cold = cold(airlock, [], args.cold)
     cl = clones(clones_bin, airlock, max(2, args.vm_pool))
+    cl_bare = clones(clones_bin, airlock, max(2, args.vm_pool), prepared=False) if cl else None
 
     env = dict(os.environ, AIRLOCK_LOG=os.environ.get("AIRLOCK_LOG", "warn"))
     d = Daemon([airlock, "serve", "--listen", "127.0.0.1:0", "--pool", "2",
@@ -239,6 +243,11 @@ def main():
               f"template RAM {split.get('ram_mapping')} (of which copied {split.get('ram_copied')}), "
               f"rest {split.get('other')}")
         print(f"/bin/true in a clone (wall ms): median {statistics.median(cl['true_wall_ms']):.1f}")
+    if cl_bare:
+        split = cl_bare.get("first_clone_pss_split_mb") or {}
+        print(f"PSS per clone just restored, sandbox not prepared (MB): "
+              f"{', '.join(f'{x:.1f}' for x in cl_bare['clone_pss_mb'])}; first clone: template RAM "
+              f"{split.get('ram_mapping')} (copied {split.get('ram_copied')}), rest {split.get('other')}")
     print(f"ratio microvm cold / namespaces cold (median): "
           f"{statistics.median(vm_cold) / statistics.median(ns_cold):.0f}x")
     print(f"targets (warm pool, c=1): p50 <= {TARGET_P50_MS:.0f} ms: "
