@@ -9,7 +9,9 @@ use serde::de::DeserializeOwned;
 use crate::api::parse_json;
 use crate::error::ApiError;
 use crate::state::AppState;
+use futures_util::StreamExt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A JSON body parsed into `T`.
 #[derive(Debug)]
@@ -19,11 +21,34 @@ pub struct JsonBody<T>(pub T);
 #[derive(Debug)]
 pub struct RawBody(pub Bytes);
 
+/// How much of an over-size body is read and dropped before the 413, and for how long:
+/// a client that is still writing when the server closes gets a reset instead of the
+/// answer, so the rest is drained, within bounds a client cannot stretch.
+const DRAIN_BYTES: usize = 64 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(10);
+
 async fn bytes(req: Request, state: &Arc<AppState>) -> Result<Bytes, ApiError> {
     let limit = state.config.max_body;
-    axum::body::to_bytes(req.into_body(), limit)
-        .await
-        .map_err(|_| ApiError::too_large(limit))
+    let mut stream = req.into_body().into_data_stream();
+    let mut body = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::malformed(format!("reading the body: {e}")))?;
+        if body.len() + chunk.len() > limit {
+            let mut drained = body.len() + chunk.len();
+            drop(body);
+            let _ = tokio::time::timeout(DRAIN_TIME, async {
+                while drained <= DRAIN_BYTES
+                    && let Some(Ok(chunk)) = stream.next().await
+                {
+                    drained += chunk.len();
+                }
+            })
+            .await;
+            return Err(ApiError::too_large(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(body))
 }
 
 impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
