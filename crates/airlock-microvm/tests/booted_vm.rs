@@ -1,29 +1,15 @@
 //! The host API a pool builds on, against a real VM: boot first, run later, read the
 //! program's files back, and nothing left once the VM is dropped. Needs root,
 //! qemu-system-x86_64, mksquashfs, and the `airlock-guest` binary of this build
-//! (`cargo build -p airlock-guest`; `cargo test --workspace` builds it).
+//! (`cargo build -p airlock-guest`; `cargo build --workspace` builds it).
+
+mod common;
 
 use airlock_microvm::{HostOptions, MicroVmHost, VmSize};
 use airlock_sandbox::Capture;
 use airlock_spec::{FileSpec, Spec};
+use common::agent;
 use std::path::PathBuf;
-
-/// `airlock-guest` from the target directory this test was built in.
-fn agent() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/<test> -> target/<profile>/airlock-guest
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|dir| dir.join("airlock-guest"))
-        .expect("target dir");
-    assert!(
-        path.is_file(),
-        "{} is missing: build it with `cargo build -p airlock-guest`",
-        path.display()
-    );
-    path
-}
 
 #[test]
 fn a_booted_vm_runs_one_program_and_gives_its_files_back() {

@@ -2,35 +2,21 @@
 //! VM, shares nothing writable with the template or with other clones, gets its own
 //! random state and the host's clock, and leaves nothing behind. Needs root,
 //! qemu-system-x86_64, mksquashfs, sha256sum, and the `airlock-guest` binary of this
-//! build (`cargo build -p airlock-guest`; `cargo test --workspace` builds it).
+//! build (`cargo build -p airlock-guest`; `cargo build --workspace` builds it).
 //!
 //! One test, so the suite boots one template VM (TCG boots are slow).
+
+mod common;
 
 use airlock_microvm::{HostOptions, MicroVmHost, VmSize};
 use airlock_sandbox::Capture;
 use airlock_spec::{ExecResult, Spec};
+use common::agent;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-/// `airlock-guest` from the target directory this test was built in.
-fn agent() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/<test> -> target/<profile>/airlock-guest
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|dir| dir.join("airlock-guest"))
-        .expect("target dir");
-    assert!(
-        path.is_file(),
-        "{} is missing: build it with `cargo build -p airlock-guest`",
-        path.display()
-    );
-    path
-}
 
 fn sh(script: &str) -> Spec {
     Spec::new(vec!["sh".into(), "-c".into(), script.into()])

@@ -293,27 +293,7 @@ unsafe fn child_to_init(
         if sys::close_from(4).is_err() {
             libc::_exit(121);
         }
-        // Own session: a terminal's Ctrl-C reaches the supervisor only.
-        libc::setsid();
-        // Wait for the uid maps: an exec before them would drop every capability.
-        let mut go = 0u8;
-        if libc::recv(3, (&mut go as *mut u8).cast(), 1, 0) != 1 {
-            libc::_exit(122);
-        }
-        // Become the namespace's root: until now the credentials are the host's (unmapped
-        // here). Drop the host's supplementary groups too. Raw syscalls, not glibc's
-        // wrappers: those signal every thread glibc believes exists, and the supervisor's
-        // other threads do not exist in this child.
-        if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
-            || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
-            || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
-        {
-            libc::_exit(124);
-        }
-        // Die with the supervisor. Set only now: a change of effective uid clears it. A
-        // supervisor that died before this line leaves init a closed control socket, and
-        // init exits at once.
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        become_namespace_root(3);
         libc::execve(exe, argv, envp);
         libc::_exit(123)
     }
@@ -562,5 +542,41 @@ impl Drop for Sandbox {
         if let Some(cg) = self.cgroup.take() {
             let _ = cg.destroy();
         }
+    }
+}
+
+/// The steps of a new sandbox's first process before it becomes init, whichever process
+/// cloned it: its own session, then waiting on `control` for the supervisor's "go" (sent
+/// once the uid maps are written), then becoming the namespace's root, then dying with
+/// its parent. Exits (122, 124) when a step fails.
+///
+/// # Safety
+///
+/// For the child of a clone: only async-signal-safe calls are made, with no allocation,
+/// so it is fine in the child of a multi-threaded process.
+pub(crate) unsafe fn become_namespace_root(control: RawFd) {
+    // SAFETY: raw syscalls on integers and a local byte.
+    unsafe {
+        // Own session: a terminal's Ctrl-C reaches the supervisor only.
+        libc::setsid();
+        // Wait for the uid maps: an exec before them would drop every capability.
+        let mut go = 0u8;
+        if libc::recv(control, (&mut go as *mut u8).cast(), 1, 0) != 1 {
+            libc::_exit(122);
+        }
+        // Become the namespace's root: until now the credentials are the host's (unmapped
+        // here). Drop the host's supplementary groups too. Raw syscalls, not glibc's
+        // wrappers: those signal every thread glibc believes exists, and the supervisor's
+        // other threads do not exist in this child.
+        if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+            || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+            || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+        {
+            libc::_exit(124);
+        }
+        // Die with the parent. Set only now: a change of effective uid clears it. A
+        // parent that died before this line leaves init a closed control socket, and init
+        // exits at once.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
     }
 }

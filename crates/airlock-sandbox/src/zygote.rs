@@ -246,21 +246,8 @@ fn child(null: &OwnedFd, control: &OwnedFd) -> ! {
         // SAFETY: leaving without running the zygote's destructors.
         unsafe { libc::_exit(121) };
     }
-    // SAFETY: as in `sandbox::child_to_init`: raw syscalls on integers and a local byte.
-    unsafe {
-        libc::setsid();
-        let mut go = 0u8;
-        if libc::recv(CONTROL_FD, (&mut go as *mut u8).cast(), 1, 0) != 1 {
-            libc::_exit(122);
-        }
-        if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
-            || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
-            || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
-        {
-            libc::_exit(124);
-        }
-        // The parent (CLONE_PARENT) is the supervisor thread that started the zygote.
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-    }
+    // SAFETY: this process is the single-threaded zygote's child. Its parent (CLONE_PARENT)
+    // is the supervisor thread that started the zygote, so it dies with that thread.
+    unsafe { crate::sandbox::become_namespace_root(CONTROL_FD) };
     crate::init::run()
 }
