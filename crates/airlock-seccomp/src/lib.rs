@@ -52,7 +52,7 @@
 //! # Architectures
 //!
 //! The program is built for the architecture this crate is compiled for (x86_64 or aarch64)
-//! and begins with seccompiler's architecture check: a syscall whose `seccomp_data.arch` is
+//! and begins with an architecture check: a syscall whose `seccomp_data.arch` is
 //! not that architecture's `AUDIT_ARCH_*` gets `SECCOMP_RET_KILL_PROCESS`. On x86_64 that is
 //! the i386 ABI (`int 0x80`, or 32-bit code after a far jump): those calls have other numbers,
 //! so the only safe answers are to filter them separately or to kill, and nothing we run needs
@@ -64,10 +64,15 @@
 
 #![deny(missing_docs)]
 
+mod dispatch;
 mod policy;
 mod sys;
 
+use std::collections::BTreeMap;
 use std::io;
+
+use dispatch::Class;
+use policy::RuleMap;
 
 /// The BPF program type ([`Vec`] of [`sock_filter`]) and its instruction, re-exported so callers
 /// need not depend on seccompiler themselves.
@@ -86,6 +91,11 @@ pub const INSTRUCTION_BYTES: usize = 8;
 const TARGET_ARCH: TargetArch = TargetArch::x86_64;
 #[cfg(target_arch = "aarch64")]
 const TARGET_ARCH: TargetArch = TargetArch::aarch64;
+/// `AUDIT_ARCH_*` of [`TARGET_ARCH`]: what `seccomp_data.arch` says for native syscalls.
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xc000_003e;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xc000_00b7;
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!("airlock-seccomp has a policy for x86_64 and aarch64 only");
 
@@ -104,6 +114,9 @@ pub enum SeccompError {
     /// The bytes are not a whole, non-zero number of instructions.
     #[error("a serialized BPF program must be a non-zero multiple of {INSTRUCTION_BYTES} bytes, got {0}")]
     BadLength(usize),
+    /// A syscall number of the policy is negative or too large (a bug in this crate's tables).
+    #[error("a syscall number of the policy does not fit in 32 bits")]
+    Number,
     /// The program is longer than the kernel accepts.
     #[error("the BPF program has {0} instructions; the kernel accepts at most {BPF_MAXINSNS}")]
     TooLong(usize),
@@ -111,28 +124,74 @@ pub enum SeccompError {
 
 /// Compiles airlock's policy for the architecture this crate is built for.
 ///
-/// The program is a chain of seccompiler filters, each starting with the architecture check:
-/// first the segments that refuse with a specific errno (`clone3` -> `ENOSYS`, foreign socket
-/// families -> `EAFNOSUPPORT`), which fall through to the next segment when they do not match,
-/// then the allowlist, which returns `EPERM` for everything it does not allow.
+/// The program starts with the architecture check and a binary search over the syscall
+/// number (see `dispatch.rs`) that allows the always-allowed syscalls and refuses the rest
+/// with their errno, reading no argument. Only syscalls with argument rules go on to a chain
+/// of seccompiler filters: first the segments that refuse with a specific errno (foreign
+/// socket families -> `EAFNOSUPPORT`), which fall through to the next segment when they do
+/// not match, then the allowlist of argument rules, which returns `EPERM` for what it does
+/// not allow.
 pub fn build() -> Result<BpfProgram, SeccompError> {
+    let allowed = policy::allowed()?;
+    let overrides = policy::errno_overrides()?;
+    let mut classes = BTreeMap::new();
+    for (&nr, rules) in &allowed {
+        classes.insert(
+            nr,
+            if rules.is_empty() {
+                Class::Allow
+            } else {
+                Class::Rules
+            },
+        );
+    }
+    // The overrides come first in the chain, so their class wins.
+    for (errno, rules_of) in &overrides {
+        for (&nr, rules) in rules_of {
+            classes.insert(
+                nr,
+                if rules.is_empty() {
+                    Class::Errno(*errno)
+                } else {
+                    Class::Rules
+                },
+            );
+        }
+    }
+    let classes: Vec<(u32, Class)> = classes
+        .into_iter()
+        .map(|(nr, class)| u32::try_from(nr).map(|nr| (nr, class)))
+        .collect::<Result<_, _>>()
+        .map_err(|_| SeccompError::Number)?;
+    let conditioned: RuleMap = allowed
+        .into_iter()
+        .filter(|(_, rules)| !rules.is_empty())
+        .collect();
+    let rules = chain(overrides, conditioned)?;
+    let program = dispatch::program(AUDIT_ARCH, &classes, Class::Errno(libc::EPERM as u32), rules);
+    if program.len() > BPF_MAXINSNS {
+        return Err(SeccompError::TooLong(program.len()));
+    }
+    Ok(program)
+}
+
+/// seccompiler's filters, one after the other: a segment per errno override (falling
+/// through when it does not match), then `allowed` (`EPERM` for what it does not allow).
+fn chain(overrides: Vec<(u32, RuleMap)>, allowed: RuleMap) -> Result<BpfProgram, SeccompError> {
     let mut program = BpfProgram::new();
-    for (errno, rules) in policy::errno_overrides()? {
+    for (errno, rules) in overrides {
         let filter = SeccompFilter::new(rules, FALL_THROUGH, SeccompAction::Errno(errno), TARGET_ARCH)?;
         let mut segment = BpfProgram::try_from(filter)?;
         fall_through(&mut segment);
         program.append(&mut segment);
     }
     let allowlist = SeccompFilter::new(
-        policy::allowed()?,
+        allowed,
         SeccompAction::Errno(libc::EPERM as u32),
         SeccompAction::Allow,
         TARGET_ARCH,
     )?;
     program.append(&mut BpfProgram::try_from(allowlist)?);
-    if program.len() > BPF_MAXINSNS {
-        return Err(SeccompError::TooLong(program.len()));
-    }
     Ok(program)
 }
 
@@ -226,10 +285,6 @@ mod tests {
         libc::SECCOMP_RET_ERRNO | e as u32
     }
 
-    #[cfg(target_arch = "x86_64")]
-    const AUDIT_ARCH: u32 = 0xc000_003e; // AUDIT_ARCH_X86_64
-    #[cfg(target_arch = "aarch64")]
-    const AUDIT_ARCH: u32 = 0xc000_00b7; // AUDIT_ARCH_AARCH64
     const AUDIT_ARCH_I386: u32 = 0x4000_0003;
     const X32_SYSCALL_BIT: i64 = 0x4000_0000;
 
@@ -238,6 +293,13 @@ mod tests {
     /// on every way the kernel's verifier would reject the program (jumps out of range, falling
     /// off the end, misaligned or out-of-bounds loads).
     fn run(prog: &[sock_filter], arch: u32, nr: i64, args: [u64; 6]) -> u32 {
+        run_traced(prog, arch, nr, args).0
+    }
+
+    /// [`run`], also saying whether the program read an argument (anything past `nr`, `arch`
+    /// and the instruction pointer) on its way.
+    fn run_traced(prog: &[sock_filter], arch: u32, nr: i64, args: [u64; 6]) -> (u32, bool) {
+        let mut read_args = false;
         let mut data = Vec::with_capacity(64);
         data.extend_from_slice(&(nr as i32).to_ne_bytes());
         data.extend_from_slice(&arch.to_ne_bytes());
@@ -264,6 +326,7 @@ mod tests {
                 c if c == ld => {
                     let k = insn.k as usize;
                     assert!(k.is_multiple_of(4) && k + 4 <= data.len(), "bad load offset {k}");
+                    read_args |= k >= 16;
                     acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
                 }
                 c if c == alu_and => acc &= insn.k,
@@ -271,7 +334,7 @@ mod tests {
                 c if c == jeq => pc += jump(acc == insn.k),
                 c if c == jgt => pc += jump(acc > insn.k),
                 c if c == jge => pc += jump(acc >= insn.k),
-                c if c == ret => return insn.k,
+                c if c == ret => return (insn.k, read_args),
                 c => panic!("unexpected BPF opcode {c:#x} at {}", pc - 1),
             }
         }
@@ -298,6 +361,64 @@ mod tests {
         let prog = program();
         assert!(!prog.is_empty());
         assert!(prog.len() <= BPF_MAXINSNS, "{} instructions", prog.len());
+    }
+
+    /// The policy laid out as seccompiler alone lays it out: every rule in one chain.
+    fn linear() -> BpfProgram {
+        chain(policy::errno_overrides().unwrap(), policy::allowed().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_dispatcher_decides_as_the_plain_chain_does() {
+        let (fast, slow) = (program(), linear());
+        assert!(
+            fast.len() * 3 < slow.len(),
+            "{} vs {} instructions",
+            fast.len(),
+            slow.len()
+        );
+        let numbers = (0..1024).chain((0..1024).map(|nr| nr | X32_SYSCALL_BIT)).chain([
+            -1,
+            -2,
+            0x3fff_ffff,
+            i64::from(i32::MAX),
+            i64::from(i32::MIN),
+        ]);
+        for nr in numbers {
+            for args in ARG_SAMPLES.into_iter().chain([
+                [libc::AF_INET as u64, 1, 0, 0, 0, 0],
+                [libc::AF_UNIX as u64, 0x5412, 0, 0, 0, 0],
+                [libc::CLONE_NEWUSER as u64, 0x541C, 0, 0, 0, 0],
+            ]) {
+                for arch in [AUDIT_ARCH, AUDIT_ARCH_I386] {
+                    assert_eq!(
+                        run(&fast, arch, nr, args),
+                        run(&slow, arch, nr, args),
+                        "syscall {nr:#x} arch {arch:#x} {args:x?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn always_allowed_and_unknown_syscalls_are_decided_from_the_number_alone() {
+        // What lets the kernel cache "always allowed" per number and skip the filter.
+        let prog = program();
+        let conditioned = [
+            libc::SYS_clone,
+            libc::SYS_ioctl,
+            libc::SYS_personality,
+            libc::SYS_socket,
+            libc::SYS_socketpair,
+        ];
+        for nr in (0..1024).filter(|nr| !conditioned.contains(nr)) {
+            let (_, read_args) = run_traced(&prog, AUDIT_ARCH, nr, [0; 6]);
+            assert!(!read_args, "syscall {nr} reads its arguments");
+        }
+        for nr in conditioned {
+            assert!(run_traced(&prog, AUDIT_ARCH, nr, [0; 6]).1, "syscall {nr}");
+        }
     }
 
     #[test]
