@@ -1,11 +1,17 @@
 //! Serving the host over the port: one sandbox per VM, built on `Create`, fed files and
-//! stdin, run with `Exec` (output streamed back as it comes), read with `ReadFile`.
+//! stdin, run with `Exec` (output streamed back as it comes) as many times as the host
+//! asks, read with `ReadFile` and `ListFiles`.
+//!
+//! Every exec has session semantics ([`Sandbox::exec`]): at its end (or deadline, or a
+//! `Cancel`) its processes are killed and the sandbox with its /workspace and /tmp
+//! stays for the next one. A one-shot VM is simply destroyed after its one exec.
 
 use airlock_microvm::proto::{self, CHUNK, GuestInfo, ToGuest, ToHost};
 use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig};
 use airlock_spec::{Limits, Spec};
 use std::fs::File;
 use std::io;
+use std::os::fd::AsFd;
 
 use crate::sys;
 
@@ -246,7 +252,9 @@ impl State {
                 spec.limits = limits;
                 spec.stdin = stdin;
                 let mut sink = PortSink { port, failed: None };
-                let result = sb.exec(&spec, &mut sink, &[]);
+                // The port is the exec's cancel fd: the host writes to it during an exec
+                // only to cancel it (`Cancel`, read once the exec has answered).
+                let result = sb.exec(&spec, &mut sink, &[port.0.as_fd()]);
                 if let Some(e) = sink.failed {
                     return Err(e);
                 }
@@ -278,6 +286,23 @@ impl State {
                     Err(e) => port.error(format!("{path}: {e}")),
                 }
             }
+            ToGuest::ListFiles => {
+                let Some(sb) = self.sandbox.as_mut() else {
+                    return port.error("no sandbox");
+                };
+                match sb.list_files() {
+                    Ok(entries) => match proto::write(&mut &port.0, &ToHost::Listing { entries }, &[]) {
+                        Ok(()) => Ok(()),
+                        // Refused before anything was written: the listing's paths do not
+                        // fit one frame.
+                        Err(proto::FrameError::Malformed(m)) => port.error(format!("listing: {m}")),
+                        Err(proto::FrameError::Io(e)) => Err(e),
+                    },
+                    Err(e) => port.error(format!("listing: {e}")),
+                }
+            }
+            // The exec it was meant for has answered already.
+            ToGuest::Cancel => Ok(()),
         }
     }
 }

@@ -73,7 +73,15 @@ pub enum VmError {
     /// The guest agent failed or the VM stopped.
     #[error("guest: {0}")]
     Guest(String),
-    /// The caller cancelled the run (the VM was killed).
+    /// The caller cancelled the run (a one-shot VM was killed; a session's lost only the
+    /// exec's processes).
     #[error("cancelled")]
     Cancelled,
+    /// The guest refused a file request (a bad or missing path, a full disk); the VM is
+    /// still usable.
+    #[error("{0}")]
+    File(String),
+    /// The VM is gone: it stopped, or was killed because it stopped answering.
+    #[error("the VM is gone (it stopped, or was killed because it stopped answering)")]
+    Gone,
 }

@@ -5,6 +5,7 @@
 //! content, stdin, output) so they are never JSON-escaped. Both directions are bounded
 //! by [`MAX_FRAME`] so neither side can be made to allocate without limit.
 
+use airlock_sandbox::FileEntry;
 use airlock_spec::{ExecResult, Limits};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -56,6 +57,13 @@ pub enum ToGuest {
         /// At most this many bytes.
         max_bytes: u64,
     },
+    /// List /workspace recursively: answered by `Listing` or `Error`.
+    ListFiles,
+    /// Stop the running exec: its processes are killed, the sandbox stays, and the exec
+    /// is answered by `Error` (or by `Exited`, when it ended first). Sent only while an
+    /// exec runs; the agent notices it without reading it (its port becomes readable)
+    /// and reads it after the exec's answer. Never answered itself.
+    Cancel,
     /// The host is about to save this VM as the template of clones: from now on the
     /// agent refuses everything but `Resume`, so no clone can run a program before it
     /// has its own random state and clock. Answered by `Ok`.
@@ -99,6 +107,12 @@ pub enum ToHost {
     FileChunk {
         /// True for the last part.
         last: bool,
+    },
+    /// The entries of /workspace, sorted by path (at most airlock-sandbox's listing
+    /// bound, and one frame).
+    Listing {
+        /// Files and directories.
+        entries: Vec<FileEntry>,
     },
 }
 
@@ -229,6 +243,15 @@ mod tests {
         };
         write(&mut wire, &msg, b"print(1)\n").unwrap();
         write(&mut wire, &ToGuest::Stdin, &[]).unwrap();
+        let listing = ToHost::Listing {
+            entries: vec![FileEntry {
+                path: "a".into(),
+                size: 0,
+                mode: 0o755,
+                dir: true,
+            }],
+        };
+        write(&mut wire, &listing, &[]).unwrap();
         let mut r = wire.as_slice();
         let f = read::<ToGuest>(&mut r).unwrap().unwrap();
         assert_eq!(f.msg, msg);
@@ -236,6 +259,7 @@ mod tests {
         let f = read::<ToGuest>(&mut r).unwrap().unwrap();
         assert_eq!(f.msg, ToGuest::Stdin);
         assert!(f.payload.is_empty());
+        assert_eq!(read::<ToHost>(&mut r).unwrap().unwrap().msg, listing);
         assert!(read::<ToGuest>(&mut r).unwrap().is_none());
     }
 

@@ -11,8 +11,8 @@
 //! and the next airlock start purges the cgroup and the state directory
 //! ([`MicroVmHost::new`]).
 
-use airlock_sandbox::OutputSink;
 use airlock_sandbox::cgroup::{Cgroup, CgroupHost, CgroupLimits};
+use airlock_sandbox::{FileEntry, OutputSink};
 use airlock_spec::{ExecResult, Limits, Outcome, Spec};
 use std::ffi::CString;
 use std::fs;
@@ -52,6 +52,23 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The guest enforces the deadline itself and reports; past the deadline plus this, the
 /// host stops waiting and kills the VM.
 const DEADLINE_GRACE: Duration = Duration::from_millis(1500);
+/// The same for an exec of a session, whose VM is worth waiting for longer: killing it
+/// loses the session's files. The guest's own engine kills the exec's processes at the
+/// deadline, then gives its init a grace of its own to report, all under emulation.
+const SESSION_DEADLINE_GRACE: Duration = Duration::from_secs(10);
+/// After a cancelled exec of a session, how long the guest has to kill its processes
+/// and answer before the VM is killed.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+/// What an exec's VM is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// One program, then the VM is destroyed: at the deadline or a cancel it is killed.
+    OneShot,
+    /// A session's exec: the VM outlives it, so a deadline or a cancel ends only the
+    /// exec's processes (in the guest).
+    Session,
+}
 /// Lines of the guest console shown when a boot fails.
 const CONSOLE_TAIL_LINES: usize = 15;
 /// First host uid of VMM processes: right after the uid ranges of namespace sandboxes
@@ -582,7 +599,7 @@ pub struct BootedVm {
     boot: Duration,
     /// What the guest reported at start.
     info: GuestInfo,
-    /// Whether a program has run (a VM serves one).
+    /// Whether a program has run (`run` refuses a VM that ran one; `exec` does not).
     used: bool,
     /// The disk size the guest's sandbox was built with, once it exists.
     sandbox_disk: Option<u64>,
@@ -625,9 +642,27 @@ impl BootedVm {
     }
 
     fn channel(&mut self) -> Result<&mut Channel, VmError> {
-        self.agent
-            .as_mut()
-            .ok_or_else(|| VmError::Guest("the VM is gone".into()))
+        self.agent.as_mut().ok_or(VmError::Gone)
+    }
+
+    /// Whether the VMM still runs and its agent's channel is usable: a VM killed
+    /// because it stopped answering (or that stopped) serves nothing more.
+    pub fn is_alive(&mut self) -> bool {
+        self.agent.is_some()
+            && self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Sends one frame; a VM that does not take it is killed (a frame half sent leaves
+    /// the channel unusable).
+    fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> Result<(), VmError> {
+        let sent = self.channel()?.send(msg, payload);
+        if sent.is_err() {
+            self.kill();
+        }
+        sent
     }
 
     /// Waits for `Ok` (or the guest's error) to a request.
@@ -637,23 +672,34 @@ impl BootedVm {
             Ok(f) => match f.msg {
                 ToHost::Ok => Ok(()),
                 ToHost::Error { message } => Err(VmError::Guest(format!("{what}: {message}"))),
-                other => Err(VmError::Guest(format!("{what}: unexpected reply {other:?}"))),
+                other => Err(self.desync(what, &other)),
             },
             Err(e) => Err(self.lost(what, e)),
         }
     }
 
-    /// The error for a channel that failed during `what`.
+    /// The error for a channel that failed during `what`. Unless the caller cancelled,
+    /// the VM is killed: one that stopped answering, or whose answer may still come,
+    /// cannot serve another request.
     fn lost(&mut self, what: &str, e: Recv) -> VmError {
-        match e {
+        let err = match e {
             Recv::Failed(e) => e,
             Recv::Timeout => VmError::Guest(format!("{what}: the guest did not answer")),
-            Recv::Cancelled => VmError::Cancelled,
+            Recv::Cancelled => return VmError::Cancelled,
             Recv::Closed => VmError::Guest(format!(
                 "{what}: the VM stopped{}",
                 console_tail(&self.state.join("console.log"))
             )),
-        }
+        };
+        self.kill();
+        err
+    }
+
+    /// The error for an answer that does not fit the request: the two sides disagree
+    /// on where they are, so the VM is killed.
+    fn desync(&mut self, what: &str, got: &ToHost) -> VmError {
+        self.kill();
+        VmError::Guest(format!("{what}: unexpected reply {got:?}"))
     }
 
     /// Builds the guest's sandbox now, ahead of the run: what a pool does while the VM
@@ -667,9 +713,23 @@ impl BootedVm {
         self.create_sandbox(limits)
     }
 
+    /// Makes sure the guest's sandbox exists with `limits.disk_bytes` of disk: builds
+    /// it unless [`BootedVm::prepare`] did. A session starts with this, so files can be
+    /// written before its first exec.
+    pub fn ensure_sandbox(&mut self, limits: &Limits) -> Result<(), VmError> {
+        match self.sandbox_disk {
+            Some(disk) if disk != limits.disk_bytes => Err(VmError::Guest(format!(
+                "this VM's sandbox was built with a {disk}-byte disk, the run asks for {}",
+                limits.disk_bytes
+            ))),
+            Some(_) => Ok(()),
+            None => self.create_sandbox(limits),
+        }
+    }
+
     fn create_sandbox(&mut self, limits: &Limits) -> Result<(), VmError> {
         let t = Instant::now();
-        self.channel()?.send(
+        self.send(
             &ToGuest::Create {
                 limits: limits.clone(),
             },
@@ -685,7 +745,8 @@ impl BootedVm {
     /// also goes to `sink` as it arrives. The guest runs it in the namespace sandbox under
     /// its own cgroup; past the deadline (plus a grace for the guest's report) the VM is
     /// killed from outside. When a `cancel` fd becomes readable the VM is killed and
-    /// [`VmError::Cancelled`] returned. A VM runs one program: a second call fails.
+    /// [`VmError::Cancelled`] returned. A VM runs one program: a second call fails (see
+    /// [`BootedVm::exec`] for a VM that serves a session).
     pub fn run(
         &mut self,
         spec: &Spec,
@@ -693,66 +754,91 @@ impl BootedVm {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
         spec.validate().map_err(VmError::Spec)?;
-        let limits = spec.limits.clone();
-        if let Some(disk) = self.sandbox_disk
-            && disk != limits.disk_bytes
-        {
-            return Err(VmError::Guest(format!(
-                "this VM's sandbox was built with a {disk}-byte disk, the run asks for {}",
-                limits.disk_bytes
-            )));
-        }
+        self.ensure_sandbox(&spec.limits)?;
         if std::mem::replace(&mut self.used, true) {
             return Err(VmError::Guest("this VM already ran a program".into()));
         }
+        self.exec_inner(spec, sink, cancel, Mode::OneShot)
+    }
+
+    /// Runs `spec`'s program in this VM's sandbox as one exec of a session: any number
+    /// of them, one after the other, share the sandbox's /workspace and /tmp. When the
+    /// program ends, the guest kills every process it started; at its deadline the guest
+    /// kills them and reports a timeout, and the VM stays usable. When a `cancel` fd
+    /// becomes readable the guest is told to kill the exec's processes and
+    /// [`VmError::Cancelled`] is returned; the VM stays usable. A VM that does not report
+    /// within a grace past the deadline, or after a cancel, is killed whole: from then
+    /// on every call fails with [`VmError::Gone`]. Builds the sandbox first unless it
+    /// exists (its disk size must be `spec.limits.disk_bytes`).
+    pub fn exec(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, VmError> {
+        spec.validate().map_err(VmError::Spec)?;
+        self.ensure_sandbox(&spec.limits)?;
+        self.used = true;
+        self.exec_inner(spec, sink, cancel, Mode::Session)
+    }
+
+    fn exec_inner(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+        mode: Mode,
+    ) -> Result<ExecResult, VmError> {
         let t0 = Instant::now();
-        if self.sandbox_disk.is_none() {
-            self.create_sandbox(&limits)?;
-        }
         for file in &spec.files {
-            let mut chunks = file.content.chunks(CHUNK).peekable();
-            let mut first = true;
-            loop {
-                let chunk = chunks.next().unwrap_or(&[]);
-                let last = chunks.peek().is_none();
-                let msg = ToGuest::WriteFile {
-                    path: file.path.clone(),
-                    mode: file.mode,
-                    first,
-                    last,
-                };
-                self.channel()?.send(&msg, chunk)?;
-                first = false;
-                if last {
-                    break;
-                }
-            }
-            self.expect_ok(&format!("writing {}", file.path))?;
+            self.write_file(&file.path, file.mode, &file.content)?;
         }
         for chunk in spec.stdin.chunks(CHUNK) {
-            self.channel()?.send(&ToGuest::Stdin, chunk)?;
+            self.send(&ToGuest::Stdin, chunk)?;
         }
         let exec = ToGuest::Exec {
             command: spec.command.clone(),
             env: spec.env.clone(),
-            limits,
+            limits: spec.limits.clone(),
         };
-        self.channel()?.send(&exec, &[])?;
+        self.send(&exec, &[])?;
         // What this call waited for before the program: the sandbox (unless prepared
         // ahead), files and stdin. A cold run adds the boot ([`MicroVmHost::run`]).
         let setup = t0.elapsed();
         let started = Instant::now();
-        let deadline = started + Duration::from_millis(spec.limits.timeout_ms) + DEADLINE_GRACE;
+        let grace = match mode {
+            Mode::OneShot => DEADLINE_GRACE,
+            Mode::Session => SESSION_DEADLINE_GRACE,
+        };
+        let deadline = started + Duration::from_millis(spec.limits.timeout_ms) + grace;
         // The guest caps output, and so does the host: a guest that misbehaves (or is
         // taken over) cannot make airlock hold more than the limit.
         let limit = usize::try_from(spec.limits.output_bytes).unwrap_or(usize::MAX);
         let (mut out, mut err) = (Capped::new(limit), Capped::new(limit));
+        let mut cancelled = false;
         loop {
-            let frame = match self.channel()?.recv(deadline, cancel) {
+            // Once cancelled, only the guest's answer is awaited, for a short while.
+            let (until, watch) = if cancelled {
+                (deadline.min(Instant::now() + CANCEL_GRACE), &[][..])
+            } else {
+                (deadline, cancel)
+            };
+            let frame = match self.channel()?.recv(until, watch) {
                 Ok(f) => f,
+                Err(Recv::Timeout) if cancelled => {
+                    self.kill();
+                    return Err(VmError::Cancelled);
+                }
                 Err(Recv::Timeout) => {
                     self.kill();
                     return Ok(self.host_result(Outcome::Timeout, out, err, started, setup));
+                }
+                Err(Recv::Cancelled) if mode == Mode::Session => {
+                    // The guest notices the frame (its port turns readable), kills the
+                    // exec's processes and answers; the frame is read after.
+                    self.send(&ToGuest::Cancel, &[])?;
+                    cancelled = true;
+                    continue;
                 }
                 Err(Recv::Cancelled) => {
                     self.kill();
@@ -762,15 +848,13 @@ impl BootedVm {
                     self.kill();
                     return Ok(self.host_result(Outcome::Oom, out, err, started, setup));
                 }
-                Err(e) => {
-                    let e = self.lost("running the program", e);
-                    self.kill();
-                    return Err(e);
-                }
+                Err(e) => return Err(self.lost("running the program", e)),
             };
             match frame.msg {
-                ToHost::Stdout => sink.stdout(out.take(&frame.payload)),
-                ToHost::Stderr => sink.stderr(err.take(&frame.payload)),
+                ToHost::Stdout if !cancelled => sink.stdout(out.take(&frame.payload)),
+                ToHost::Stderr if !cancelled => sink.stderr(err.take(&frame.payload)),
+                ToHost::Stdout | ToHost::Stderr => {}
+                ToHost::Exited { .. } | ToHost::Error { .. } if cancelled => return Err(VmError::Cancelled),
                 ToHost::Exited { result } => {
                     let mut result = *result;
                     result.id = self.id.clone();
@@ -782,18 +866,49 @@ impl BootedVm {
                     return Ok(result);
                 }
                 ToHost::Error { message } => return Err(VmError::Guest(message)),
-                other => return Err(VmError::Guest(format!("unexpected message {other:?}"))),
+                other => return Err(self.desync("running the program", &other)),
             }
         }
     }
 
-    /// Reads a file under the guest's /workspace (at most `max_bytes`), after a run.
+    /// Writes (creates or replaces) a file under the guest's /workspace, owned by the
+    /// sandbox user. The sandbox must exist ([`BootedVm::ensure_sandbox`]).
+    pub fn write_file(&mut self, path: &str, mode: u32, content: &[u8]) -> Result<(), VmError> {
+        let mut chunks = content.chunks(CHUNK).peekable();
+        let mut first = true;
+        loop {
+            let chunk = chunks.next().unwrap_or(&[]);
+            let last = chunks.peek().is_none();
+            let msg = ToGuest::WriteFile {
+                path: path.to_owned(),
+                mode,
+                first,
+                last,
+            };
+            self.send(&msg, chunk)?;
+            first = false;
+            if last {
+                break;
+            }
+        }
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        match self.channel()?.recv(deadline, &[]) {
+            Ok(f) => match f.msg {
+                ToHost::Ok => Ok(()),
+                ToHost::Error { message } => Err(VmError::File(message)),
+                other => Err(self.desync("writing a file", &other)),
+            },
+            Err(e) => Err(self.lost("writing a file", e)),
+        }
+    }
+
+    /// Reads a file under the guest's /workspace (at most `max_bytes`).
     pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, VmError> {
         let msg = ToGuest::ReadFile {
             path: path.to_owned(),
             max_bytes,
         };
-        self.channel()?.send(&msg, &[])?;
+        self.send(&msg, &[])?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         let mut data = Vec::new();
         loop {
@@ -805,15 +920,31 @@ impl BootedVm {
                 ToHost::FileChunk { last } => {
                     data.extend_from_slice(&frame.payload);
                     if data.len() as u64 > max_bytes {
+                        // The rest would arrive as the answer to the next request.
+                        self.kill();
                         return Err(VmError::Guest(format!("{path}: more than {max_bytes} bytes")));
                     }
                     if last {
                         return Ok(data);
                     }
                 }
-                ToHost::Error { message } => return Err(VmError::Guest(message)),
-                other => return Err(VmError::Guest(format!("unexpected message {other:?}"))),
+                ToHost::Error { message } => return Err(VmError::File(message)),
+                other => return Err(self.desync("reading a file", &other)),
             }
+        }
+    }
+
+    /// Lists the guest's /workspace recursively, sorted by path.
+    pub fn list_files(&mut self) -> Result<Vec<FileEntry>, VmError> {
+        self.send(&ToGuest::ListFiles, &[])?;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        match self.channel()?.recv(deadline, &[]) {
+            Ok(f) => match f.msg {
+                ToHost::Listing { entries } => Ok(entries),
+                ToHost::Error { message } => Err(VmError::File(message)),
+                other => Err(self.desync("listing files", &other)),
+            },
+            Err(e) => Err(self.lost("listing files", e)),
         }
     }
 

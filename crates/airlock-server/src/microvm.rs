@@ -2,8 +2,9 @@
 //! first use (or at start when the VM pool is on), a pool of booted VMs waiting for one
 //! program each, and one-shot runs in them.
 //!
-//! A VM serves one request and is then destroyed, like a pooled namespace sandbox. Pooled
-//! VMs are all of one size (the server's default limits); a request whose limits need a
+//! A VM serves one exec and is then destroyed, like a pooled namespace sandbox, or one
+//! session (`POST /v1/sandboxes` with `"isolation": "microvm"`): its execs and file
+//! requests until the session is deleted or expires. Pooled VMs are all of one size (the server's default limits); a request whose limits need a
 //! bigger VM boots one for itself. The limits themselves are enforced inside the guest,
 //! by its sandbox's cgroup, so a VM bigger than a request needs is still a tight fit.
 
@@ -293,18 +294,39 @@ impl VmService {
     /// one-off size would cost a boot and keep its RAM). Returns it with the time the
     /// request spent starting it (zero when warm).
     pub async fn provision(&self, spec: &Spec, metrics: &Metrics) -> Result<(BootedVm, Duration), ApiError> {
-        if let Some(vm) = self.take(&spec.limits) {
+        self.provision_with(&spec.limits, false, metrics).await
+    }
+
+    /// A VM for a session with `limits`, found or started like [`VmService::provision`]'s,
+    /// with its guest's sandbox built (a pooled VM's is already), so files can be written
+    /// before the first exec.
+    pub async fn provision_session(
+        &self,
+        limits: &Limits,
+        metrics: &Metrics,
+    ) -> Result<(BootedVm, Duration), ApiError> {
+        self.provision_with(limits, true, metrics).await
+    }
+
+    async fn provision_with(
+        &self,
+        limits: &Limits,
+        prepare: bool,
+        metrics: &Metrics,
+    ) -> Result<(BootedVm, Duration), ApiError> {
+        if let Some(vm) = self.take(limits) {
             metrics.vm_pool_ready.set(self.ready() as i64);
             return Ok((vm, Duration::ZERO));
         }
         let host = self.host().await?;
-        let need = VmSize::for_limits(&spec.limits);
+        let need = VmSize::for_limits(limits);
         let start = if self.target > 0 && need == self.size {
             Start::Clone
         } else {
             Start::Boot
         };
-        let (booted, took) = self.booter.boot(host, need, start, None).await;
+        let prepare = prepare.then(|| limits.clone());
+        let (booted, took) = self.booter.boot(host, need, start, prepare).await;
         let vm = booted.map_err(vm_error)?;
         metrics.vm_provisioned("cold", took);
         Ok((vm, took))
@@ -328,6 +350,10 @@ pub fn vm_error(e: VmError) -> ApiError {
     match e {
         VmError::Spec(e) => ApiError::invalid(e.field, e.message),
         VmError::Cancelled => ApiError::shutting_down(),
+        VmError::File(m) => ApiError::invalid("path", m),
+        VmError::Gone => ApiError::conflict(
+            "the sandbox's VM is gone (it stopped, or was killed because it stopped answering)",
+        ),
         VmError::Guest(m) if m.contains("command not found") || m.contains("no such executable") => {
             ApiError::invalid("cmd", m)
         }

@@ -195,12 +195,20 @@ async fn one_shot_task(
         (r, sandbox)
     })
     .await;
-    drop(refill);
     let (result, sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
     // Purge off the response's path. The permit goes with the sandbox: capacity is free
     // only once the sandbox is gone.
     let state2 = Arc::clone(state);
+    let delay: u64 = std::env::var("XDELAY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_micros(delay)).await;
+        drop(refill);
+    });
     tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_micros(delay));
         drop(sandbox);
         drop(permit);
         state2.metrics.sandboxes_active.set(state2.active() as i64);
@@ -250,7 +258,8 @@ async fn one_shot_vm(
     Ok(resp)
 }
 
-/// Runs `spec` in a session's sandbox; its files stay for the next exec.
+/// Runs `spec` in a session's sandbox (or its micro-VM's); its files stay for the next
+/// exec.
 pub async fn in_session(
     state: Arc<AppState>,
     key: KeyName,
@@ -299,13 +308,13 @@ async fn in_session_task(
     inner.sandbox = Some(sandbox);
     let result = match result {
         Ok(r) => r,
-        Err(SandboxError::Cancelled) if session.deleted() => {
+        Err(_) if session.deleted() => {
             return Err(ApiError::gone(format!(
                 "sandbox {} was deleted or expired",
                 session.id
             )));
         }
-        Err(e) => return Err(api_error(e)),
+        Err(e) => return Err(e),
     };
     inner.execs += 1;
     inner.cpu_ms += result.cpu_ms;

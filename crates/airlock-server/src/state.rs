@@ -1,10 +1,11 @@
 //! The service's shared state: the engine and its spawner threads, the warm pool, the
 //! sessions, the admission gate, metrics, keys, and the shutdown switches.
 
-use airlock_sandbox::{Engine, Sandbox};
-use airlock_spec::Limits;
+use airlock_microvm::BootedVm;
+use airlock_sandbox::{Engine, FileEntry, OutputSink, Sandbox};
+use airlock_spec::{ExecResult, Isolation, Limits, Spec};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 use subtle::ConstantTimeEq;
@@ -24,11 +25,93 @@ const EXPIRED_MEMORY: usize = 10_000;
 #[derive(Debug, Clone, Default)]
 pub struct KeyName(pub Option<String>);
 
+/// What a session's execs and file requests run in: a namespace sandbox on the host, or
+/// one inside a micro-VM of the session's own. Either keeps /workspace and /tmp between
+/// execs and ends each exec's processes with it; dropping it purges everything it owns
+/// (the sandbox; or the VMM, its cgroup and state directory).
+#[derive(Debug)]
+pub enum SessionSandbox {
+    /// `"isolation": "namespaces"`.
+    Namespaces(Sandbox),
+    /// `"isolation": "microvm"`: the guest's sandbox, built when the session was created.
+    Microvm(BootedVm),
+}
+
+impl SessionSandbox {
+    /// Its id (the session's).
+    pub fn id(&self) -> &str {
+        match self {
+            SessionSandbox::Namespaces(sb) => sb.id(),
+            SessionSandbox::Microvm(vm) => vm.id(),
+        }
+    }
+
+    /// Which isolation it is.
+    pub fn isolation(&self) -> Isolation {
+        match self {
+            SessionSandbox::Namespaces(_) => Isolation::Namespaces,
+            SessionSandbox::Microvm(_) => Isolation::Microvm,
+        }
+    }
+
+    /// Runs one exec (blocking). A readable `cancel` fd ends the exec's processes; the
+    /// error is then 503 (the caller tells a deleted session apart).
+    pub fn exec(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, ApiError> {
+        match self {
+            SessionSandbox::Namespaces(sb) => sb.exec(spec, sink, cancel).map_err(crate::runner::api_error),
+            SessionSandbox::Microvm(vm) => vm.exec(spec, sink, cancel).map_err(crate::microvm::vm_error),
+        }
+    }
+
+    /// Writes a file under /workspace (blocking).
+    pub fn write_file(&mut self, path: &str, mode: u32, content: &[u8]) -> Result<(), ApiError> {
+        match self {
+            SessionSandbox::Namespaces(sb) => sb
+                .write_file(path, mode, content)
+                .map_err(crate::runner::api_error),
+            SessionSandbox::Microvm(vm) => vm
+                .write_file(path, mode, content)
+                .map_err(crate::microvm::vm_error),
+        }
+    }
+
+    /// Reads a file under /workspace, at most `max_bytes` (blocking); 404 when it does
+    /// not exist.
+    pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, ApiError> {
+        let not_found = |m: &str| m.contains("No such file");
+        match self {
+            SessionSandbox::Namespaces(sb) => sb.read_file(path, max_bytes).map_err(|e| match e {
+                airlock_sandbox::SandboxError::File(m) if not_found(&m) => ApiError::not_found(m),
+                e => crate::runner::api_error(e),
+            }),
+            SessionSandbox::Microvm(vm) => vm.read_file(path, max_bytes).map_err(|e| match e {
+                airlock_microvm::VmError::File(m) if not_found(&m) => ApiError::not_found(m),
+                e => crate::microvm::vm_error(e),
+            }),
+        }
+    }
+
+    /// Lists /workspace recursively (blocking).
+    pub fn list_files(&mut self) -> Result<Vec<FileEntry>, ApiError> {
+        match self {
+            SessionSandbox::Namespaces(sb) => sb.list_files().map_err(crate::runner::api_error),
+            SessionSandbox::Microvm(vm) => vm.list_files().map_err(crate::microvm::vm_error),
+        }
+    }
+}
+
 /// A session sandbox: lives until deleted or its TTL passes.
 #[derive(Debug)]
 pub struct Session {
-    /// Its id (the sandbox's).
+    /// Its id (the sandbox's, or the VM's).
     pub id: String,
+    /// Where its execs run (fixed at creation).
+    pub isolation: Isolation,
     /// When it was created.
     pub created: SystemTime,
     /// When it expires.
@@ -50,7 +133,7 @@ pub struct Session {
 impl Session {
     /// A session around `sandbox`.
     pub fn new(
-        sandbox: airlock_sandbox::Sandbox,
+        sandbox: SessionSandbox,
         ttl: std::time::Duration,
         key: Option<String>,
         limits: Limits,
@@ -60,6 +143,7 @@ impl Session {
         let now = SystemTime::now();
         Ok(Session {
             id: sandbox.id().to_owned(),
+            isolation: sandbox.isolation(),
             created: now,
             expires: now + ttl,
             deadline: Instant::now() + ttl,
@@ -89,7 +173,7 @@ impl Session {
     pub async fn with_sandbox<R, F>(self: &Arc<Self>, f: F) -> Result<R, crate::error::ApiError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut airlock_sandbox::Sandbox) -> R + Send + 'static,
+        F: FnOnce(&mut SessionSandbox) -> R + Send + 'static,
     {
         let session = Arc::clone(self);
         let task = tokio::spawn(async move {
@@ -126,8 +210,8 @@ impl Session {
 /// The mutable part of a session.
 #[derive(Debug)]
 pub struct SessionInner {
-    /// The sandbox; `None` once purged.
-    pub sandbox: Option<Sandbox>,
+    /// The sandbox (or VM); `None` once purged.
+    pub sandbox: Option<SessionSandbox>,
     /// Execs run so far.
     pub execs: u64,
     /// CPU time of all execs.
@@ -266,7 +350,7 @@ impl AppState {
 }
 
 /// Purges a removed session: cancels its running exec, if any, then destroys the sandbox
-/// off the async threads.
+/// (or the VM) off the async threads.
 pub async fn purge_session(session: Arc<Session>) {
     // A running exec is cancelled, so the purge happens now, not when it would end.
     session.cancel_execs();

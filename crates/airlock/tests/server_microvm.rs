@@ -8,6 +8,7 @@
 mod common;
 mod serverutil;
 
+use common::ok_stdout;
 use nix::sys::signal::Signal;
 use serde_json::json;
 use serverutil::{Daemon, metric, owner_dirs, owner_processes, poll};
@@ -119,5 +120,181 @@ fn sigterm_with_pooled_vms_leaves_no_vmm_cgroup_or_state() {
     let dirs = owner_dirs(&owner);
     assert!(dirs.is_empty(), "cgroups left: {dirs:?}");
     let state = std::path::Path::new("/run/airlock/vm").join(&owner);
+    assert!(!state.exists(), "state directory left: {}", state.display());
+}
+
+/// `sh -c SCRIPT` as an exec request.
+fn sh(script: &str) -> serde_json::Value {
+    json!({"cmd": ["sh", "-c", script]})
+}
+
+/// Whether the VM `id` of daemon `d` left anything on the host: its VMM (or any process
+/// in the daemon's cgroups), its cgroup, its state directory. What is left, as text.
+fn vm_leftovers(d: &Daemon, id: &str) -> Option<String> {
+    let procs = owner_processes(&d.owner);
+    let cgroups = d.sandbox_cgroups();
+    let state = std::path::Path::new("/run/airlock/vm").join(&d.owner).join(id);
+    let left = !procs.is_empty() || cgroups.contains(id) || state.exists();
+    left.then(|| {
+        format!(
+            "processes {procs:?}, cgroups {cgroups:?}, state {}",
+            state.exists()
+        )
+    })
+}
+
+#[test]
+fn a_microvm_session_keeps_its_files_across_execs_and_delete_leaves_nothing() {
+    let d = Daemon::start(&["--pool", "0", "--vm-pool", "0"]);
+    let c = d.client();
+    let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+
+    // The VM is booted for the session (the guest image may be built first).
+    let id = c.create_session(&json!({"isolation": "microvm", "ttl_s": 600}));
+    assert!(id.starts_with("vm-"), "{id}");
+    let list = c.get("/v1/sandboxes").expect(200).json();
+    let listed = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{id} not in {list}"));
+    assert_eq!(listed["isolation"], "microvm", "{listed}");
+    assert!(
+        vm_leftovers(&d, &id).is_some(),
+        "no VMM, cgroup or state directory for the session's VM"
+    );
+
+    // A file in before the first exec.
+    c.put(
+        &format!("/v1/sandboxes/{id}/files?path=data/in.txt"),
+        b"hello vm\n",
+    )
+    .expect(204);
+    // Exec 1: under the guest's kernel; writes to /workspace and /tmp; leaves a process
+    // behind.
+    let v = c
+        .session_exec(
+            &id,
+            &sh(
+                "cat /proc/sys/kernel/osrelease; cp data/in.txt copy.txt; echo kept > /tmp/t; \
+                 sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/bg.pid",
+            ),
+        )
+        .expect(200)
+        .json();
+    let out = ok_stdout(&v);
+    assert_ne!(out.trim(), host_kernel.trim(), "ran on the host's kernel: {v}");
+    assert_eq!(v["id"], id.as_str(), "{v}");
+    assert!(
+        v["memory_peak_bytes"].as_u64().unwrap() > 0,
+        "no usage from the guest: {v}"
+    );
+
+    // Exec 2 sees both files; the background sleep ended with exec 1.
+    let v = c
+        .session_exec(
+            &id,
+            &sh("cat copy.txt /tmp/t; for p in /proc/[0-9]*; do printf '%s ' \"$(cat $p/comm 2>/dev/null)\"; done; echo"),
+        )
+        .expect(200)
+        .json();
+    let out = ok_stdout(&v);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("hello vm"), "{v}");
+    assert_eq!(lines.next(), Some("kept"), "{v}");
+    let comms = lines.next().unwrap_or("");
+    assert!(
+        !comms.split_whitespace().any(|c| c == "sleep"),
+        "the background sleep survived its exec: {comms}"
+    );
+
+    // Files out: one read, and the listing.
+    let got = c
+        .get(&format!("/v1/sandboxes/{id}/files?path=copy.txt"))
+        .expect(200);
+    assert_eq!(got.body, b"hello vm\n");
+    c.get(&format!("/v1/sandboxes/{id}/files?path=nope.txt"))
+        .api_error(404);
+    let entries = c.get(&format!("/v1/sandboxes/{id}/files")).expect(200).json();
+    let paths: Vec<&str> = entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["copy.txt", "data", "data/in.txt"], "{entries}");
+
+    // A deadline ends the exec, not the session.
+    let v = c
+        .session_exec(
+            &id,
+            &json!({"cmd": ["sleep", "100"], "limits": {"timeout_ms": 2000}}),
+        )
+        .expect(200)
+        .json();
+    assert_eq!(v["outcome"], "timeout", "{v}");
+    let v = c.session_exec(&id, &sh("cat copy.txt")).expect(200).json();
+    assert_eq!(ok_stdout(&v), "hello vm\n");
+    // An exec may not switch backends.
+    let e = c
+        .session_exec(&id, &json!({"cmd": ["true"], "isolation": "namespaces"}))
+        .api_error(400);
+    assert_eq!(e["field"], "isolation", "{e}");
+    let info = c.get(&format!("/v1/sandboxes/{id}")).expect(200).json();
+    assert_eq!(info["usage"]["execs"], 4, "{info}");
+
+    // Deleted: 204, then unknown; the VMM, its cgroup and state directory are gone.
+    c.delete(&format!("/v1/sandboxes/{id}")).expect(204);
+    c.get(&format!("/v1/sandboxes/{id}")).api_error(404);
+    let gone = poll(Duration::from_secs(30), || {
+        vm_leftovers(&d, &id).is_none().then_some(())
+    });
+    let left = gone.map_or_else(|| vm_leftovers(&d, &id), |()| None);
+    assert!(left.is_none(), "left after DELETE: {left:?}");
+}
+
+#[test]
+fn microvm_sessions_expire_and_sigterm_purges_the_rest() {
+    let mut d = Daemon::start(&["--pool", "0", "--vm-pool", "0"]);
+    let c = d.client();
+    // A micro-VM cannot take a proxied network: refused at creation.
+    let e = c
+        .post_json(
+            "/v1/sandboxes",
+            &json!({"isolation": "microvm", "network": {"mode": "proxy", "allow": ["example.com"]}}),
+        )
+        .api_error(400);
+    assert!(e["field"].as_str().unwrap().starts_with("network"), "{e}");
+
+    let short = c.create_session(&json!({"isolation": "microvm", "ttl_s": 3}));
+    let long = c.create_session(&json!({"isolation": "microvm", "ttl_s": 600}));
+    let v = c.session_exec(&long, &sh("echo up")).expect(200).json();
+    assert_eq!(ok_stdout(&v), "up\n");
+    // The short one expires: 410, and its VM is purged.
+    let expired = poll(Duration::from_secs(60), || {
+        (c.get(&format!("/v1/sandboxes/{short}")).status == 410).then_some(())
+    });
+    assert!(expired.is_some(), "{short} never expired");
+    let state = std::path::Path::new("/run/airlock/vm").join(&d.owner);
+    let purged = poll(Duration::from_secs(30), || {
+        (!d.sandbox_cgroups().contains(&short) && !state.join(&short).exists()).then_some(())
+    });
+    assert!(purged.is_some(), "the expired session's VM was not purged");
+    assert!(
+        d.sandbox_cgroups().contains(&long),
+        "the live session's VM went too"
+    );
+
+    // SIGTERM with the other one live: nothing of it remains.
+    let owner = d.owner.clone();
+    let _g = serverutil::start_lock();
+    d.signal(Signal::SIGTERM);
+    let status = d.wait_exit(Duration::from_secs(60)).expect("exit after SIGTERM");
+    assert!(status.success(), "{status:?}; log:\n{}", d.log());
+    let left = owner_processes(&owner);
+    assert!(left.is_empty(), "processes left: {left:?}");
+    let dirs = owner_dirs(&owner);
+    assert!(dirs.is_empty(), "cgroups left: {dirs:?}");
     assert!(!state.exists(), "state directory left: {}", state.display());
 }

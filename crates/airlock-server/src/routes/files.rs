@@ -1,7 +1,7 @@
 //! `PUT /v1/sandboxes/{id}/files?path=P` (write raw bytes), `GET …/files?path=P` (read),
-//! `GET …/files` (list /workspace). Init does the file work inside the sandbox, resolving
-//! beneath /workspace without following symlinks: the daemon never touches a path the
-//! program could have planted.
+//! `GET …/files` (list /workspace). Init does the file work inside the sandbox (in a
+//! micro-VM session, the guest's), resolving beneath /workspace without following
+//! symlinks: the daemon never touches a path the program could have planted.
 
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use crate::body::RawBody;
 use crate::error::ApiError;
-use crate::runner::api_error;
 use crate::state::{AppState, KeyName, Session};
 
 #[derive(Deserialize)]
@@ -79,10 +78,7 @@ pub async fn get(
             Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
         }
         None => {
-            let entries = session
-                .with_sandbox(|sb| sb.list_files())
-                .await?
-                .map_err(api_error)?;
+            let entries = session.with_sandbox(|sb| sb.list_files()).await??;
             Ok(Json(entries).into_response())
         }
     }
@@ -98,17 +94,10 @@ pub(crate) async fn write_file(
     session
         .with_sandbox(move |sb| sb.write_file(&path, mode, content.as_ref()))
         .await?
-        .map_err(api_error)
 }
 
 /// Reads the file at `path` (checked by [`check_path`]), at most `max` bytes; 404 when it
 /// does not exist.
 pub(crate) async fn read_file(session: &Arc<Session>, path: String, max: u64) -> Result<Vec<u8>, ApiError> {
-    session
-        .with_sandbox(move |sb| sb.read_file(&path, max))
-        .await?
-        .map_err(|e| match e {
-            airlock_sandbox::SandboxError::File(m) if m.contains("No such file") => ApiError::not_found(m),
-            e => api_error(e),
-        })
+    session.with_sandbox(move |sb| sb.read_file(&path, max)).await?
 }

@@ -33,16 +33,17 @@ pub async fn handle(
 
 /// The validated spec of an exec in `session`. The REST route and the MCP tool share it.
 pub(crate) fn session_spec(state: &AppState, session: &Session, req: &ExecRequest) -> Result<Spec, ApiError> {
-    if req
-        .isolation
-        .is_some_and(|i| i != airlock_spec::Isolation::Namespaces)
-    {
+    if req.isolation.is_some_and(|i| i != session.isolation) {
         return Err(ApiError::invalid(
             "isolation",
-            "a session's isolation is set when it is created",
+            format!(
+                "this sandbox runs with isolation {} (a session's isolation is set when it is created)",
+                session.isolation.as_str()
+            ),
         ));
     }
     let mut spec = req.to_spec(&state.config, &session.limits)?;
+    spec.isolation = session.isolation;
     // The disk is the session's own, fixed when it was created; its memory was admitted
     // at creation, so an exec may not raise it.
     spec.limits.disk_bytes = session.limits.disk_bytes;

@@ -2,7 +2,7 @@
 //! `GET /v1/sandboxes/{id}` (show), `DELETE /v1/sandboxes/{id}` (purge now).
 
 use airlock_sandbox::SandboxConfig;
-use airlock_spec::Spec;
+use airlock_spec::{Isolation, Spec};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -15,7 +15,7 @@ use crate::api::{CreateSandboxRequest, limits};
 use crate::body::JsonBody;
 use crate::error::ApiError;
 use crate::runner::api_error;
-use crate::state::{AppState, KeyName, Session, purge_session};
+use crate::state::{AppState, KeyName, Session, SessionSandbox, purge_session};
 
 /// Seconds since the epoch, with millisecond precision.
 pub(crate) fn epoch(t: SystemTime) -> f64 {
@@ -34,6 +34,7 @@ struct Created {
 #[derive(Serialize)]
 pub struct Info {
     id: String,
+    isolation: Isolation,
     created_at: f64,
     expires_at: f64,
     usage: Usage,
@@ -50,6 +51,7 @@ async fn info(s: &Session) -> Info {
     let inner = s.inner.lock().await;
     Info {
         id: s.id.clone(),
+        isolation: s.isolation,
         created_at: epoch(s.created),
         expires_at: epoch(s.expires),
         usage: Usage {
@@ -74,7 +76,8 @@ pub async fn create(
 }
 
 /// Creates a session owned by `key`: admission, a sandbox (warm when the pool can serve
-/// it), then the registry. The REST route and the MCP tool share it.
+/// it) or a micro-VM (likewise from the VM pool), then the registry. The REST route and
+/// the MCP tool share it.
 pub(crate) async fn create_session(
     state: &Arc<AppState>,
     key: &KeyName,
@@ -90,28 +93,37 @@ pub(crate) async fn create_session(
             format!("must be between 1 and {} seconds", state.config.max_ttl.as_secs()),
         ));
     }
-    if req.isolation == Some(airlock_spec::Isolation::Microvm) {
-        return Err(ApiError::invalid(
-            "isolation",
-            "sessions run with isolation namespaces only; use POST /v1/exec for microvm",
-        ));
-    }
     let limits = limits(&req.limits, &state.config, &state.config.defaults)?;
     let mut spec = Spec::new(vec!["true".into()]);
     spec.limits = limits.clone();
     spec.network = req.network.clone().unwrap_or_default();
-    spec.network
-        .validate()
+    spec.isolation = req.isolation.unwrap_or_default();
+    // What a micro-VM cannot do (a proxied network) is refused here, not at each exec.
+    spec.validate()
         .map_err(|e| ApiError::invalid(e.field, e.message))?;
-    let (permit, _) = crate::runner::admit(state, key, limits.memory_bytes).await?;
-    let config = SandboxConfig::of(&spec);
-    // A warm sandbox serves a session too: limits are applied at each exec.
-    let sandbox = match state.pool.take(&config) {
-        Some(sb) => sb,
-        None => {
-            let (created, took) = state.spawner.create(config).await;
-            state.metrics.provisioned("cold", took);
-            created.map_err(api_error)?
+    let (sandbox, permit) = match spec.isolation {
+        Isolation::Namespaces => {
+            let (permit, _) = crate::runner::admit(state, key, limits.memory_bytes).await?;
+            let config = SandboxConfig::of(&spec);
+            // A warm sandbox serves a session too: limits are applied at each exec.
+            let sandbox = match state.pool.take(&config) {
+                Some(sb) => sb,
+                None => {
+                    let (created, took) = state.spawner.create(config).await;
+                    state.metrics.provisioned("cold", took);
+                    created.map_err(api_error)?
+                }
+            };
+            (SessionSandbox::Namespaces(sandbox), permit)
+        }
+        Isolation::Microvm => {
+            // Admitted like a one-shot micro-VM exec: the program's memory plus the VM's.
+            let memory = limits.memory_bytes + crate::microvm::VM_OVERHEAD_BYTES;
+            let (permit, _) = crate::runner::admit(state, key, memory).await?;
+            // A pooled VM (its guest's sandbox built already) or one started now, which
+            // then gets its sandbox before it is handed over.
+            let (vm, _) = state.vm.provision_session(&limits, &state.metrics).await?;
+            (SessionSandbox::Microvm(vm), permit)
         }
     };
     let session = Arc::new(
@@ -122,7 +134,7 @@ pub(crate) async fn create_session(
         map.insert(session.id.clone(), Arc::clone(&session));
     }
     state.metrics.sandboxes_active.set(state.active() as i64);
-    tracing::info!(id = %session.id, key = key.0.as_deref().unwrap_or("-"), ttl_s = ttl.as_secs(), "session created");
+    tracing::info!(id = %session.id, key = key.0.as_deref().unwrap_or("-"), ttl_s = ttl.as_secs(), isolation = session.isolation.as_str(), "session created");
     Ok(session)
 }
 
