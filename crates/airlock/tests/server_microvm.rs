@@ -143,6 +143,22 @@ fn vm_leftovers(d: &Daemon, id: &str) -> Option<String> {
     })
 }
 
+/// Sends `POST /v1/sandboxes/{id}/exec` running `sh -c SCRIPT` on a raw connection and
+/// closes it after `after`, unanswered.
+fn abandoned_exec(d: &Daemon, id: &str, script: &str, after: Duration) {
+    use std::io::Write;
+    let body = sh(script).to_string();
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", d.port)).expect("connect");
+    write!(
+        conn,
+        "POST /v1/sandboxes/{id}/exec HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    std::thread::sleep(after);
+    drop(conn);
+}
+
 #[test]
 fn a_microvm_session_keeps_its_files_across_execs_and_delete_leaves_nothing() {
     let d = Daemon::start(&["--pool", "0", "--vm-pool", "0"]);
@@ -271,6 +287,23 @@ fn microvm_sessions_expire_and_sigterm_purges_the_rest() {
     let long = c.create_session(&json!({"isolation": "microvm", "ttl_s": 600}));
     let v = c.session_exec(&long, &sh("echo up")).expect(200).json();
     assert_eq!(ok_stdout(&v), "up\n");
+    // A client that goes away mid-exec cancels that exec only: its processes end in the
+    // guest, and the session serves the next exec at once.
+    abandoned_exec(&d, &long, "sleep 100", Duration::from_secs(4));
+    let t0 = std::time::Instant::now();
+    let v = c
+        .session_exec(
+            &long,
+            &sh("for p in /proc/[0-9]*; do printf '%s ' \"$(cat $p/comm 2>/dev/null)\"; done; echo"),
+        )
+        .expect(200)
+        .json();
+    let comms = ok_stdout(&v);
+    assert!(
+        !comms.split_whitespace().any(|c| c == "sleep"),
+        "the abandoned exec's sleep survived: {comms}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
     // The short one expires: 410, and its VM is purged.
     let expired = poll(Duration::from_secs(60), || {
         (c.get(&format!("/v1/sandboxes/{short}")).status == 410).then_some(())
