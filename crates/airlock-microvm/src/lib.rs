@@ -12,8 +12,9 @@
 //!   waits for its agent; [`MicroVmHost::clone_vm`] restores one from a template VM of
 //!   that size instead (booted once and saved; its RAM mapped copy-on-write: a tenth of
 //!   a boot), with its own random state and clock; [`BootedVm::run`] hands it one
-//!   program and returns the same
-//!   `ExecResult` as the namespace backend. Inside, the agent runs the program with
+//!   program and returns the same `ExecResult` as the namespace backend, or
+//!   [`BootedVm::exec`] runs any number of a session's programs in it, one after the
+//!   other, keeping /workspace and /tmp between them. Inside, the agent runs the program with
 //!   airlock-sandbox's engine: namespaces, seccomp, landlock and a cgroup v2 of the
 //!   guest's, which is where `memory_peak_bytes`, `cpu_ms` and `oom` come from.
 //! - [`proto`] is the frame protocol both sides speak over the VM's virtio-serial port.

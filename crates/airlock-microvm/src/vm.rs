@@ -2,7 +2,9 @@
 //! host (once), [`MicroVmHost::boot`] starts a VM and waits for its agent, and
 //! [`BootedVm::run`] hands the booted VM one program. Boot and run are separate so a pool
 //! can hold booted VMs and give each one run; the CLI does both at once
-//! ([`MicroVmHost::run`]).
+//! ([`MicroVmHost::run`]). A session's VM serves any number of programs instead
+//! ([`BootedVm::exec`]), with [`BootedVm::write_file`], [`BootedVm::read_file`] and
+//! [`BootedVm::list_files`] between them.
 //!
 //! A VM owns three things on the host, all removed when its [`BootedVm`] is dropped: the
 //! VMM process (SIGKILL, reaped), its cgroup (killed and removed: nothing it started
@@ -643,16 +645,6 @@ impl BootedVm {
 
     fn channel(&mut self) -> Result<&mut Channel, VmError> {
         self.agent.as_mut().ok_or(VmError::Gone)
-    }
-
-    /// Whether the VMM still runs and its agent's channel is usable: a VM killed
-    /// because it stopped answering (or that stopped) serves nothing more.
-    pub fn is_alive(&mut self) -> bool {
-        self.agent.is_some()
-            && self
-                .child
-                .as_mut()
-                .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Sends one frame; a VM that does not take it is killed (a frame half sent leaves

@@ -354,6 +354,10 @@ pub fn vm_error(e: VmError) -> ApiError {
         VmError::Gone => ApiError::conflict(
             "the sandbox's VM is gone (it stopped, or was killed because it stopped answering)",
         ),
+        // The guest's own sandbox died (its init was killed): the VM serves nothing more.
+        VmError::Guest(m) if m == airlock_sandbox::SandboxError::Gone.to_string() => {
+            ApiError::conflict("the sandbox in the VM is gone (its init was killed, e.g. by the OOM killer)")
+        }
         VmError::Guest(m) if m.contains("command not found") || m.contains("no such executable") => {
             ApiError::invalid("cmd", m)
         }
