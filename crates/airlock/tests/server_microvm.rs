@@ -272,8 +272,12 @@ fn a_microvm_session_keeps_its_files_across_execs_and_delete_leaves_nothing() {
 
 #[test]
 fn microvm_sessions_expire_and_sigterm_purges_the_rest() {
-    let mut d = Daemon::start(&["--pool", "0", "--vm-pool", "0"]);
+    let mut d = Daemon::start(&["--pool", "0", "--vm-pool", "1"]);
     let c = d.client();
+    poll(POOL_FILL, || {
+        (metric_of(&d, "airlock_vm_pool_ready") >= 1.0).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the VM pool never filled; log:\n{}", d.log()));
     // A micro-VM cannot take a proxied network: refused at creation.
     let e = c
         .post_json(
@@ -283,7 +287,14 @@ fn microvm_sessions_expire_and_sigterm_purges_the_rest() {
         .api_error(400);
     assert!(e["field"].as_str().unwrap().starts_with("network"), "{e}");
 
-    let short = c.create_session(&json!({"isolation": "microvm", "ttl_s": 3}));
+    // The first takes the pooled VM (its guest sandbox built ahead), the second a clone
+    // started for it.
+    let short = c.create_session(&json!({"isolation": "microvm", "ttl_s": 5}));
+    let v = c
+        .session_exec(&short, &sh("echo warm > w; cat w"))
+        .expect(200)
+        .json();
+    assert_eq!(ok_stdout(&v), "warm\n");
     let long = c.create_session(&json!({"isolation": "microvm", "ttl_s": 600}));
     let v = c.session_exec(&long, &sh("echo up")).expect(200).json();
     assert_eq!(ok_stdout(&v), "up\n");
