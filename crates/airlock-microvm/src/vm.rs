@@ -746,11 +746,12 @@ impl BootedVm {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
         spec.validate().map_err(VmError::Spec)?;
+        let t0 = Instant::now();
         self.ensure_sandbox(&spec.limits)?;
         if std::mem::replace(&mut self.used, true) {
             return Err(VmError::Guest("this VM already ran a program".into()));
         }
-        self.exec_inner(spec, sink, cancel, Mode::OneShot)
+        self.exec_inner(spec, sink, cancel, Mode::OneShot, t0)
     }
 
     /// Runs `spec`'s program in this VM's sandbox as one exec of a session: any number
@@ -769,19 +770,22 @@ impl BootedVm {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
         spec.validate().map_err(VmError::Spec)?;
+        let t0 = Instant::now();
         self.ensure_sandbox(&spec.limits)?;
         self.used = true;
-        self.exec_inner(spec, sink, cancel, Mode::Session)
+        self.exec_inner(spec, sink, cancel, Mode::Session, t0)
     }
 
+    /// Files, stdin, the exec and its answer; `t0` is when the caller started (what it
+    /// waited for since, until the program starts, is the result's setup).
     fn exec_inner(
         &mut self,
         spec: &Spec,
         sink: &mut dyn OutputSink,
         cancel: &[BorrowedFd<'_>],
         mode: Mode,
+        t0: Instant,
     ) -> Result<ExecResult, VmError> {
-        let t0 = Instant::now();
         for file in &spec.files {
             self.write_file(&file.path, file.mode, &file.content)?;
         }
