@@ -83,5 +83,5 @@ mod test_util;
 
 pub use addr::{Cidr, CidrError, format_ip, format_ipv6, parse_ipv4_literal};
 pub use policy::{DEFAULT_PORTS, MAX_ENTRIES, Policy, PolicyError, Target, parse_host};
-pub use proxy::{Proxy, ProxyLimits};
+pub use proxy::{ClientStream, Proxy, ProxyLimits};
 pub use resolver::{BoxFuture, Resolver, StaticResolver, SystemResolver};

@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use airlock_spec::EgressEntry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -183,7 +182,15 @@ enum Exchange {
     Response(io::Error),
 }
 
-type ClientReader<'a> = BufReader<ReadHalf<'a>>;
+/// A program's connection to the proxy: a TCP stream [`Proxy::serve`] accepted, or any
+/// byte stream handed to [`Proxy::serve_stream`] (a micro-VM's relayed connection).
+pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientStream for T {}
+
+/// A client connection, whatever carries it.
+type Client = Box<dyn ClientStream>;
+type ClientReader<'a> = BufReader<ReadHalf<&'a mut Client>>;
+type ClientWriter<'a> = WriteHalf<&'a mut Client>;
 
 impl Proxy {
     /// A proxy deciding by `policy` within `limits`, resolving names with `resolver`.
@@ -245,8 +252,9 @@ impl Proxy {
                         Ok(permit) => {
                             let proxy = Arc::clone(&self);
                             let stop = stop_rx.clone();
+                            let _ = stream.set_nodelay(true);
                             tasks.spawn(async move {
-                                proxy.handle(stream, stop).await;
+                                proxy.handle(Box::new(stream), stop).await;
                                 drop(permit);
                             });
                         }
@@ -322,8 +330,35 @@ impl Proxy {
         &self.limits
     }
 
+    /// Serves one connection that is already open (the other end of a socketpair, or of
+    /// a relay), as [`Proxy::serve`] serves each connection it accepts: within the same
+    /// limits (over `max_connections` open at once it is answered 503), judged by the
+    /// same policy, logged in the same log. Returns when the connection has ended and is
+    /// logged, or, once `stop` resolves, after closing it (logged with "closed: proxy
+    /// stopped").
+    pub async fn serve_stream<S>(self: Arc<Self>, stream: S, stop: impl Future<Output = ()> + Send)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
+            self.refuse_stream(Box::new(stream)).await;
+            return;
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let work = Arc::clone(&self).handle(Box::new(stream), stop_rx);
+        let mut work = std::pin::pin!(work);
+        tokio::select! {
+            () = &mut work => {}
+            () = stop => {
+                let _ = stop_tx.send(true);
+                work.await;
+            }
+        }
+        drop(permit);
+    }
+
     /// One connection, from accept to its log entry.
-    async fn handle(self: Arc<Self>, mut stream: TcpStream, mut stop: watch::Receiver<bool>) {
+    async fn handle(self: Arc<Self>, mut stream: Client, mut stop: watch::Receiver<bool>) {
         let mut conn = Conn::new();
         let activity = Activity::new();
         let stopped = {
@@ -342,9 +377,8 @@ impl Proxy {
 
     /// Serves one connection. Every refusal is logged before it is sent, so the log has
     /// the entry by the time the program reads the answer.
-    async fn serve_conn(&self, stream: &mut TcpStream, conn: &mut Conn, activity: &Activity) {
-        let _ = stream.set_nodelay(true);
-        let (r, mut w) = stream.split();
+    async fn serve_conn(&self, stream: &mut Client, conn: &mut Conn, activity: &Activity) {
+        let (r, mut w) = tokio::io::split(stream);
         let mut r = BufReader::with_capacity(CLIENT_BUFFER, r);
 
         let mut head = Vec::new();
@@ -545,7 +579,7 @@ impl Proxy {
     async fn tunnel(
         &self,
         r: &mut ClientReader<'_>,
-        w: &mut WriteHalf<'_>,
+        w: &mut ClientWriter<'_>,
         upstream: &mut TcpStream,
         conn: &Conn,
         activity: &Activity,
@@ -574,7 +608,7 @@ impl Proxy {
     async fn exchange(
         &self,
         r: &mut ClientReader<'_>,
-        w: &mut WriteHalf<'_>,
+        w: &mut ClientWriter<'_>,
         upstream: &mut TcpStream,
         req: &HttpRequest,
         conn: &Conn,
@@ -662,6 +696,29 @@ impl Proxy {
     /// A connection over the cap: logged, told so if its socket takes a few bytes at
     /// once, and closed, without a task or a read.
     fn refuse(&self, stream: TcpStream) {
+        let (reason, response) = self.over_cap();
+        // Out of the runtime, the socket takes these few bytes into its empty send
+        // buffer at once, or they are lost: nothing here waits for the program.
+        if let Ok(mut stream) = stream.into_std() {
+            let _ = std::io::Write::write(&mut stream, response.as_bytes());
+        }
+        self.log_over_cap(reason);
+    }
+
+    /// [`Proxy::refuse`] for a stream handed over: the answer is written within
+    /// [`RESPOND_TIMEOUT`].
+    async fn refuse_stream(&self, mut stream: Client) {
+        let (reason, response) = self.over_cap();
+        self.log_over_cap(reason);
+        let _ = timeout(RESPOND_TIMEOUT, async {
+            stream.write_all(response.as_bytes()).await?;
+            stream.shutdown().await
+        })
+        .await;
+    }
+
+    /// The reason and the 503 for a connection over the cap; counted as denied.
+    fn over_cap(&self) -> (String, String) {
         self.denied.fetch_add(1, Relaxed);
         let reason = format!(
             "too many connections (at most {} at once)",
@@ -672,11 +729,10 @@ impl Proxy {
             "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
-        // Out of the runtime, the socket takes these few bytes into its empty send
-        // buffer at once, or they are lost: nothing here waits for the program.
-        if let Ok(mut stream) = stream.into_std() {
-            let _ = std::io::Write::write(&mut stream, response.as_bytes());
-        }
+        (reason, response)
+    }
+
+    fn log_over_cap(&self, reason: String) {
         self.push(EgressEntry {
             host: String::new(),
             port: 0,
@@ -748,7 +804,7 @@ fn status_text(status: u16) -> &'static str {
 
 /// Answers the program with `status` and `reason` as a plain-text body, then closes:
 /// how every refusal reaches the program (a CONNECT refusal included).
-async fn respond(r: &mut ClientReader<'_>, w: &mut WriteHalf<'_>, status: u16, reason: &str) {
+async fn respond(r: &mut ClientReader<'_>, w: &mut ClientWriter<'_>, status: u16, reason: &str) {
     let body = format!("{reason}\n");
     let response = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -1499,5 +1555,42 @@ mod tests {
             .unwrap()
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_handed_over_stream_is_served_and_logged_like_an_accepted_one() {
+        let echo = echo_server().await;
+        let policy = Policy::new(&[], &strings(&["127.0.0.1/32"])).unwrap();
+        let proxy = Proxy::new(policy, limits(), no_names());
+        // Allowed: a tunnel to the echo server through an in-memory stream.
+        let (mut c, s) = tokio::io::duplex(4096);
+        let served = tokio::spawn(Arc::clone(&proxy).serve_stream(s, std::future::pending()));
+        let target = format!("127.0.0.1:{}", echo.port());
+        c.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+        drop(c);
+        tokio::time::timeout(WAIT, served).await.unwrap().unwrap();
+        // Denied: the metadata address, answered 403 with the reason.
+        let (mut c, s) = tokio::io::duplex(4096);
+        let served = tokio::spawn(Arc::clone(&proxy).serve_stream(s, std::future::pending()));
+        c.write_all(b"CONNECT 169.254.169.254:80 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(
+            answer.ends_with("link-local address 169.254.169.254\n"),
+            "{answer}"
+        );
+        tokio::time::timeout(WAIT, served).await.unwrap().unwrap();
+        let log = proxy.log();
+        assert_eq!(log.len(), 2);
+        assert!(log[0].allowed && !log[1].allowed);
+        assert_eq!(proxy.active_connections(), 0);
     }
 }
