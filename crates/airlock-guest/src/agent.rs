@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 
-use crate::sys;
+use crate::{egress, sys};
 
 /// Stdin is held in guest RAM before the run; more than this is refused (the VM's RAM
 /// is sized for the program's memory limit, not for a large input besides it).
@@ -144,6 +144,9 @@ struct State {
     /// Saved as a template (`Freeze`) and not yet `Resume`d as a clone: only `Resume` is
     /// served.
     frozen: bool,
+    /// Proxy mode is on (`Egress`): the sandbox's 127.0.0.1:3128 is relayed to the host's
+    /// proxy, and programs get the proxy's environment.
+    egress: bool,
 }
 
 impl State {
@@ -227,6 +230,28 @@ impl State {
                     Err(e) => port.error(format!("{path}: {e}")),
                 }
             }
+            ToGuest::Egress => {
+                if self.egress {
+                    return port.send(&ToHost::Ok, &[]);
+                }
+                let Some(sb) = self.sandbox.as_ref() else {
+                    return port.error("no sandbox: send create first");
+                };
+                // The same check as at start: the relay is the only way out only while
+                // the VM has no network device besides lo.
+                if let Err(e) = check_network(airlock_sandbox::landlock::kernel_abi(), &net_devices()) {
+                    return port.error(e);
+                }
+                let started = egress::bind_in_sandbox(sb.id())
+                    .and_then(|listener| egress::start(listener, egress::open_port()?));
+                match started {
+                    Ok(()) => {
+                        self.egress = true;
+                        port.send(&ToHost::Ok, &[])
+                    }
+                    Err(e) => port.error(format!("starting the egress proxy: {e}")),
+                }
+            }
             ToGuest::Stdin => {
                 // Too much is answered at Exec: nothing is sent back for a stdin chunk.
                 if self.stdin_overflow || self.stdin.len() + payload.len() > MAX_STDIN {
@@ -248,7 +273,12 @@ impl State {
                     return port.error("no sandbox: send create first");
                 };
                 let mut spec = Spec::new(command);
-                spec.env = env;
+                // The proxy's variables first: the request's own win (as on the host).
+                spec.env = if self.egress {
+                    egress::proxy_env().into_iter().chain(env).collect()
+                } else {
+                    env
+                };
                 spec.limits = limits;
                 spec.stdin = stdin;
                 let mut sink = PortSink { port, failed: None };

@@ -13,6 +13,7 @@
 
 mod agent;
 mod boot;
+mod egress;
 mod sys;
 
 use std::process::ExitCode;

@@ -17,7 +17,9 @@
 //!   other, keeping /workspace and /tmp between them. Inside, the agent runs the program with
 //!   airlock-sandbox's engine: namespaces, seccomp, landlock and a cgroup v2 of the
 //!   guest's, which is where `memory_peak_bytes`, `cpu_ms` and `oom` come from.
-//! - [`proto`] is the frame protocol both sides speak over the VM's virtio-serial port.
+//! - [`proto`] is the frame protocol both sides speak over the VM's virtio-serial port;
+//!   [`mux`] the framing of its second port, which carries a proxy-mode program's
+//!   connections to the egress proxy, served on the host (the VM has no network device).
 //!
 //! ```no_run
 //! use airlock_microvm::{HostOptions, MicroVmHost, VmSize};
@@ -40,6 +42,7 @@ pub mod cpio;
 pub mod doctor;
 pub mod image;
 pub mod kmod;
+pub mod mux;
 pub mod proto;
 pub mod qemu;
 pub mod qmp;

@@ -5,6 +5,10 @@
 //! - the rootfs image as a read-only virtio-blk device;
 //! - one virtio-serial port, `airlock.agent`, backed by a socket whose other end stays
 //!   with airlock (passed as an inherited fd: no socket file exists anywhere);
+//! - a second one, `airlock.egress`, backed the same way, which carries a proxy-mode
+//!   program's connections to the host's egress proxy ([`crate::mux`]). Every VM has it
+//!   (unused, nothing in the guest opens it, unless an exec asks for the proxy): a clone
+//!   must have its template's devices, so proxy-mode VMs come from the pool too;
 //! - QMP on a second inherited socket;
 //! - no network device (`-nodefaults -nic none`), no display, no USB, no default devices,
 //!   no legacy PIT or PIC;
@@ -22,9 +26,10 @@ use crate::qmp::Qmp;
 use crate::vmm::{Accel, Launch, Launched, Vmm};
 use crate::{VmError, sys};
 
-/// The fds the agent's and QMP's sockets have in QEMU.
+/// The fds the agent's, QMP's and the egress port's sockets have in QEMU.
 const AGENT_FD: i32 = 3;
 const QMP_FD: i32 = 4;
+const EGRESS_FD: i32 = 6;
 /// The fd of a VM's RAM file ([`crate::vmm::RamFile`]) in QEMU, opened by QEMU again as
 /// `/proc/self/fd/5` (QEMU 7.2's `memory-backend-file` takes a path, not an fd).
 pub const RAM_FD: i32 = 5;
@@ -112,8 +117,9 @@ impl Qemu {
             "stdio,id=console,signal=off",
             "-serial",
             "chardev:console",
+            // Port 0 is reserved for a console; 1 is the agent's, 2 the egress port.
             "-device",
-            "virtio-serial-device,max_ports=2",
+            "virtio-serial-device,max_ports=3",
         ] {
             push(s);
         }
@@ -121,6 +127,13 @@ impl Qemu {
         push(&format!("socket,id=agent,fd={AGENT_FD}"));
         push("-device");
         push(&format!("virtserialport,chardev=agent,name={AGENT_PORT}"));
+        push("-chardev");
+        push(&format!("socket,id=egress,fd={EGRESS_FD}"));
+        push("-device");
+        push(&format!(
+            "virtserialport,chardev=egress,name={}",
+            crate::mux::EGRESS_PORT
+        ));
         push("-chardev");
         push(&format!("socket,id=qmp,fd={QMP_FD}"));
         push("-mon");
@@ -181,8 +194,10 @@ impl Vmm for Qemu {
         let spawn_err = |what: &str, e: std::io::Error| VmError::Vmm(format!("{what}: {e}"));
         let (agent, agent_guest) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;
         let (qmp, qmp_guest) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;
+        let (egress, egress_guest) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;
         let agent_guest = sys::dup_above(agent_guest.as_fd(), HIGH_FD).map_err(|e| spawn_err("dup", e))?;
         let qmp_guest = sys::dup_above(qmp_guest.as_fd(), HIGH_FD).map_err(|e| spawn_err("dup", e))?;
+        let egress_guest = sys::dup_above(egress_guest.as_fd(), HIGH_FD).map_err(|e| spawn_err("dup", e))?;
         let console_err = launch.console.try_clone().map_err(|e| spawn_err("console", e))?;
         let ram_file = match &launch.ram_file {
             Some(ram) => Some(sys::dup_above(ram.fd, HIGH_FD).map_err(|e| spawn_err("dup", e))?),
@@ -204,6 +219,7 @@ impl Vmm for Qemu {
         let (uid, gid) = (launch.uid, launch.gid);
         let parent = sys::getpid();
         let (agent_raw, qmp_raw) = (agent_guest.as_raw_fd(), qmp_guest.as_raw_fd());
+        let egress_raw = egress_guest.as_raw_fd();
         let ram_raw = ram_file.as_ref().map(|f| f.as_raw_fd());
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe syscalls (open, write, close, dup2, set*id, prctl, getppid) on
@@ -213,6 +229,7 @@ impl Vmm for Qemu {
                 sys::child_join_cgroups(&procs)?;
                 sys::child_dup2(agent_raw, AGENT_FD)?;
                 sys::child_dup2(qmp_raw, QMP_FD)?;
+                sys::child_dup2(egress_raw, EGRESS_FD)?;
                 if let Some(ram) = ram_raw {
                     sys::child_dup2(ram, RAM_FD)?;
                 }
@@ -224,6 +241,7 @@ impl Vmm for Qemu {
             .map_err(|e| VmError::Vmm(format!("starting {}: {e}", self.binary.display())))?;
         drop(agent_guest);
         drop(qmp_guest);
+        drop(egress_guest);
         drop(ram_file);
         let control = match Qmp::connect(qmp) {
             Ok(q) => q,
@@ -236,6 +254,7 @@ impl Vmm for Qemu {
         Ok(Launched {
             child,
             agent,
+            egress,
             control: Box::new(control),
         })
     }

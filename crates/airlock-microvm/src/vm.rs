@@ -15,7 +15,7 @@
 
 use airlock_sandbox::cgroup::{Cgroup, CgroupHost, CgroupLimits};
 use airlock_sandbox::{FileEntry, OutputSink};
-use airlock_spec::{ExecResult, Limits, Outcome, Spec};
+use airlock_spec::{ExecResult, Limits, NetworkPolicy, Outcome, Spec, SpecError};
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read, Write};
@@ -35,6 +35,7 @@ use crate::qemu::Qemu;
 use crate::vmm::{Accel, Launch, RamFile, VmControl, Vmm};
 use crate::{VmError, sys};
 
+mod egress;
 mod template;
 
 /// Guest RAM beyond the program's memory limit: the guest kernel, the agent, the sandbox's
@@ -412,6 +413,8 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
         used: false,
         sandbox_disk: None,
         sandbox_setup: Duration::ZERO,
+        egress_port: None,
+        egress: None,
     };
     let limits = CgroupLimits {
         memory_bytes: (p.size.ram_mib
@@ -465,6 +468,7 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
     let pid = launched.child.id();
     vm.child = Some(launched.child);
     vm.control = Some(launched.control);
+    vm.egress_port = Some(launched.egress);
     let _ = fs::write(
         state.join("pid"),
         format!("{pid} {}\n", start_time(pid).unwrap_or(0)),
@@ -607,6 +611,12 @@ pub struct BootedVm {
     sandbox_disk: Option<u64>,
     /// How long building the guest's sandbox took.
     sandbox_setup: Duration,
+    /// Owned: the host's end of the egress port, until a proxy-mode exec hands it to
+    /// the relay.
+    egress_port: Option<UnixStream>,
+    /// Owned: in proxy mode, the relay serving the program's connections with the
+    /// egress proxy; stopped on drop.
+    egress: Option<egress::EgressRelay>,
 }
 
 impl BootedVm {
@@ -786,6 +796,7 @@ impl BootedVm {
         mode: Mode,
         t0: Instant,
     ) -> Result<ExecResult, VmError> {
+        self.ensure_egress(&spec.network)?;
         for file in &spec.files {
             self.write_file(&file.path, file.mode, &file.content)?;
         }
@@ -827,7 +838,9 @@ impl BootedVm {
                 }
                 Err(Recv::Timeout) => {
                     self.kill();
-                    return Ok(self.host_result(Outcome::Timeout, out, err, started, setup));
+                    let mut result = self.host_result(Outcome::Timeout, out, err, started, setup);
+                    result.egress = self.take_egress();
+                    return Ok(result);
                 }
                 Err(Recv::Cancelled) if mode == Mode::Session => {
                     // The guest notices the frame (its port turns readable), kills the
@@ -859,12 +872,50 @@ impl BootedVm {
                     result.stdout = String::from_utf8_lossy(&out.kept).into_owned();
                     result.stderr = String::from_utf8_lossy(&err.kept).into_owned();
                     result.setup_ms = round3(result.setup_ms + setup.as_secs_f64() * 1e3);
+                    result.egress = self.take_egress();
                     return Ok(result);
                 }
                 ToHost::Error { message } => return Err(VmError::Guest(message)),
                 other => return Err(self.desync("running the program", &other)),
             }
         }
+    }
+
+    /// Proxy mode: starts the relay of the egress port with the policy of `network` and
+    /// has the guest serve the proxy's port in its sandbox, unless that is done already.
+    /// A VM serves one policy: a session's is set when it is created.
+    fn ensure_egress(&mut self, network: &NetworkPolicy) -> Result<(), VmError> {
+        let NetworkPolicy::Proxy { allow, allow_cidrs } = network else {
+            return Ok(());
+        };
+        if let Some(relay) = &self.egress {
+            if relay.network() != network {
+                return Err(VmError::Spec(SpecError::new(
+                    "network",
+                    "differs from the network policy this VM's proxy serves",
+                )));
+            }
+            return Ok(());
+        }
+        let policy = airlock_egress::Policy::new(allow, allow_cidrs)
+            .map_err(|e| VmError::Spec(SpecError::new(e.field, e.message)))?;
+        let port = self.egress_port.take().ok_or(VmError::Gone)?;
+        self.egress = Some(egress::EgressRelay::start(
+            policy,
+            network.clone(),
+            port,
+            &self.id,
+        )?);
+        self.send(&ToGuest::Egress, &[])?;
+        self.expect_ok("starting the egress proxy")
+    }
+
+    /// The egress log of the exec that just ended (empty without a proxy).
+    fn take_egress(&mut self) -> Vec<airlock_spec::EgressEntry> {
+        self.egress
+            .as_mut()
+            .map(egress::EgressRelay::take_new)
+            .unwrap_or_default()
     }
 
     /// Writes (creates or replaces) a file under the guest's /workspace, owned by the
@@ -984,6 +1035,7 @@ impl BootedVm {
     fn kill(&mut self) {
         self.agent = None;
         self.control = None;
+        self.egress_port = None;
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -1003,6 +1055,8 @@ impl BootedVm {
 impl Drop for BootedVm {
     fn drop(&mut self) {
         self.kill();
+        // After the VMM: its port is closed, so the relay has nothing left to carry.
+        self.egress = None;
         if let Some(cg) = self.cgroup.take() {
             let _ = cg.destroy();
         }

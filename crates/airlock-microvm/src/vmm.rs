@@ -86,6 +86,8 @@ pub struct Launched {
     pub child: Child,
     /// The host's end of the agent's byte stream.
     pub agent: UnixStream,
+    /// The host's end of the egress port's byte stream ([`crate::mux`]).
+    pub egress: UnixStream,
     /// The VMM's control channel, connected and ready for commands.
     pub control: Box<dyn VmControl>,
 }

@@ -1,0 +1,319 @@
+//! Proxy mode in a micro-VM, the host's half: the VM's egress port carries the program's
+//! connections to its proxy ([`crate::mux`]); here each is handed to an airlock-egress
+//! [`Proxy`] with the run's policy, as the namespace backend serves the connections of
+//! its sandbox's loopback listener. The guest has no network device: this relay is its
+//! only way out. It runs on a thread of its own with its own small runtime, so one VM
+//! flooding its proxy cannot slow another's.
+
+use airlock_egress::{Policy, Proxy, ProxyLimits, SystemResolver};
+use airlock_spec::EgressEntry;
+use std::collections::HashMap;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::{AbortHandle, JoinSet};
+
+use crate::VmError;
+use crate::mux::{MAX_CONNECTIONS, MUX_CHUNK, MuxDecoder, MuxFrame, WINDOW};
+
+/// How long the log may take to settle after a program ends: its connections are closed
+/// in the guest, and the closes cross the port (emulated, under TCG) before the proxy
+/// logs them.
+const SETTLE: Duration = Duration::from_secs(2);
+/// On stop, how long the proxy's connections get to end and be logged.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// A running relay; dropping it stops it.
+#[derive(Debug)]
+pub(crate) struct EgressRelay {
+    proxy: Arc<Proxy>,
+    /// The policy's source, to tell a request that asks for another one.
+    network: airlock_spec::NetworkPolicy,
+    /// Entries of the log already returned by [`EgressRelay::take_new`].
+    seen: usize,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EgressRelay {
+    /// Serves the host's end of a VM's egress port with `policy`, on a new thread.
+    pub(crate) fn start(
+        policy: Policy,
+        network: airlock_spec::NetworkPolicy,
+        port: UnixStream,
+        vm: &str,
+    ) -> Result<EgressRelay, VmError> {
+        let host_err = |e: std::io::Error| VmError::Host(format!("egress relay: {e}"));
+        let proxy = Proxy::new(policy, ProxyLimits::default(), Arc::new(SystemResolver));
+        port.set_nonblocking(true).map_err(host_err)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(host_err)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = Arc::clone(&proxy);
+        let thread = std::thread::Builder::new()
+            .name(format!("airlock-egress-{vm}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match tokio::net::UnixStream::from_std(port) {
+                        Ok(port) => relay(port, served, stopped).await,
+                        Err(e) => tracing::error!(error = %e, "egress relay: the port"),
+                    }
+                });
+            })
+            .map_err(host_err)?;
+        Ok(EgressRelay {
+            proxy,
+            network,
+            seen: 0,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// The network policy this relay serves.
+    pub(crate) fn network(&self) -> &airlock_spec::NetworkPolicy {
+        &self.network
+    }
+
+    /// Log entries recorded since the last call (one exec's egress), once the proxy's
+    /// connections have ended (a bounded wait).
+    pub(crate) fn take_new(&mut self) -> Vec<EgressEntry> {
+        let deadline = Instant::now() + SETTLE;
+        while self.proxy.active_connections() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let log = self.proxy.log();
+        let new = log
+            .get(self.seen..)
+            .map(<[EgressEntry]>::to_vec)
+            .unwrap_or_default();
+        self.seen = log.len();
+        new
+    }
+}
+
+impl Drop for EgressRelay {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One connection as the relay tracks it.
+struct Conn {
+    /// Bytes from the guest, to the proxy; `None` once the guest sent `Eof`.
+    to_proxy: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Bytes the guest sent and the proxy has not taken yet: at most a [`WINDOW`].
+    pending: Arc<AtomicU32>,
+    /// How much more the guest will take of the proxy's answer (its acknowledgements).
+    credit: Arc<Semaphore>,
+    /// The proxy's side has ended (its `Eof` or `Reset` was sent).
+    up_done: bool,
+    /// The connection's tasks, aborted on a reset.
+    tasks: [AbortHandle; 2],
+}
+
+/// What a connection's tasks tell the relay.
+enum Event {
+    /// The proxy closed its side: `Eof` was sent.
+    UpDone(u32),
+    /// The connection failed: `Reset` was sent; forget it.
+    Failed(u32),
+}
+
+/// Relays the port until `stop`, the port's end, or a framing error.
+async fn relay(port: tokio::net::UnixStream, proxy: Arc<Proxy>, stop: tokio::sync::oneshot::Receiver<()>) {
+    let (mut rd, mut wr) = port.into_split();
+    // Frames to the guest: data within each connection's window, acknowledgements and
+    // closes: bounded by the windows, so the queue needs no bound of its own.
+    let (out, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = out_rx.recv().await {
+            if wr.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+    });
+    let (events, mut events_rx) = mpsc::unbounded_channel::<Event>();
+    let (stop_proxy, proxy_stopped) = watch::channel(false);
+    let mut served = JoinSet::new();
+    let mut conn_tasks = JoinSet::new();
+    let mut conns: HashMap<u32, Conn> = HashMap::new();
+    let mut decoder = MuxDecoder::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut stop = std::pin::pin!(stop);
+    'relay: loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            Some(_) = served.join_next(), if !served.is_empty() => {}
+            Some(_) = conn_tasks.join_next(), if !conn_tasks.is_empty() => {}
+            Some(event) = events_rx.recv() => match event {
+                Event::UpDone(id) => {
+                    if let Some(c) = conns.get_mut(&id) {
+                        c.up_done = true;
+                        if c.to_proxy.is_none() {
+                            conns.remove(&id);
+                        }
+                    }
+                }
+                Event::Failed(id) => {
+                    if let Some(c) = conns.remove(&id) {
+                        c.tasks.iter().for_each(AbortHandle::abort);
+                    }
+                }
+            },
+            read = rd.read(&mut buf) => {
+                let n = match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                decoder.push(&buf[..n]);
+                loop {
+                    let frame = match decoder.next_frame() {
+                        Ok(Some(f)) => f,
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "egress relay: the guest sent a bad frame; closing");
+                            break 'relay;
+                        }
+                    };
+                    match frame {
+                        MuxFrame::Open(id) => {
+                            if conns.len() >= MAX_CONNECTIONS || conns.contains_key(&id) {
+                                let _ = out.send(MuxFrame::Reset(id).encode());
+                                continue;
+                            }
+                            let conn = open(id, &proxy, &proxy_stopped, &out, &events, &mut served, &mut conn_tasks);
+                            conns.insert(id, conn);
+                        }
+                        MuxFrame::Data(id, data) => {
+                            let Some(c) = conns.get_mut(&id) else { continue };
+                            let len = data.len() as u32;
+                            let over = c.pending.fetch_add(len, Ordering::Relaxed) + len > WINDOW;
+                            let sent = !over && c.to_proxy.as_ref().is_some_and(|tx| tx.send(data).is_ok());
+                            if !sent {
+                                // Past its window, or after its Eof: the guest broke the rules.
+                                let _ = out.send(MuxFrame::Reset(id).encode());
+                                if let Some(c) = conns.remove(&id) {
+                                    c.tasks.iter().for_each(AbortHandle::abort);
+                                }
+                            }
+                        }
+                        MuxFrame::Eof(id) => {
+                            if let Some(c) = conns.get_mut(&id) {
+                                c.to_proxy = None;
+                                if c.up_done {
+                                    conns.remove(&id);
+                                }
+                            }
+                        }
+                        MuxFrame::Reset(id) => {
+                            if let Some(c) = conns.remove(&id) {
+                                c.tasks.iter().for_each(AbortHandle::abort);
+                            }
+                        }
+                        MuxFrame::Ack(id, n) => {
+                            if let Some(c) = conns.get(&id) {
+                                let room = (WINDOW as usize).saturating_sub(c.credit.available_permits());
+                                c.credit.add_permits((n as usize).min(room));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The proxy closes what is still open and logs it; the relay's tasks go.
+    let _ = stop_proxy.send(true);
+    let _ = tokio::time::timeout(STOP_WAIT, async { while served.join_next().await.is_some() {} }).await;
+    served.abort_all();
+    conn_tasks.abort_all();
+    writer.abort();
+}
+
+/// Starts serving connection `id`: the proxy on one end of an in-memory stream, and two
+/// tasks moving bytes between the other end and the port.
+fn open(
+    id: u32,
+    proxy: &Arc<Proxy>,
+    stopped: &watch::Receiver<bool>,
+    out: &mpsc::UnboundedSender<Vec<u8>>,
+    events: &mpsc::UnboundedSender<Event>,
+    served: &mut JoinSet<()>,
+    conn_tasks: &mut JoinSet<()>,
+) -> Conn {
+    let (proxy_end, relay_end) = tokio::io::duplex(WINDOW as usize);
+    let mut stopped = stopped.clone();
+    served.spawn(Arc::clone(proxy).serve_stream(proxy_end, async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    let (mut from_proxy, mut to_proxy) = tokio::io::split(relay_end);
+    let credit = Arc::new(Semaphore::new(WINDOW as usize));
+    let pending = Arc::new(AtomicU32::new(0));
+
+    // The proxy's answer, to the guest, within the guest's window.
+    let up = {
+        let (out, events, credit) = (out.clone(), events.clone(), Arc::clone(&credit));
+        conn_tasks.spawn(async move {
+            let mut buf = vec![0u8; MUX_CHUNK];
+            loop {
+                match from_proxy.read(&mut buf).await {
+                    Ok(0) => {
+                        let _ = out.send(MuxFrame::Eof(id).encode());
+                        let _ = events.send(Event::UpDone(id));
+                        return;
+                    }
+                    Ok(n) => {
+                        match credit.acquire_many(n as u32).await {
+                            Ok(p) => p.forget(),
+                            Err(_) => return,
+                        }
+                        let _ = out.send(MuxFrame::Data(id, buf[..n].to_vec()).encode());
+                    }
+                    Err(_) => {
+                        let _ = out.send(MuxFrame::Reset(id).encode());
+                        let _ = events.send(Event::Failed(id));
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    // The guest's bytes, to the proxy; each chunk acknowledged once the proxy took it.
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let down = {
+        let (out, events, pending) = (out.clone(), events.clone(), Arc::clone(&pending));
+        conn_tasks.spawn(async move {
+            while let Some(data) = rx.recv().await {
+                if to_proxy.write_all(&data).await.is_err() {
+                    let _ = out.send(MuxFrame::Reset(id).encode());
+                    let _ = events.send(Event::Failed(id));
+                    return;
+                }
+                let n = data.len() as u32;
+                pending.fetch_sub(n, Ordering::Relaxed);
+                let _ = out.send(MuxFrame::Ack(id, n).encode());
+            }
+            // The guest's Eof: the proxy reads the end of the request.
+            let _ = to_proxy.shutdown().await;
+        })
+    };
+    Conn {
+        to_proxy: Some(tx),
+        pending,
+        credit,
+        up_done: false,
+        tasks: [up, down],
+    }
+}
