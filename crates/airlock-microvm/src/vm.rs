@@ -796,7 +796,7 @@ impl BootedVm {
         mode: Mode,
         t0: Instant,
     ) -> Result<ExecResult, VmError> {
-        self.ensure_egress(&spec.network)?;
+        self.start_egress(&spec.network)?;
         for file in &spec.files {
             self.write_file(&file.path, file.mode, &file.content)?;
         }
@@ -882,9 +882,12 @@ impl BootedVm {
     }
 
     /// Proxy mode: starts the relay of the egress port with the policy of `network` and
-    /// has the guest serve the proxy's port in its sandbox, unless that is done already.
-    /// A VM serves one policy: a session's is set when it is created.
-    fn ensure_egress(&mut self, network: &NetworkPolicy) -> Result<(), VmError> {
+    /// has the guest serve the proxy's port (127.0.0.1:3128) in its sandbox, which must
+    /// exist ([`BootedVm::ensure_sandbox`]); nothing to do for mode `none`, or when the
+    /// relay runs already. A run or exec in proxy mode does this itself; a session starts
+    /// it at creation, and every later exec, whatever its own `network`, goes through
+    /// the proxy and gets its egress log. A VM serves one policy: another is refused.
+    pub fn start_egress(&mut self, network: &NetworkPolicy) -> Result<(), VmError> {
         let NetworkPolicy::Proxy { allow, allow_cidrs } = network else {
             return Ok(());
         };

@@ -162,3 +162,171 @@ out["direct"] = direct("169.254.169.254", 80)
     net.assert_no_forbidden_connections();
     assert_vm_gone(pid);
 }
+
+/// `airlock serve` inside the namespace with one pooled VM (a clone of a template: proxy
+/// mode works on the pool's VMs too); stopped with SIGTERM by [`Serve::stop`].
+struct Serve {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Serve {
+    fn start(net: &Net) -> Serve {
+        use std::io::{BufRead, BufReader};
+        let mut child = net
+            .nsenter(env!("CARGO_BIN_EXE_airlock"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--pool",
+                "0",
+                "--vm-pool",
+                "1",
+            ])
+            .env_remove("AIRLOCK_API_KEYS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(
+                std::fs::File::create(net.dir.path().join("serve.err")).unwrap(),
+            ))
+            .spawn()
+            .expect("spawn airlock serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(first)) = lines.next() {
+                let _ = tx.send(first);
+            }
+            for _ in lines {}
+        });
+        let line = rx.recv_timeout(Duration::from_secs(120));
+        let mut serve = Serve { child, port: 0 };
+        let err = std::fs::read_to_string(net.dir.path().join("serve.err")).unwrap_or_default();
+        let line = line.unwrap_or_else(|_| panic!("airlock serve printed no listening line: {err}"));
+        serve.port = line
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected listening line {line:?}"));
+        serve
+    }
+
+    /// SIGTERM, and the daemon's exit (it destroys its VMs first).
+    fn stop(&mut self) {
+        // nsenter execs airlock in place: the child is the daemon.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let ended = wait_until(Duration::from_secs(60), || {
+            self.child.try_wait().ok().flatten().is_some()
+        });
+        assert!(ended, "airlock serve did not exit after SIGTERM");
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `f` on a thread that entered the namespace `net` (its sockets live there).
+fn in_netns<T: Send>(net: &Net, f: impl FnOnce() -> T + Send) -> T {
+    let path = net.path();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let ns = std::fs::File::open(&path).expect("open the netns");
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("the netns thread panicked")
+    })
+}
+
+/// (status, parsed body) of one request.
+fn http(method: &str, url: &str, body: Option<&Value>) -> (u16, Value) {
+    let req = ureq::request(method, url).timeout(Duration::from_secs(180));
+    let res = match body {
+        Some(b) => req
+            .set("Content-Type", "application/json")
+            .send_string(&b.to_string()),
+        None => req.call(),
+    };
+    match res {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => {
+            let status = r.status();
+            let text = r.into_string().unwrap_or_default();
+            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        }
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+#[test]
+fn the_service_runs_microvm_execs_and_sessions_in_proxy_mode() {
+    let _g = serial();
+    let net = Net::start();
+    let mut daemon = Serve::start(&net);
+    let pid = daemon.child.id();
+    let base = format!("http://127.0.0.1:{}", daemon.port);
+    let program = format!(
+        "{PRELUDE}\n{}\nprint(json.dumps(out))\n",
+        r#"
+out["allowed"] = urlopen("http://10.9.9.9/hello")
+out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
+"#
+    );
+    let network = json!({"mode": "proxy", "allow_cidrs": ["10.9.9.9/32"]});
+    let exec = json!({"cmd": ["python3", "-c", program], "isolation": "microvm", "network": network});
+    let session_exec = json!({"cmd": ["python3", "-c", program]});
+    let (one_shot, session) = in_netns(&net, || {
+        let ready = egressutil::poll(Duration::from_secs(240), || {
+            (http("GET", &format!("{base}/readyz"), None).0 == 200).then_some(())
+        });
+        assert!(ready.is_some(), "/readyz never answered 200");
+        let one_shot = http("POST", &format!("{base}/v1/exec"), Some(&exec));
+        let created = http(
+            "POST",
+            &format!("{base}/v1/sandboxes"),
+            Some(&json!({"isolation": "microvm", "network": network})),
+        );
+        assert_eq!(created.0, 201, "{:#}", created.1);
+        let id = created.1["id"].as_str().unwrap().to_owned();
+        let url = format!("{base}/v1/sandboxes/{id}/exec");
+        let session = [
+            http("POST", &url, Some(&session_exec)),
+            http("POST", &url, Some(&session_exec)),
+        ];
+        assert_eq!(http("DELETE", &format!("{base}/v1/sandboxes/{id}"), None).0, 204);
+        (one_shot, session)
+    });
+    for (status, v) in std::iter::once(&one_shot).chain(&session) {
+        assert_eq!(*status, 200, "{v:#}");
+        assert_eq!(v["exit_code"], 0, "{v:#}");
+        let out: Value = serde_json::from_str(v["stdout"].as_str().unwrap().trim()).expect("out");
+        assert_eq!(out["allowed"], json!([200, "hello from allowed\n"]), "{v:#}");
+        assert_eq!(
+            out["metadata"],
+            json!([403, "link-local address 169.254.169.254\n"]),
+            "{v:#}"
+        );
+        // Each exec's own log: one allowed entry, one denied.
+        let log = egress(v);
+        assert_eq!(log.len(), 2, "{v:#}");
+        assert_eq!(
+            (log[0]["host"].clone(), log[0]["allowed"].clone()),
+            (json!(ALLOWED), json!(true))
+        );
+        assert_eq!(
+            (log[1]["host"].clone(), log[1]["allowed"].clone()),
+            (json!(METADATA), json!(false))
+        );
+    }
+    assert_eq!(net.connections_to("allowed"), 3, "{:?}", net.connections());
+    net.assert_no_forbidden_connections();
+    daemon.stop();
+    assert_vm_gone(pid);
+}

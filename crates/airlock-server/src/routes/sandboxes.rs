@@ -98,7 +98,7 @@ pub(crate) async fn create_session(
     spec.limits = limits.clone();
     spec.network = req.network.clone().unwrap_or_default();
     spec.isolation = req.isolation.unwrap_or_default();
-    // What a micro-VM cannot do (a proxied network) is refused here, not at each exec.
+    // Validated once here, not at each exec.
     spec.validate()
         .map_err(|e| ApiError::invalid(e.field, e.message))?;
     let (sandbox, permit) = match spec.isolation {
@@ -122,7 +122,17 @@ pub(crate) async fn create_session(
             let (permit, _) = crate::runner::admit(state, key, memory).await?;
             // A pooled VM (its guest's sandbox built already) or one started now, which
             // then gets its sandbox before it is handed over.
-            let (vm, _) = state.vm.provision_session(&limits, &state.metrics).await?;
+            let (mut vm, _) = state.vm.provision_session(&limits, &state.metrics).await?;
+            // Proxy mode: the VM's relay and the guest's listener, once for the session.
+            if spec.network != airlock_spec::NetworkPolicy::None {
+                let network = spec.network.clone();
+                let (started, returned) =
+                    tokio::task::spawn_blocking(move || (vm.start_egress(&network), vm))
+                        .await
+                        .map_err(|e| ApiError::internal(format!("starting the egress proxy: {e}")))?;
+                vm = returned;
+                started.map_err(crate::microvm::vm_error)?;
+            }
             (SessionSandbox::Microvm(vm), permit)
         }
     };
