@@ -382,6 +382,11 @@ pub struct CgroupHost {
     cgroup2_controllers: Vec<String>,
     /// True when memory, pids and cpu are on cgroup2 (no v1 hierarchy carries them).
     v2: bool,
+    /// A hybrid host whose cgroup2 has `cgroup.kill` (Linux >= 5.14, so `cgroup.freeze`
+    /// and `cpu.stat` too): the sandbox's cgroup2 directory then kills, freezes and counts
+    /// CPU time, and the v1 `freezer` and `cpuacct` hierarchies are not used. Each v1
+    /// directory costs a mkdir, an attach and an rmdir per sandbox.
+    cgroup2_suffices: bool,
 }
 
 /// A cgroup mount found in the mount table.
@@ -622,14 +627,17 @@ impl CgroupHost {
             .clone()
             .or_else(|| v1.first().map(|h| h.mount.clone()))
             .unwrap_or_else(|| prefix.to_owned());
-        Ok(CgroupHost {
+        let mut host = CgroupHost {
             fs: Fs::of(&probe),
             owner: own_owner()?,
             v1,
             cgroup2,
             cgroup2_controllers,
             v2,
-        })
+            cgroup2_suffices: false,
+        };
+        host.cgroup2_suffices = !host.v2 && host.has_kill();
+        Ok(host)
     }
 
     /// True for a pure v2 host (memory, pids and cpu on cgroup2).
@@ -732,6 +740,9 @@ impl CgroupHost {
         }
         let mut slots: Vec<Slot> = Vec::new();
         for controller in V1_USED {
+            if self.cgroup2_suffices && matches!(controller, "cpuacct" | "freezer") {
+                continue;
+            }
             let Some(mount) = self.v1_mount(controller) else {
                 continue;
             };
@@ -1662,6 +1673,38 @@ mod tests {
     }
 
     #[test]
+    fn a_hybrid_host_with_cgroup_kill_uses_cgroup2_for_kill_freeze_and_cpu_time() {
+        let mut files = HYBRID_FILES.to_vec();
+        files.extend([
+            ("sys/fs/cgroup/unified/cgroup.kill", ""),
+            ("sys/fs/cgroup/unified/cgroup.freeze", ""),
+        ]);
+        let (tmp, host) = fake(HYBRID, &files);
+        let root = tmp.path().join("sys/fs/cgroup");
+        let shape: Vec<(PathBuf, Vec<&str>, bool)> = host
+            .plan()
+            .into_iter()
+            .map(|s| (s.mount, s.controllers, s.cgroup2))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (root.join("memory"), vec!["memory"], false),
+                (root.join("pids"), vec!["pids"], false),
+                (root.join("cpu"), vec!["cpu"], false),
+                (root.join("unified"), vec![], true),
+            ]
+        );
+        let id = "sb-hybrid-kill";
+        let cg = host.create(id, &MIB64).expect("create");
+        let dir = |m: &str| sandbox_dir(&tmp, &format!("sys/fs/cgroup/{m}"), &host, id);
+        assert!(!dir("freezer").exists() && !dir("cpuacct").exists());
+        fs::write(dir("unified").join("cpu.stat"), "usage_usec 1500\n").unwrap();
+        assert_eq!(cg.usage().cpu_ns, 1_500_000);
+        cg.destroy().expect("destroy");
+    }
+
+    #[test]
     fn hybrid_writes_v1_limits() {
         let (tmp, host) = fake(HYBRID, HYBRID_FILES);
         let id = "sb-hybrid";
@@ -2144,7 +2187,9 @@ mod tests {
     /// grandchildren forked inside the cgroup all die, and destroy leaves nothing.
     #[test]
     fn real_kill_fallbacks() {
-        let host = real_host();
+        let mut host = real_host();
+        // As on a host whose cgroup2 has no cgroup.kill: the v1 freezer is used.
+        host.cgroup2_suffices = false;
         let mut methods = vec![("loop", None)];
         if !host.is_v2() && host.v1_mount("freezer").is_some() {
             methods.push(("freezer", Some(())));

@@ -6,23 +6,22 @@
 //! Init builds the filesystem, prepares landlock and installs seccomp on itself once, then
 //! serves the
 //! supervisor's requests on the control socket (see `protocol`): file operations, and
-//! execs, one at a time. For each exec it forks the program, reaps every zombie, and
-//! when the program ends kills whatever else it left behind before reporting, so each
-//! exec's processes end with it. If the supervisor goes away, init exits, and the kernel
+//! execs, one at a time. Whenever it is idle and another exec may come, it keeps a ready
+//! child: a fork already dropped to the sandbox user, waiting for a command (see
+//! `payload`). An exec hands the request to it, reaps every zombie, and when the program
+//! ends kills whatever else it left behind before reporting, so each exec's processes end
+//! with it. If the supervisor goes away, init exits, and the kernel
 //! kills everything in the namespace.
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
-use std::ffi::CString;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 
-use crate::payload::{self, Prepared};
+use crate::payload;
 use crate::protocol::{self, CHUNK, CONTROL_FD, Frame, Reply, Request};
 use crate::{mounts, sys, workspace};
 
@@ -39,8 +38,21 @@ pub fn maybe_run_init() {
     }
 }
 
+/// A forked child waiting for its exec request (see `payload`).
+struct ReadyChild {
+    pid: Pid,
+    /// Where the request goes.
+    requests: OwnedFd,
+    /// Read end of its close-on-exec error pipe: EOF once it has exec'd.
+    errors: File,
+}
+
 /// What init keeps between requests.
 struct Init {
+    /// The ready child for the next exec, if one may come.
+    ready: Option<ReadyChild>,
+    /// The supervisor said the last exec was the last: no ready child after it.
+    done: bool,
     /// The control socket.
     control: OwnedFd,
     /// The landlock ruleset, opened once; each exec applies a clone of it.
@@ -169,6 +181,8 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
     // Init keeps no copy: only the supervisor serves the socket.
     drop(proxy);
     Ok(Init {
+        ready: None,
+        done: false,
         control,
         landlock,
         cap_last_cap,
@@ -186,6 +200,10 @@ impl Init {
 
     fn serve(&mut self) -> ! {
         loop {
+            if self.ready.is_none() && !self.done {
+                // If this fails, the exec forks again and reports why.
+                self.ready = self.fork_ready().ok();
+            }
             let frame = match protocol::recv::<Request>(self.control.as_fd()) {
                 Ok(Some(frame)) => frame,
                 Ok(None) | Err(_) => std::process::exit(0),
@@ -216,12 +234,9 @@ impl Init {
                         &[],
                     ),
                 },
-                Request::Exec {
-                    command,
-                    env,
-                    max_file_bytes,
-                } => {
-                    let reply = self.exec(&command, &env, max_file_bytes, frame.fds);
+                request @ Request::Exec { last, .. } => {
+                    self.done = last;
+                    let reply = self.exec(&request, frame.fds);
                     self.reply(&reply, &[]);
                 }
                 Request::Kill => self.reply(
@@ -269,91 +284,96 @@ impl Init {
         }
     }
 
+    /// Forks a ready child (see `payload`).
+    fn fork_ready(&self) -> Result<ReadyChild, String> {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        let (requests, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| format!("socketpair: {e}"))?;
+        let (errors, errors_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        let privileges = payload::Privileges {
+            landlock: self.landlock.try_clone().map_err(|e| format!("landlock: {e}"))?,
+            cap_last_cap: self.cap_last_cap,
+        };
+        // SAFETY: init is single-threaded (a fresh exec, or a child of the single-threaded
+        // zygote, that started no threads), so the child may do anything a normal process
+        // does.
+        match unsafe { fork() } {
+            Err(e) => Err(format!("fork: {e}")),
+            Ok(ForkResult::Child) => {
+                // Of init's descriptors it keeps none but its own two ends.
+                drop((requests, errors));
+                // SAFETY: closing fds of init's this child will never use (it never
+                // returns to code that uses them); the parent's stay open.
+                unsafe {
+                    libc::close(CONTROL_FD);
+                    libc::close(std::os::fd::AsRawFd::as_raw_fd(&self.sigchld));
+                }
+                payload::ready_child(privileges, theirs, File::from(errors_w))
+            }
+            Ok(ForkResult::Parent { child }) => Ok(ReadyChild {
+                pid: child,
+                requests,
+                errors: File::from(errors),
+            }),
+        }
+    }
+
     /// Runs one program to its end; returns the final reply (after `Started`, sent here).
-    fn exec(
-        &mut self,
-        command: &[String],
-        env: &[(String, String)],
-        max_file_bytes: u64,
-        fds: Vec<OwnedFd>,
-    ) -> Reply {
-        let Ok([stdin, stdout, stderr]) = <[OwnedFd; 3]>::try_from(fds) else {
+    /// `request` is the exec request, forwarded to the ready child with `fds` (the
+    /// program's stdin, stdout and stderr).
+    fn exec(&mut self, request: &Request, fds: Vec<OwnedFd>) -> Reply {
+        if fds.len() != 3 {
             return Reply::Failed {
                 message: "exec needs three stdio fds".into(),
             };
-        };
-        let prepared = match self.prepare(command, env, max_file_bytes) {
-            Ok(p) => p,
-            Err(message) => return Reply::Failed { message },
-        };
-        let (mut err_read, err_write) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
-            Ok((r, w)) => (File::from(r), File::from(w)),
-            Err(e) => {
-                return Reply::Failed {
-                    message: format!("pipe: {e}"),
-                };
+        }
+        let raw: Vec<_> = fds.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        // The ready child, or (if there is none, or it died waiting) a new one.
+        let mut handed = None;
+        for _ in 0..2 {
+            let ready = match self.ready.take() {
+                Some(ready) => ready,
+                None => match self.fork_ready() {
+                    Ok(ready) => ready,
+                    Err(message) => return Reply::Failed { message },
+                },
+            };
+            if protocol::send(ready.requests.as_fd(), request, &[], &raw).is_ok() {
+                handed = Some(ready);
+                break;
             }
-        };
-        // SAFETY: init is single-threaded (a fresh exec that started no threads), so the
-        // child may do anything a normal process does.
-        let child = match unsafe { fork() } {
-            Err(e) => {
-                return Reply::Failed {
-                    message: format!("fork: {e}"),
-                };
+            // It died: of a failed step (its message says which) or killed meanwhile.
+            let mut failure = String::new();
+            let _ = { ready.errors }.read_to_string(&mut failure);
+            if !failure.is_empty() {
+                self.kill_all();
+                return Reply::Failed { message: failure };
             }
-            Ok(ForkResult::Child) => {
-                drop(err_read);
-                for (fd, target) in [(&stdin, 0), (&stdout, 1), (&stderr, 2)] {
-                    // SAFETY: dup2 onto 0..=2 in this child; the fds stay valid until exec.
-                    if unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(fd), target) } < 0 {
-                        // SAFETY: leaving the forked child without running destructors.
-                        unsafe { libc::_exit(127) };
-                    }
-                }
-                payload::exec(prepared, err_write)
-            }
-            Ok(ForkResult::Parent { child }) => child,
+        }
+        drop(fds);
+        let Some(ReadyChild { pid, errors, .. }) = handed else {
+            self.kill_all();
+            return Reply::Failed {
+                message: "the program's process died before it could be handed the command".into(),
+            };
         };
-        drop((stdin, stdout, stderr, err_write, prepared));
         let mut failure = String::new();
-        let _ = err_read.read_to_string(&mut failure);
+        let _ = { errors }.read_to_string(&mut failure);
         if !failure.is_empty() {
             self.kill_all();
             return Reply::Failed { message: failure };
         }
         self.reply(&Reply::Started, &[]);
-        let status = self.wait_for(child);
+        let status = self.wait_for(pid);
         // The program is gone: whatever it left running goes too.
         self.kill_all();
         status
-    }
-
-    fn prepare(
-        &self,
-        command: &[String],
-        env: &[(String, String)],
-        max_file_bytes: u64,
-    ) -> Result<Prepared, String> {
-        let first = command.first().ok_or("empty command")?;
-        let path = resolve(first, env)?;
-        let cstring = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
-        let argv = command
-            .iter()
-            .map(|a| cstring(a))
-            .collect::<Result<Vec<_>, _>>()?;
-        let envp = env
-            .iter()
-            .map(|(k, v)| cstring(&format!("{k}={v}")))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Prepared {
-            path: cstring(&path.to_string_lossy())?,
-            argv,
-            envp,
-            max_file_bytes,
-            landlock: self.landlock.try_clone().map_err(|e| format!("landlock: {e}"))?,
-            cap_last_cap: self.cap_last_cap,
-        })
     }
 
     /// Reaps children until `program` ends, answering `Kill` meanwhile.
@@ -416,35 +436,4 @@ fn poll_two(control: BorrowedFd<'_>, sigchld: BorrowedFd<'_>) -> bool {
     ];
     let _ = poll(&mut fds, PollTimeout::NONE);
     fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN))
-}
-
-/// Finds the program the way a shell would: a name with a slash is taken as a path
-/// (relative to /workspace), otherwise each PATH entry is tried.
-fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, String> {
-    let executable = |p: &Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let path = Path::new(workspace::ROOT).join(program);
-        if executable(&path) {
-            return Ok(path);
-        }
-        return Err(format!("{program}: no such executable file in the sandbox"));
-    }
-    let search = env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("/usr/bin:/bin");
-    for dir in search.split(':').filter(|d| !d.is_empty()) {
-        let path = Path::new(dir).join(program);
-        if executable(&path) {
-            return Ok(path);
-        }
-    }
-    Err(format!(
-        "{program}: command not found in the sandbox (searched PATH={search})"
-    ))
 }

@@ -1,54 +1,55 @@
-//! The steps between init's fork and the program's execve, in a fixed order. They run in
-//! the forked child of init (a single-threaded process), so they may allocate; everything
-//! that can be prepared (paths, argv, the landlock ruleset) was prepared by init before
-//! the fork. The seccomp filter is already in force: init installed it on itself before
+//! The program's process, from init's fork to its execve: the ready child. Init forks it
+//! ahead of the exec it will serve (while the sandbox waits in the pool, or between a
+//! session's execs), and it drops every privilege at once, so that an exec request pays
+//! only for handing the command over. It is a single-threaded fork of init, so it may
+//! allocate. The seccomp filter is already in force: init installed it on itself before
 //! serving any exec, and it is inherited; every step below uses only syscalls it allows.
 //!
 //! Order, and why:
 //! 1. own session: no controlling terminal, Ctrl-C of a terminal never reaches here;
 //! 2. default signal dispositions and an empty mask (init's Rust runtime ignores SIGPIPE);
-//! 3. rlimits: no core dumps, bounded open files, file size capped at the disk size;
+//! 3. rlimits: no core dumps, bounded open files;
 //! 4. groups and gid, then drop the bounding set (needs CAP_SETPCAP, so before setuid);
 //! 5. setuid to the sandbox user: the kernel clears effective and permitted caps;
 //! 6. clear inheritable and ambient caps; set no_new_privs (landlock needs it);
 //! 7. landlock;
 //! 8. mark every inherited fd above 2 close-on-exec;
-//! 9. execve.
+//! 9. wait for the exec request (only now, unprivileged, is it parsed), find the program
+//!    the way a shell would, as the sandbox user sees it;
+//! 10. its stdio onto 0-2, the file size capped at the disk size;
+//! 11. execve.
 
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
 use nix::unistd::{Gid, Uid, setgroups, setresgid, setresuid, setsid};
 use std::ffi::CString;
 use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 
 use crate::mounts::SANDBOX_ID;
-use crate::sys;
+use crate::protocol::{self, Request};
+use crate::{sys, workspace};
 
 /// Open files per process inside the sandbox.
 const MAX_OPEN_FILES: u64 = 4096;
 
-/// Everything the child needs, prepared before the fork.
+/// What the ready child takes from init at its fork.
 #[derive(Debug)]
-pub struct Prepared {
-    /// Absolute path of the program inside the sandbox.
-    pub path: CString,
-    /// argv.
-    pub argv: Vec<CString>,
-    /// The environment, as `K=V`.
-    pub envp: Vec<CString>,
-    /// Largest file the program may write (the disk size).
-    pub max_file_bytes: u64,
+pub struct Privileges {
     /// The landlock ruleset (opened in init).
     pub landlock: landlock::RulesetCreated,
     /// Highest capability number of this kernel.
     pub cap_last_cap: u32,
 }
 
-/// Runs steps 1-9 and never returns. Any failure is written to `errors` (a
-/// close-on-exec pipe init reads) and the child exits 127; a successful execve closes
-/// the pipe with nothing written.
-pub fn exec(prepared: Prepared, mut errors: std::fs::File) -> ! {
-    let err = match apply(prepared) {
+/// Runs steps 1-11 and never returns. `requests` is where init sends the exec request
+/// (with the program's stdin, stdout and stderr). Any failure is written to `errors` (a
+/// close-on-exec pipe init reads) and the child exits 127; a successful execve closes the
+/// pipe with nothing written.
+pub fn ready_child(privileges: Privileges, requests: OwnedFd, mut errors: std::fs::File) -> ! {
+    let err = match drop_privileges(privileges).and_then(|()| exec_request(&requests)) {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -62,7 +63,7 @@ fn step<T, E: std::fmt::Display>(what: &str, r: Result<T, E>) -> Result<T, Strin
     r.map_err(|e| format!("{what}: {e}"))
 }
 
-fn apply(p: Prepared) -> Result<std::convert::Infallible, String> {
+fn drop_privileges(p: Privileges) -> Result<(), String> {
     // 1.
     step("setsid", setsid())?;
     // 2.
@@ -82,10 +83,6 @@ fn apply(p: Prepared) -> Result<std::convert::Infallible, String> {
     step(
         "RLIMIT_NOFILE",
         setrlimit(Resource::RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES),
-    )?;
-    step(
-        "RLIMIT_FSIZE",
-        setrlimit(Resource::RLIMIT_FSIZE, p.max_file_bytes, p.max_file_bytes),
     )?;
     // 4.
     let gid = Gid::from_raw(SANDBOX_ID);
@@ -114,22 +111,98 @@ fn apply(p: Prepared) -> Result<std::convert::Infallible, String> {
     step("landlock", crate::landlock::restrict(p.landlock))?;
     // 8.
     step("close_range", sys::cloexec_from(3))?;
+    Ok(())
+}
+
+/// Steps 9-11.
+fn exec_request(requests: &OwnedFd) -> Result<std::convert::Infallible, String> {
     // 9.
-    let argv: Vec<*const libc::c_char> = p
-        .argv
+    let frame = match protocol::recv::<Request>(requests.as_fd()) {
+        Ok(Some(frame)) => frame,
+        Ok(None) => return Err("init closed the request channel".into()),
+        Err(e) => return Err(format!("reading the exec request: {e}")),
+    };
+    let Request::Exec {
+        command,
+        env,
+        max_file_bytes,
+        ..
+    } = frame.msg
+    else {
+        return Err("the ready child got a request that is not an exec".into());
+    };
+    let Ok(stdio) = <[OwnedFd; 3]>::try_from(frame.fds) else {
+        return Err("exec needs three stdio fds".into());
+    };
+    let first = command.first().ok_or("empty command")?;
+    let path = resolve(first, &env)?;
+    let cstring = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
+    let path = cstring(&path.to_string_lossy())?;
+    let argv = command
+        .iter()
+        .map(|a| cstring(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let envp = env
+        .iter()
+        .map(|(k, v)| cstring(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    // 10.
+    for (fd, target) in stdio.iter().zip(0..) {
+        // SAFETY: dup2 onto 0..=2 of this process; `fd` is open (owned by `stdio`).
+        if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
+            return Err(format!("dup2: {}", std::io::Error::last_os_error()));
+        }
+    }
+    drop(stdio);
+    step(
+        "RLIMIT_FSIZE",
+        setrlimit(Resource::RLIMIT_FSIZE, max_file_bytes, max_file_bytes),
+    )?;
+    // 11.
+    let argv: Vec<*const libc::c_char> = argv
         .iter()
         .map(|a| a.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect();
-    let envp: Vec<*const libc::c_char> = p
-        .envp
+    let envp: Vec<*const libc::c_char> = envp
         .iter()
         .map(|a| a.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect();
     // SAFETY: path, argv and envp are NUL-terminated strings and null-terminated pointer
     // arrays that live until the call returns (it only returns on failure).
-    unsafe { libc::execve(p.path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
     let e = std::io::Error::last_os_error();
-    Err(format!("execve {}: {e}", p.path.to_string_lossy()))
+    Err(format!("execve {}: {e}", path.to_string_lossy()))
+}
+
+/// Finds the program the way a shell would: a name with a slash is taken as a path
+/// (relative to /workspace), otherwise each PATH entry is tried.
+fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, String> {
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = Path::new(workspace::ROOT).join(program);
+        if executable(&path) {
+            return Ok(path);
+        }
+        return Err(format!("{program}: no such executable file in the sandbox"));
+    }
+    let search = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/bin:/bin");
+    for dir in search.split(':').filter(|d| !d.is_empty()) {
+        let path = Path::new(dir).join(program);
+        if executable(&path) {
+            return Ok(path);
+        }
+    }
+    Err(format!(
+        "{program}: command not found in the sandbox (searched PATH={search})"
+    ))
 }

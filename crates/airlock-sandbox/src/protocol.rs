@@ -72,6 +72,10 @@ pub enum Request {
         env: Vec<(String, String)>,
         /// Largest file the program may write.
         max_file_bytes: u64,
+        /// No exec follows this one (a one-shot sandbox): init keeps no ready child
+        /// after it.
+        #[serde(default)]
+        last: bool,
     },
     /// Kill every process of the running exec.
     Kill,

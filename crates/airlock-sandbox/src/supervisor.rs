@@ -196,6 +196,7 @@ pub(crate) fn exec(
         command: spec.command.clone(),
         env: environment(spec, sb.proxy_port()),
         max_file_bytes: sb.disk_bytes(),
+        last: one_shot,
     };
     sb.send_fds(
         &request,

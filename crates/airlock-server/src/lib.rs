@@ -37,6 +37,7 @@ pub mod mcp;
 mod metrics;
 mod microvm;
 mod pool;
+mod purge;
 mod routes;
 mod runner;
 mod spawner;

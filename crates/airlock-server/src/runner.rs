@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::admission::Permit;
 use crate::api::ExecResponse;
 use crate::error::ApiError;
+use crate::purge::Purge;
 use crate::state::{AppState, KeyName, Session};
 
 /// What a streaming exec sends as it runs.
@@ -131,9 +132,9 @@ pub async fn admit(
 const REFILL_DELAY_MAX: Duration = Duration::from_millis(10);
 
 /// Lets the refiller replace a sandbox taken from the pool once the returned sender is
-/// dropped (when the program has ended), or after [`REFILL_DELAY_MAX`]: building the
-/// replacement takes several milliseconds of CPU, which a short program should not
-/// have to share, and a long one should not keep the pool depleted.
+/// dropped (when the taken one has been purged), or after [`REFILL_DELAY_MAX`]: building
+/// the replacement takes milliseconds of CPU, which a short program and its answer should
+/// not have to share, and a long program should not keep the pool depleted.
 fn refill_after(pool: &Arc<crate::pool::Pool>) -> oneshot::Sender<()> {
     let (done, ended) = oneshot::channel::<()>();
     let pool = Arc::clone(pool);
@@ -144,21 +145,24 @@ fn refill_after(pool: &Arc<crate::pool::Pool>) -> oneshot::Sender<()> {
     done
 }
 
-/// Runs `spec` in a fresh sandbox (warm when the pool can serve it), then purges it.
-/// `permit` is the request's admission; `gone` fires if the client leaves.
+/// Runs `spec` in a fresh sandbox (warm when the pool can serve it). The sandbox is purged
+/// when the returned [`Purge`] is dropped: hold it until the answer is out
+/// ([`crate::purge::after`]). `permit` is the request's admission; it is released with the
+/// sandbox. The exec is cancelled if the client leaves (this future is dropped).
 pub async fn one_shot(
     state: Arc<AppState>,
     key: KeyName,
     spec: Spec,
     (permit, queued): (Permit, Duration),
     stream: Option<mpsc::Sender<StreamEvent>>,
-) -> Result<ExecResponse, ApiError> {
+) -> Result<(ExecResponse, Purge), ApiError> {
     let (gone_r, gone_w) = cancel_pipe()?;
     // Held by the request: dropped when the client goes away, which cancels the exec.
     let _client = gone_w;
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         let r = one_shot_task(&state, &key, spec, permit, queued, gone_r, stream).await;
+        // Nobody to answer (the client left): the purge runs as `r` drops.
         let _ = tx.send(r);
     });
     rx.await
@@ -173,7 +177,7 @@ async fn one_shot_task(
     queued: Duration,
     gone: OwnedFd,
     stream: Option<mpsc::Sender<StreamEvent>>,
-) -> Result<ExecResponse, ApiError> {
+) -> Result<(ExecResponse, Purge), ApiError> {
     if spec.isolation == Isolation::Microvm {
         return one_shot_vm(state, key, spec, permit, queued, gone, stream).await;
     }
@@ -196,23 +200,17 @@ async fn one_shot_task(
     })
     .await;
     let (result, sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
-    // Purge off the response's path. The permit goes with the sandbox: capacity is free
-    // only once the sandbox is gone.
-    let state2 = Arc::clone(state);
-    let delay: u64 = std::env::var("XDELAY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_micros(delay)).await;
-        drop(refill);
-    });
-    tokio::task::spawn_blocking(move || {
-        std::thread::sleep(Duration::from_micros(delay));
-        drop(sandbox);
-        drop(permit);
-        state2.metrics.sandboxes_active.set(state2.active() as i64);
-    });
+    // The permit goes with the sandbox: capacity is free only once the sandbox is gone.
+    // Then the pool may build its replacement: one after the other, not side by side.
+    let purge = {
+        let state = Arc::clone(state);
+        Purge::new(move || {
+            drop(sandbox);
+            drop(permit);
+            state.metrics.sandboxes_active.set(state.active() as i64);
+            drop(refill);
+        })
+    };
     let mut result = result.map_err(api_error)?;
     result.setup_ms = ((result.setup_ms + cold_setup.as_secs_f64() * 1e3) * 1e3).round() / 1e3;
     let resp = ExecResponse {
@@ -220,7 +218,7 @@ async fn one_shot_task(
         queue_ms: ms(queued),
     };
     record(state, key, &resp);
-    Ok(resp)
+    Ok((resp, purge))
 }
 
 /// [`one_shot_task`] in a micro-VM: a booted one from the VM pool, or one booted now.
@@ -232,7 +230,7 @@ async fn one_shot_vm(
     queued: Duration,
     gone: OwnedFd,
     stream: Option<mpsc::Sender<StreamEvent>>,
-) -> Result<ExecResponse, ApiError> {
+) -> Result<(ExecResponse, Purge), ApiError> {
     let (vm, booted) = state.vm.provision(&spec, &state.metrics).await?;
     let cancel = Arc::clone(&state.cancel);
     let ran = tokio::task::spawn_blocking(move || {
@@ -241,13 +239,15 @@ async fn one_shot_vm(
     })
     .await;
     let (result, vm) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
-    // Like a sandbox: destroyed off the response's path, and capacity is free only then.
-    let state2 = Arc::clone(state);
-    tokio::task::spawn_blocking(move || {
-        drop(vm);
-        drop(permit);
-        state2.metrics.sandboxes_active.set(state2.active() as i64);
-    });
+    // Like a sandbox: capacity is free only once the VM is gone.
+    let purge = {
+        let state = Arc::clone(state);
+        Purge::new(move || {
+            drop(vm);
+            drop(permit);
+            state.metrics.sandboxes_active.set(state.active() as i64);
+        })
+    };
     let mut result = result.map_err(crate::microvm::vm_error)?;
     result.setup_ms = ((result.setup_ms + booted.as_secs_f64() * 1e3) * 1e3).round() / 1e3;
     let resp = ExecResponse {
@@ -255,7 +255,7 @@ async fn one_shot_vm(
         queue_ms: ms(queued),
     };
     record(state, key, &resp);
-    Ok(resp)
+    Ok((resp, purge))
 }
 
 /// Runs `spec` in a session's sandbox (or its micro-VM's); its files stay for the next

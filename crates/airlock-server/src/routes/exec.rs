@@ -28,8 +28,13 @@ pub async fn handle(
     let admitted = runner::admit(&state, &key, memory).await?;
     if super::wants_stream(&headers) {
         return Ok(stream::respond(move |tx| {
-            runner::one_shot(state, key, spec, admitted, Some(tx))
+            // The result event is the last: the purge may start with it.
+            async move {
+                let (response, _purge) = runner::one_shot(state, key, spec, admitted, Some(tx)).await?;
+                Ok(response)
+            }
         }));
     }
-    Ok(Json(runner::one_shot(state, key, spec, admitted, None).await?).into_response())
+    let (response, purge) = runner::one_shot(state, key, spec, admitted, None).await?;
+    Ok(crate::purge::after(Json(response).into_response(), purge))
 }
