@@ -58,7 +58,7 @@ pub fn bind_in_sandbox(sandbox_id: &str) -> Result<TcpListener, String> {
     .map_err(|_| "the binding thread panicked".to_owned())?
 }
 
-/// A process of the sandbox (its init, while no program runs): one whose cgroup v2 path
+/// A process of the sandbox (any: they share its network namespace): one whose cgroup v2 path
 /// ends with the sandbox's id.
 fn sandbox_pid(sandbox_id: &str) -> Option<u32> {
     let suffix = format!("/{sandbox_id}");
