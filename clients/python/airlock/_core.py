@@ -137,8 +137,11 @@ def create_body(
     ttl_s: int | None,
     limits: Limits | Mapping[str, Any] | None,
     network: Network | Mapping[str, Any] | str | None,
+    isolation: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {}
+    if isolation is not None:
+        body["isolation"] = isolation
     if ttl_s is not None:
         body["ttl_s"] = int(ttl_s)
     lim = Limits.coerce(limits)

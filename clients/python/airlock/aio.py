@@ -314,18 +314,21 @@ class AsyncAirlock:
         ttl_s: int | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
+        isolation: str | None = None,
     ) -> _SandboxCreation:
         """Creates a session sandbox: ``async with al.sandbox() as sb:`` (deleted on
-        exit) or ``sb = await al.sandbox()``."""
-        return _SandboxCreation(self, ttl_s, limits, network)
+        exit) or ``sb = await al.sandbox()``. ``isolation="microvm"`` gives the session
+        a micro-VM of its own."""
+        return _SandboxCreation(self, ttl_s, limits, network, isolation)
 
     async def _create(
         self,
         ttl_s: int | None,
         limits: Limits | Mapping[str, Any] | None,
         network: Network | Mapping[str, Any] | str | None,
+        isolation: str | None,
     ) -> AsyncSandbox:
-        body = _core.create_body(ttl_s, limits, network)
+        body = _core.create_body(ttl_s, limits, network, isolation)
         data = _core.parse_json(await self._send("POST", "/v1/sandboxes", json=body))
         lim = Limits.coerce(limits)
         return AsyncSandbox(self, data["id"], data.get("expires_at"), lim.timeout_ms if lim else None)
@@ -369,17 +372,18 @@ class _SandboxCreation:
         ttl_s: int | None,
         limits: Limits | Mapping[str, Any] | None,
         network: Network | Mapping[str, Any] | str | None,
+        isolation: str | None,
     ) -> None:
-        self._args = (client, ttl_s, limits, network)
+        self._args = (client, ttl_s, limits, network, isolation)
         self._sandbox: AsyncSandbox | None = None
 
     def __await__(self) -> Generator[Any, None, AsyncSandbox]:
-        client, ttl_s, limits, network = self._args
-        return client._create(ttl_s, limits, network).__await__()
+        client, *args = self._args
+        return client._create(*args).__await__()
 
     async def __aenter__(self) -> AsyncSandbox:
-        client, ttl_s, limits, network = self._args
-        self._sandbox = await client._create(ttl_s, limits, network)
+        client, *args = self._args
+        self._sandbox = await client._create(*args)
         return self._sandbox
 
     async def __aexit__(self, *exc: object) -> None:

@@ -325,11 +325,13 @@ class Airlock:
         ttl_s: int | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
+        isolation: str | None = None,
     ) -> Sandbox:
         """Creates a session sandbox (files in /workspace and /tmp persist between its
         execs). Use it in a ``with`` block to delete it on exit, or call
-        :meth:`Sandbox.delete`; otherwise it lives ``ttl_s`` seconds (server default 600)."""
-        body = _core.create_body(ttl_s, limits, network)
+        :meth:`Sandbox.delete`; otherwise it lives ``ttl_s`` seconds (server default 600).
+        ``isolation="microvm"`` gives the session a micro-VM of its own."""
+        body = _core.create_body(ttl_s, limits, network, isolation)
         resp = self._send("POST", "/v1/sandboxes", json=body)
         data = _core.parse_json(resp)
         lim = Limits.coerce(limits)

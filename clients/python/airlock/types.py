@@ -274,6 +274,8 @@ class SandboxInfo:
     created_at: float
     expires_at: float
     usage: SandboxUsage
+    isolation: str = "namespaces"
+    """``"namespaces"`` or ``"microvm"``."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxInfo:
@@ -282,6 +284,7 @@ class SandboxInfo:
             id=data["id"],
             created_at=data["created_at"],
             expires_at=data["expires_at"],
+            isolation=data.get("isolation", "namespaces"),
             usage=SandboxUsage(
                 execs=u.get("execs", 0),
                 cpu_ms=u.get("cpu_ms", 0.0),

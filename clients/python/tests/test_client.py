@@ -286,6 +286,16 @@ def test_microvm_isolation_runs_under_the_guest_kernel(al: Airlock) -> None:
     assert r.id.startswith("vm-"), r
 
 
+def test_a_microvm_session_keeps_its_files(al: Airlock) -> None:
+    # A micro-VM is booted for the session (seconds under software emulation).
+    with al.sandbox(isolation="microvm", limits={"timeout_ms": 60_000}) as sb:
+        info = next(i for i in al.list_sandboxes() if i.id == sb.id)
+        assert info.isolation == "microvm", info
+        assert sb.exec(["sh", "-c", "echo kept > /workspace/f"]).ok
+        r = sb.exec(["cat", "/workspace/f"])
+        assert r.ok and r.stdout == "kept\n", r
+
+
 def test_a_bad_isolation_names_the_field(al: Airlock) -> None:
     from airlock import InvalidRequest
 

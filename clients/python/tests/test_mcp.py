@@ -277,7 +277,7 @@ def test_tools_are_listed_with_schemas_and_annotations(connect: Callable[[], Any
                 hints = (a["readOnlyHint"], a["destructiveHint"], a["idempotentHint"], a["openWorldHint"])
                 assert hints == ANNOTATIONS[name], (name, a)
             run_code = tools["run_code"]["inputSchema"]
-            assert {"language", "code", "stdin", "files", "timeout_s"} == set(run_code["properties"])
+            assert {"language", "code", "stdin", "files", "timeout_s", "isolation"} == set(run_code["properties"])
             assert {"python", "javascript", "bash"} <= set(re.findall(r'"const": "(\w+)"', json.dumps(run_code)))
             ec = tools["run_code"]["outputSchema"]["properties"]
             for field in ["outcome", "exit_code", "signal", "stdout", "stderr", "stdout_truncated",
@@ -311,6 +311,25 @@ def test_run_code_runs_each_language(connect: Callable[[], Any]) -> None:
                 assert out["stdout"] == "42\n", (language, out)
                 assert out["outcome"] == "exited" and out["exit_code"] == 0 and out["error"] is None
                 assert len(r.content) == 1
+
+    run(go)
+
+
+def test_run_code_in_a_microvm_runs_under_the_guest_kernel(connect: Callable[[], Any]) -> None:
+    # A micro-VM is booted for the call (seconds under software emulation).
+    with open("/proc/sys/kernel/osrelease") as f:
+        host_kernel = f.read().strip()
+
+    async def go() -> None:
+        async with connect() as s:
+            schemas = await output_schemas(s)
+            r = await s.call_tool("run_code", {
+                "language": "bash", "code": "cat /proc/sys/kernel/osrelease",
+                "isolation": "microvm", "timeout_s": 60,
+            })
+            assert r.is_error is False, texts(r)
+            out = check_structured(schemas, "run_code", r)
+            assert out["stdout"].strip() and out["stdout"].strip() != host_kernel, out
 
     run(go)
 

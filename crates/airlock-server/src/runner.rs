@@ -106,6 +106,15 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
+/// The memory a one-shot exec of `spec` is admitted for: its cap, plus a VM's own
+/// overhead in a micro-VM.
+pub fn admitted_bytes(spec: &Spec) -> u64 {
+    match spec.isolation {
+        Isolation::Namespaces => spec.limits.memory_bytes,
+        Isolation::Microvm => spec.limits.memory_bytes + crate::microvm::VM_OVERHEAD_BYTES,
+    }
+}
+
 /// Waits for admission for one sandbox of `memory_bytes`; refusals are counted.
 pub async fn admit(
     state: &AppState,

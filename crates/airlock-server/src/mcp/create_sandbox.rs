@@ -43,6 +43,8 @@ pub(crate) struct CreateSandboxInput {
     pub ttl_s: Option<NonZeroU64>,
     /// Network: `{"mode": "none"}` (default) or `{"mode": "proxy", "allow": ["pypi.org"]}`.
     pub network: Option<NetworkInput>,
+    /// `namespaces` (default) or `microvm`: the sandbox inside a VM of its own.
+    pub isolation: Option<super::IsolationInput>,
 }
 
 /// What `create_sandbox` answers.
@@ -96,6 +98,7 @@ impl AirlockMcp {
                 NetworkInput::None => NetworkPolicy::None,
                 NetworkInput::Proxy { allow, allow_cidrs } => NetworkPolicy::Proxy { allow, allow_cidrs },
             }),
+            isolation: input.isolation.map(Into::into),
             ..CreateSandboxRequest::default()
         };
         match unless_cancelled(&ctx, create_session(&self.state, &key, &req)).await? {

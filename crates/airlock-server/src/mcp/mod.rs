@@ -67,6 +67,27 @@ pub(crate) struct FileInput {
     pub content: String,
 }
 
+/// The isolation a tool's sandbox runs with.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum IsolationInput {
+    /// Linux namespaces, seccomp and landlock on the host's kernel (the default; starts in
+    /// milliseconds).
+    Namespaces,
+    /// The same sandbox inside a micro-VM of its own, with its own kernel (starts in a
+    /// fraction of a second from the server's VM pool, seconds without one).
+    Microvm,
+}
+
+impl From<IsolationInput> for airlock_spec::Isolation {
+    fn from(i: IsolationInput) -> Self {
+        match i {
+            IsolationInput::Namespaces => airlock_spec::Isolation::Namespaces,
+            IsolationInput::Microvm => airlock_spec::Isolation::Microvm,
+        }
+    }
+}
+
 /// The MCP server: the service's state and the tools' router.
 #[derive(Debug, Clone)]
 pub(crate) struct AirlockMcp {

@@ -12,7 +12,7 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use super::result::{ExecOutput, exec_result, refused};
-use super::{AirlockMcp, FileInput, caller, timeout_ms, unless_cancelled};
+use super::{AirlockMcp, FileInput, IsolationInput, caller, timeout_ms, unless_cancelled};
 use crate::api::{ExecRequest, FileRequest, Language, LimitsRequest};
 use crate::runner;
 
@@ -31,6 +31,8 @@ pub(crate) struct RunCodeInput {
     pub files: Vec<FileInput>,
     /// Wall-clock limit in seconds (default 10); the program is killed when it passes.
     pub timeout_s: Option<NonZeroU64>,
+    /// `namespaces` (default) or `microvm`: the same sandbox inside a VM of its own.
+    pub isolation: Option<IsolationInput>,
 }
 
 #[tool_router(router = run_code_router, vis = "pub(super)")]
@@ -81,6 +83,7 @@ exceeds its memory limit returns isError with the reason.",
             },
             // No network, whatever the server's default becomes.
             network: Some(airlock_spec::NetworkPolicy::None),
+            isolation: input.isolation.map(Into::into),
             ..ExecRequest::default()
         };
         let spec = match req.to_spec(&state.config, &state.config.defaults) {
@@ -89,7 +92,7 @@ exceeds its memory limit returns isError with the reason.",
         };
         let limits = spec.limits.clone();
         let ran = unless_cancelled(&ctx, async {
-            let admitted = runner::admit(&state, &key, spec.limits.memory_bytes).await?;
+            let admitted = runner::admit(&state, &key, runner::admitted_bytes(&spec)).await?;
             // The tool's answer is small: the purge may start as it is built.
             let (response, _purge) =
                 runner::one_shot(Arc::clone(&state), key.clone(), spec, admitted, None).await?;

@@ -1,6 +1,5 @@
 //! `POST /v1/exec`: one-shot — provision (or take a warm sandbox), run, purge.
 
-use airlock_spec::Isolation;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -21,11 +20,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let spec = req.to_spec(&state.config, &state.config.defaults)?;
     // Admission first, so overload is a 429 whatever the response format.
-    let memory = match spec.isolation {
-        Isolation::Namespaces => spec.limits.memory_bytes,
-        Isolation::Microvm => spec.limits.memory_bytes + crate::microvm::VM_OVERHEAD_BYTES,
-    };
-    let admitted = runner::admit(&state, &key, memory).await?;
+    let admitted = runner::admit(&state, &key, runner::admitted_bytes(&spec)).await?;
     if super::wants_stream(&headers) {
         return Ok(stream::respond(move |tx| {
             // The result event is the last: the purge may start with it.
