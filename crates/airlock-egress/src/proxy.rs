@@ -304,6 +304,21 @@ impl Proxy {
         entries
     }
 
+    /// The entries after the first `*seen` (one exec's, when `*seen` counts what earlier
+    /// calls returned), and `*seen` moved past them. Connections still open are logged when
+    /// they end, so this waits up to `settle` for them first (a program's processes are
+    /// gone, but the proxy may still be closing their connections).
+    pub fn log_since(&self, seen: &mut usize, settle: std::time::Duration) -> Vec<EgressEntry> {
+        let deadline = std::time::Instant::now() + settle;
+        while self.active_connections() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let log = self.log();
+        let new = log.get(*seen..).map(<[EgressEntry]>::to_vec).unwrap_or_default();
+        *seen = log.len();
+        new
+    }
+
     /// Entries not kept because the log was full.
     pub fn dropped_log_entries(&self) -> u64 {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).dropped

@@ -275,7 +275,10 @@ impl State {
                 let mut spec = Spec::new(command);
                 // The proxy's variables first: the request's own win (as on the host).
                 spec.env = if self.egress {
-                    egress::proxy_env().into_iter().chain(env).collect()
+                    airlock_sandbox::proxy_env(egress::PROXY_PORT)
+                        .into_iter()
+                        .chain(env)
+                        .collect()
                 } else {
                     env
                 };

@@ -19,28 +19,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
-/// The proxy's port in the sandbox (the namespace backend's, squid's).
-pub const PROXY_PORT: u16 = 3128;
-
-/// The proxy's environment variables, as the namespace backend sets them.
-pub fn proxy_env() -> Vec<(String, String)> {
-    let url = format!("http://127.0.0.1:{PROXY_PORT}");
-    let mut env: Vec<(String, String)> = [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ]
-    .into_iter()
-    .map(|k| (k.to_owned(), url.clone()))
-    .collect();
-    for k in ["NO_PROXY", "no_proxy"] {
-        env.push((k.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
-    }
-    env
-}
+pub use airlock_sandbox::PROXY_PORT;
 
 /// Binds the proxy's listener in the network namespace of the sandbox whose cgroup is
 /// named `sandbox_id`: on a thread of its own that joins the namespace (a network

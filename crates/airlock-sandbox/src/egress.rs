@@ -8,12 +8,29 @@ use airlock_spec::{EgressEntry, NetworkPolicy, SpecError};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::SandboxError;
 
 /// The port the proxy listens on inside every sandbox (squid's; the namespace is private).
 pub const PROXY_PORT: u16 = 3128;
+
+/// The variables that point a program at the proxy on `port` of its loopback (the usual
+/// names, upper and lower case), loopback itself excepted.
+pub fn proxy_env(port: u16) -> Vec<(String, String)> {
+    let url = format!("http://127.0.0.1:{port}");
+    let proxied = [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ]
+    .map(|k| (k.to_owned(), url.clone()));
+    let direct = ["NO_PROXY", "no_proxy"].map(|k| (k.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
+    proxied.into_iter().chain(direct).collect()
+}
 
 /// How long the log may take to settle after a program ends.
 const SETTLE: Duration = Duration::from_millis(500);
@@ -69,17 +86,7 @@ impl EgressProxy {
     /// processes are gone by now, but the proxy may still be closing their connections
     /// (each is logged when it ends): wait for that, a bounded time.
     pub fn take_new(&mut self) -> Vec<EgressEntry> {
-        let deadline = Instant::now() + SETTLE;
-        while self.proxy.active_connections() > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let log = self.proxy.log();
-        let new = log
-            .get(self.seen..)
-            .map(<[EgressEntry]>::to_vec)
-            .unwrap_or_default();
-        self.seen = log.len();
-        new
+        self.proxy.log_since(&mut self.seen, SETTLE)
     }
 }
 

@@ -38,6 +38,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+pub use egress::{PROXY_PORT, proxy_env};
 pub use etc::{BOUND_DIRS as HOST_ETC_DIRS, BOUND_FILES as HOST_ETC_FILES};
 pub use init::{INIT_ARG, maybe_run_init};
 pub use protocol::FileEntry;

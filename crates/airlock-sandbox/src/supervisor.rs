@@ -131,20 +131,7 @@ fn base_env() -> Vec<(String, String)> {
 fn environment(spec: &Spec, proxy_port: Option<u16>) -> Vec<(String, String)> {
     let mut env = base_env();
     if let Some(port) = proxy_port {
-        let url = format!("http://127.0.0.1:{port}");
-        for k in [
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "ALL_PROXY",
-            "http_proxy",
-            "https_proxy",
-            "all_proxy",
-        ] {
-            env.push((k.to_owned(), url.clone()));
-        }
-        for k in ["NO_PROXY", "no_proxy"] {
-            env.push((k.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
-        }
+        env.extend(crate::egress::proxy_env(port));
     }
     for (k, v) in &spec.env {
         env.retain(|(key, _)| key != k);

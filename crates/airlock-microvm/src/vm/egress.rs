@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -85,17 +85,7 @@ impl EgressRelay {
     /// Log entries recorded since the last call (one exec's egress), once the proxy's
     /// connections have ended (a bounded wait).
     pub(crate) fn take_new(&mut self) -> Vec<EgressEntry> {
-        let deadline = Instant::now() + SETTLE;
-        while self.proxy.active_connections() > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let log = self.proxy.log();
-        let new = log
-            .get(self.seen..)
-            .map(<[EgressEntry]>::to_vec)
-            .unwrap_or_default();
-        self.seen = log.len();
-        new
+        self.proxy.log_since(&mut self.seen, SETTLE)
     }
 }
 
