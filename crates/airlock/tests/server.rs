@@ -12,7 +12,8 @@ mod common;
 mod serverutil;
 
 use common::ok_stdout;
-use nix::sys::signal::Signal;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde_json::{Value, json};
 use serverutil::{Daemon, Resp, alive, keys_file, metric, owner_dirs, owner_processes, poll, serve_refuses};
 use std::collections::BTreeSet;
@@ -1274,6 +1275,38 @@ fn session_background_processes_end_with_their_exec() {
         .filter(|p| p.name == "sleep")
         .collect();
     assert!(left.is_empty(), "sleep still on the host: {left:?}");
+}
+
+#[test]
+fn a_sessions_ready_child_waits_unprivileged_and_a_killed_one_is_replaced() {
+    let d = Daemon::start(&["--pool", "0"]);
+    let c = d.client();
+    let id = c.create_session(&json!({}));
+    let v = c.session_exec(&id, &sh("echo one")).expect(200).json();
+    assert_eq!(ok_stdout(&v), "one\n", "{v:#}");
+    // Between execs the session holds its init (the daemon's child) and init's ready
+    // child: the next program's process, already the sandbox user.
+    let ready = poll(Duration::from_secs(5), || {
+        let procs = d.sandbox_processes();
+        let init = procs.iter().find(|p| p.ppid == d.pid)?.pid;
+        procs.into_iter().find(|p| p.ppid == init)
+    })
+    .expect("no ready child in the idle session");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", ready.pid)).expect("its status");
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(str::trim);
+    assert_ne!(ready.uid, 0, "the ready child is root on the host: {ready:?}");
+    assert_eq!(
+        cap_eff,
+        Some("0000000000000000"),
+        "the ready child holds capabilities: {ready:?}"
+    );
+    // Killed while it waits (as the OOM killer might): the exec forks another.
+    kill(Pid::from_raw(ready.pid as i32), Signal::SIGKILL).expect("kill the ready child");
+    let v = c.session_exec(&id, &sh("echo two; id -u")).expect(200).json();
+    assert_eq!(ok_stdout(&v), "two\n1000\n", "{v:#}");
 }
 
 #[test]
