@@ -9,7 +9,7 @@
 
 mod egressutil;
 
-use egressutil::{ALLOWED, API, ECHO_PORT, METADATA, Net, egress, poll};
+use egressutil::{ALLOWED, API, ECHO_PORT, METADATA, Net, egress, in_netns, poll};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
@@ -830,20 +830,6 @@ fn serve(net: &Net) -> Serve {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("unexpected listening line {line:?}"));
     serve
-}
-
-/// Runs `f` on a thread that entered the namespace `net` (sockets it makes live there).
-fn in_netns<T: Send>(net: &Net, f: impl FnOnce() -> T + Send) -> T {
-    let path = net.path();
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            let ns = std::fs::File::open(&path).expect("open the netns");
-            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("the netns thread panicked")
-    })
 }
 
 /// (status, body) of one request; any HTTP status is a result.

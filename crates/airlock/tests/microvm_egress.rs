@@ -10,7 +10,7 @@ mod common;
 mod egressutil;
 
 use common::host::{owner_cgroups, proc_infos, serial, wait_until};
-use egressutil::{ALLOWED, API, METADATA, Net, PRELUDE, egress};
+use egressutil::{ALLOWED, API, METADATA, Net, PRELUDE, egress, in_netns};
 use serde_json::{Value, json};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -230,20 +230,6 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Runs `f` on a thread that entered the namespace `net` (its sockets live there).
-fn in_netns<T: Send>(net: &Net, f: impl FnOnce() -> T + Send) -> T {
-    let path = net.path();
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            let ns = std::fs::File::open(&path).expect("open the netns");
-            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("the netns thread panicked")
-    })
 }
 
 /// (status, parsed body) of one request.

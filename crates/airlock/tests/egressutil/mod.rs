@@ -391,3 +391,17 @@ pub fn egress(v: &Value) -> Vec<Value> {
         .unwrap_or_else(|| panic!("no egress array: {v:#}"))
         .clone()
 }
+
+/// Runs `f` on a thread that entered the namespace `net` (sockets it makes live there).
+pub fn in_netns<T: Send>(net: &Net, f: impl FnOnce() -> T + Send) -> T {
+    let path = net.path();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let ns = std::fs::File::open(&path).expect("open the netns");
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("the netns thread panicked")
+    })
+}
