@@ -209,25 +209,45 @@ async fn one_shot_task(
     })
     .await;
     let (result, sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
-    // The permit goes with the sandbox: capacity is free only once the sandbox is gone.
-    // Then the pool may build its replacement: one after the other, not side by side.
-    let purge = {
-        let state = Arc::clone(state);
-        Purge::new(move || {
-            drop(sandbox);
-            drop(permit);
-            state.metrics.sandboxes_active.set(state.active() as i64);
-            drop(refill);
-        })
-    };
-    let mut result = result.map_err(api_error)?;
-    result.setup_ms = ((result.setup_ms + cold_setup.as_secs_f64() * 1e3) * 1e3).round() / 1e3;
+    let purge = purge(state, sandbox, permit, refill);
+    let result = result.map_err(api_error)?;
+    Ok((answer(state, key, result, cold_setup, queued), purge))
+}
+
+/// The purge of a one-shot's sandbox (or VM): it goes first, then its admission (capacity
+/// is free only once the sandbox is gone), then the pool may build its replacement (one
+/// after the other, not side by side).
+fn purge<T: Send + 'static>(
+    state: &Arc<AppState>,
+    sandbox: T,
+    permit: Permit,
+    refill: Option<oneshot::Sender<()>>,
+) -> Purge {
+    let state = Arc::clone(state);
+    Purge::new(move || {
+        drop(sandbox);
+        drop(permit);
+        state.metrics.sandboxes_active.set(state.active() as i64);
+        drop(refill);
+    })
+}
+
+/// A one-shot's answer: `result` with the time its sandbox (or VM) took to provision
+/// counted as setup; logged and counted.
+fn answer(
+    state: &AppState,
+    key: &KeyName,
+    mut result: ExecResult,
+    provisioned: Duration,
+    queued: Duration,
+) -> ExecResponse {
+    result.setup_ms = ((result.setup_ms + provisioned.as_secs_f64() * 1e3) * 1e3).round() / 1e3;
     let resp = ExecResponse {
         result,
         queue_ms: ms(queued),
     };
     record(state, key, &resp);
-    Ok((resp, purge))
+    resp
 }
 
 /// [`one_shot_task`] in a micro-VM: a booted one from the VM pool, or one booted now.
@@ -248,23 +268,9 @@ async fn one_shot_vm(
     })
     .await;
     let (result, vm) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
-    // Like a sandbox: capacity is free only once the VM is gone.
-    let purge = {
-        let state = Arc::clone(state);
-        Purge::new(move || {
-            drop(vm);
-            drop(permit);
-            state.metrics.sandboxes_active.set(state.active() as i64);
-        })
-    };
-    let mut result = result.map_err(crate::microvm::vm_error)?;
-    result.setup_ms = ((result.setup_ms + booted.as_secs_f64() * 1e3) * 1e3).round() / 1e3;
-    let resp = ExecResponse {
-        result,
-        queue_ms: ms(queued),
-    };
-    record(state, key, &resp);
-    Ok((resp, purge))
+    let purge = purge(state, vm, permit, None);
+    let result = result.map_err(crate::microvm::vm_error)?;
+    Ok((answer(state, key, result, booted, queued), purge))
 }
 
 /// Runs `spec` in a session's sandbox (or its micro-VM's); its files stay for the next
