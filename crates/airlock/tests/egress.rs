@@ -9,10 +9,8 @@
 
 mod egressutil;
 
-use egressutil::{ALLOWED, API, ECHO_PORT, METADATA, Net, egress, in_netns, poll};
+use egressutil::{ALLOWED, API, ECHO_PORT, METADATA, Net, Serve, egress, in_netns, poll};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 /// `--net proxy` with 10.9.9.9 allowed by address.
@@ -786,52 +784,6 @@ out = {k: v for k, v in os.environ.items() if "proxy" in k.lower()}
     }
 }
 
-/// `airlock serve` inside a namespace; `Drop` kills it.
-struct Serve {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(net: &Net) -> Serve {
-    let mut child = net
-        .nsenter(env!("CARGO_BIN_EXE_airlock"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--pool", "1"])
-        .env_remove("AIRLOCK_API_KEYS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(
-            std::fs::File::create(net.dir.path().join("serve.err")).unwrap(),
-        ))
-        .spawn()
-        .expect("spawn airlock serve");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(first)) = lines.next() {
-            let _ = tx.send(first);
-        }
-        for _ in lines {}
-    });
-    let line = rx.recv_timeout(Duration::from_secs(60));
-    let err = std::fs::read_to_string(net.dir.path().join("serve.err")).unwrap_or_default();
-    let mut serve = Serve { child, port: 0 };
-    let line = line.unwrap_or_else(|_| panic!("airlock serve printed no listening line: {err}"));
-    serve.port = line
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected listening line {line:?}"));
-    serve
-}
-
 /// (status, body) of one request; any HTTP status is a result.
 fn http(method: &str, url: &str, body: Option<&Value>) -> (u16, String) {
     let req = ureq::request(method, url).timeout(Duration::from_secs(120));
@@ -858,7 +810,7 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
 #[test]
 fn the_service_returns_the_egress_log_and_counts_denials_in_metrics() {
     let net = Net::start();
-    let daemon = serve(&net);
+    let daemon = Serve::start(&net, &["--pool", "1"], Duration::from_secs(60));
     let base = format!("http://127.0.0.1:{}", daemon.port);
     let program = format!(
         "{}\n{}\nprint(json.dumps(out))\n",

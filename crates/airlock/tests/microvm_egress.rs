@@ -10,7 +10,7 @@ mod common;
 mod egressutil;
 
 use common::host::{owner_cgroups, proc_infos, serial, wait_until};
-use egressutil::{ALLOWED, API, METADATA, Net, PRELUDE, egress, in_netns};
+use egressutil::{ALLOWED, API, METADATA, Net, PRELUDE, Serve, egress, in_netns};
 use serde_json::{Value, json};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -163,75 +163,6 @@ out["direct"] = direct("169.254.169.254", 80)
     assert_vm_gone(pid);
 }
 
-/// `airlock serve` inside the namespace with one pooled VM (a clone of a template: proxy
-/// mode works on the pool's VMs too); stopped with SIGTERM by [`Serve::stop`].
-struct Serve {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Serve {
-    fn start(net: &Net) -> Serve {
-        use std::io::{BufRead, BufReader};
-        let mut child = net
-            .nsenter(env!("CARGO_BIN_EXE_airlock"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--pool",
-                "0",
-                "--vm-pool",
-                "1",
-            ])
-            .env_remove("AIRLOCK_API_KEYS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(
-                std::fs::File::create(net.dir.path().join("serve.err")).unwrap(),
-            ))
-            .spawn()
-            .expect("spawn airlock serve");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(first)) = lines.next() {
-                let _ = tx.send(first);
-            }
-            for _ in lines {}
-        });
-        let line = rx.recv_timeout(Duration::from_secs(120));
-        let mut serve = Serve { child, port: 0 };
-        let err = std::fs::read_to_string(net.dir.path().join("serve.err")).unwrap_or_default();
-        let line = line.unwrap_or_else(|_| panic!("airlock serve printed no listening line: {err}"));
-        serve.port = line
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected listening line {line:?}"));
-        serve
-    }
-
-    /// SIGTERM, and the daemon's exit (it destroys its VMs first).
-    fn stop(&mut self) {
-        // nsenter execs airlock in place: the child is the daemon.
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let ended = wait_until(Duration::from_secs(60), || {
-            self.child.try_wait().ok().flatten().is_some()
-        });
-        assert!(ended, "airlock serve did not exit after SIGTERM");
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// (status, parsed body) of one request.
 fn http(method: &str, url: &str, body: Option<&Value>) -> (u16, Value) {
     let req = ureq::request(method, url).timeout(Duration::from_secs(180));
@@ -255,8 +186,9 @@ fn http(method: &str, url: &str, body: Option<&Value>) -> (u16, Value) {
 fn the_service_runs_microvm_execs_and_sessions_in_proxy_mode() {
     let _g = serial();
     let net = Net::start();
-    let mut daemon = Serve::start(&net);
-    let pid = daemon.child.id();
+    // One pooled VM: a clone of a template, so proxy mode works on the pool's VMs too.
+    let mut daemon = Serve::start(&net, &["--pool", "0", "--vm-pool", "1"], Duration::from_secs(120));
+    let pid = daemon.pid();
     let base = format!("http://127.0.0.1:{}", daemon.port);
     let program = format!(
         "{PRELUDE}\n{}\nprint(json.dumps(out))\n",

@@ -112,16 +112,11 @@ fn sigterm_with_pooled_vms_leaves_no_vmm_cgroup_or_state() {
         !owner_processes(&owner).is_empty(),
         "the pooled VM's VMM is not in the daemon's cgroups"
     );
-    let _g = serverutil::start_lock();
-    d.signal(Signal::SIGTERM);
-    let status = d.wait_exit(Duration::from_secs(60)).expect("exit after SIGTERM");
-    assert!(status.success(), "{status:?}; log:\n{}", d.log());
-    let left = owner_processes(&owner);
-    assert!(left.is_empty(), "processes left: {left:?}");
-    let dirs = owner_dirs(&owner);
-    assert!(dirs.is_empty(), "cgroups left: {dirs:?}");
-    let state = std::path::Path::new("/run/airlock/vm").join(&owner);
-    assert!(!state.exists(), "state directory left: {}", state.display());
+    sigterm_leaves_nothing(
+        &mut d,
+        &owner,
+        &std::path::Path::new("/run/airlock/vm").join(&owner),
+    );
 }
 
 /// `sh -c SCRIPT` as an exec request.
@@ -324,13 +319,19 @@ fn microvm_sessions_expire_and_sigterm_purges_the_rest() {
 
     // SIGTERM with the other one live: nothing of it remains.
     let owner = d.owner.clone();
+    sigterm_leaves_nothing(&mut d, &owner, &state);
+}
+
+/// SIGTERMs the daemon: it exits 0 and leaves no process or cgroup of `owner`'s, and no
+/// VM `state` directory.
+fn sigterm_leaves_nothing(d: &mut Daemon, owner: &str, state: &std::path::Path) {
     let _g = serverutil::start_lock();
     d.signal(Signal::SIGTERM);
     let status = d.wait_exit(Duration::from_secs(60)).expect("exit after SIGTERM");
     assert!(status.success(), "{status:?}; log:\n{}", d.log());
-    let left = owner_processes(&owner);
+    let left = owner_processes(owner);
     assert!(left.is_empty(), "processes left: {left:?}");
-    let dirs = owner_dirs(&owner);
+    let dirs = owner_dirs(owner);
     assert!(dirs.is_empty(), "cgroups left: {dirs:?}");
     assert!(!state.exists(), "state directory left: {}", state.display());
 }

@@ -405,3 +405,70 @@ pub fn in_netns<T: Send>(net: &Net, f: impl FnOnce() -> T + Send) -> T {
         .expect("the netns thread panicked")
     })
 }
+
+/// `airlock serve` started inside the namespace `net` (on 127.0.0.1:0, with `args` after
+/// that), ready once it printed its listening line; killed when dropped, or stopped with
+/// SIGTERM by [`Serve::stop`].
+pub struct Serve {
+    child: Child,
+    /// The port it listens on, in the namespace.
+    pub port: u16,
+}
+
+impl Serve {
+    /// Starts it and waits up to `timeout` for its listening line.
+    pub fn start(net: &Net, args: &[&str], timeout: Duration) -> Serve {
+        use std::io::{BufRead, BufReader};
+        let err_path = net.dir.path().join("serve.err");
+        let mut child = net
+            .nsenter(env!("CARGO_BIN_EXE_airlock"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("AIRLOCK_API_KEYS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
+            .spawn()
+            .expect("spawn airlock serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(first)) = lines.next() {
+                let _ = tx.send(first);
+            }
+            for _ in lines {}
+        });
+        let line = rx.recv_timeout(timeout);
+        let mut serve = Serve { child, port: 0 };
+        let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+        let line = line.unwrap_or_else(|_| panic!("airlock serve printed no listening line: {err}"));
+        serve.port = line
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected listening line {line:?}"));
+        serve
+    }
+
+    /// The daemon's pid (nsenter execs airlock in place).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, and the daemon's exit (it purges what it owns first).
+    pub fn stop(&mut self) {
+        // nsenter execs airlock in place: the child is the daemon.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let ended = poll(Duration::from_secs(60), || self.child.try_wait().ok().flatten());
+        assert!(ended.is_some(), "airlock serve did not exit after SIGTERM");
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
