@@ -166,7 +166,15 @@ impl Engine {
 
     /// Builds a sandbox and leaves it waiting for [`Sandbox::exec`] and file operations.
     pub fn create(&self, config: &SandboxConfig) -> Result<Sandbox, SandboxError> {
-        Sandbox::create(self, config)
+        Sandbox::create(self, config, false)
+    }
+
+    /// Like [`Engine::create`], for a sandbox built before anyone asked for it (a warm
+    /// pool): until its first exec, its processes run only on CPU time nothing else wants
+    /// ([`cgroup::Cgroup::set_background`]), so building it never delays a running
+    /// program. Its first exec restores an ordinary share.
+    pub fn create_ahead(&self, config: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        Sandbox::create(self, config, true)
     }
 
     /// How many sandboxes of dead airlock processes were purged when this engine started.

@@ -112,6 +112,9 @@ pub struct Sandbox {
     /// exec: init is idle from then on, so this is what the exec would read, and a
     /// pooled sandbox's first exec need not read it on the request's path.
     baseline: Option<Usage>,
+    /// Built ahead of need: its CPU share is the background's until its first exec (see
+    /// [`Cgroup::set_background`]).
+    background: bool,
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
@@ -129,12 +132,20 @@ pub(crate) fn new_id() -> Result<String, SandboxError> {
 }
 
 impl Sandbox {
-    /// Builds a sandbox and waits until it is ready for requests.
-    pub fn create(engine: &Engine, config: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+    /// Builds a sandbox and waits until it is ready for requests. With `ahead` (a pool
+    /// building it before anyone asked), the build runs in the background's CPU share.
+    pub(crate) fn create(
+        engine: &Engine,
+        config: &SandboxConfig,
+        ahead: bool,
+    ) -> Result<Sandbox, SandboxError> {
         let t0 = Instant::now();
         let policy = egress::policy(&config.network)?;
         let id = new_id()?;
         let cgroup = engine.cgroups.create(&id, &config.limits)?;
+        if ahead {
+            cgroup.set_background(true)?;
+        }
 
         let (control, child_control) = socketpair(
             AddressFamily::Unix,
@@ -146,7 +157,7 @@ impl Sandbox {
         let cgroup_fd = cgroup.clone_into_fd().map(|fd| fd.as_raw_fd());
         // Through the zygote when there is one; directly when not, or no longer.
         let zygote = match engine.zygote() {
-            Some(z) => match z.spawn(NAMESPACES, cgroup_fd, &child_control) {
+            Some(z) => match z.spawn(NAMESPACES, cgroup_fd, &child_control, ahead) {
                 Ok(cloned) => Some(cloned.map_err(SandboxError::Spawn)?),
                 Err(_) => {
                     engine.zygote_failed();
@@ -155,11 +166,18 @@ impl Sandbox {
             },
             None => None,
         };
+        let zygote_cloned = zygote.is_some();
         let cloned = match zygote {
             Some(cloned) => cloned,
             None => clone_directly(cgroup_fd, &child_control)?,
         };
         drop(child_control);
+        if ahead && zygote_cloned {
+            // Cloned at the background's nice (see `zygote`): the sandbox's own processes
+            // start from the supervisor's again (their cgroup keeps them in the
+            // background).
+            let _ = sys::set_nice(cloned.pid, sys::nice(0).unwrap_or(0));
+        }
         let mut sandbox = Sandbox {
             id,
             cgroup: Some(cgroup),
@@ -172,6 +190,7 @@ impl Sandbox {
             setup: Duration::ZERO,
             proxy: None,
             baseline: None,
+            background: ahead,
         };
 
         // The child waits on the control socket: map its ids, then go.
@@ -364,6 +383,8 @@ impl Sandbox {
         if !spec.files.is_empty() {
             // Writing them is init's work, not the program's: usage is read afresh after.
             self.baseline = None;
+            // Work done for this request, not ahead of it.
+            self.leave_background()?;
         }
         for file in &spec.files {
             self.write_file(&file.path, file.mode, &file.content)?;
@@ -498,6 +519,21 @@ impl Sandbox {
         self.proxy.as_mut().map(EgressProxy::take_new).unwrap_or_default()
     }
 
+    /// Gives a sandbox built ahead of need ([`crate::Engine::create_ahead`]) an ordinary
+    /// share of the CPU; nothing for any other. Its first exec does this once the request
+    /// is on its way to init (so the write overlaps init's work instead of preceding it);
+    /// a caller that asks init for something else first (file operations) calls it
+    /// before.
+    pub fn leave_background(&mut self) -> Result<(), SandboxError> {
+        if self.background {
+            if let Some(cg) = &self.cgroup {
+                cg.set_background(false)?;
+            }
+            self.background = false;
+        }
+        Ok(())
+    }
+
     /// The usage baseline taken when the sandbox became ready, once: later execs read
     /// their own (and reset the memory peak) before they start.
     pub(crate) fn take_baseline(&mut self) -> Option<Usage> {
@@ -536,6 +572,11 @@ impl Sandbox {
 impl Drop for Sandbox {
     fn drop(&mut self) {
         if self.reaped.is_none() {
+            // Dying (freeing memory, namespaces) is background work too: it should not
+            // delay another sandbox's program.
+            if let Some(cg) = &self.cgroup {
+                let _ = cg.set_background(true);
+            }
             self.kill();
             self.reap();
         }

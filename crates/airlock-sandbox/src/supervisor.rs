@@ -193,6 +193,11 @@ pub(crate) fn exec(
     // Only the sandbox holds the program's ends now: EOF means the program and all its
     // descendants are gone.
     drop((stdin_r, stdout_w, stderr_w));
+    if let Err(e) = sb.leave_background() {
+        // The program would run on the CPU time nobody else wants: never silently.
+        sb.kill();
+        return Err(e);
+    }
 
     // Empty stdin: the write end closes here, so the program reads EOF at once.
     let mut stdin = (!spec.stdin.is_empty()).then_some(stdin_w);

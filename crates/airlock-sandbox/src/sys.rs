@@ -137,6 +137,37 @@ pub fn pidfd_send_signal(pidfd: RawFd, sig: libc::c_int) -> io::Result<()> {
         .map(drop)
 }
 
+/// The nice value of background work: it yields the CPU to everything at the default 0.
+pub const BACKGROUND_NICE: libc::c_int = 19;
+
+/// Sets the nice value of one thread (`tid`; 0 is the calling thread) or, for a process's
+/// main thread, of the process as its children will inherit it. Raising priority back
+/// needs CAP_SYS_NICE.
+pub fn set_nice(tid: libc::pid_t, nice: libc::c_int) -> io::Result<()> {
+    // SAFETY: setpriority takes integers by value and touches no memory of this process.
+    // The `which` argument's C type differs between libcs, hence the inferred cast.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS as _, tid as libc::id_t, nice) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The nice value of thread `tid` (0: the calling thread).
+pub fn nice(tid: libc::pid_t) -> io::Result<libc::c_int> {
+    // getpriority may legitimately return -1: errno tells.
+    // SAFETY: errno is this thread's; the call takes integers by value.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let r = libc::getpriority(libc::PRIO_PROCESS as _, tid as libc::id_t);
+        match *libc::__errno_location() {
+            0 => Ok(r),
+            e => Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
 /// Marks every fd from `first` up close-on-exec (`CLOSE_RANGE_CLOEXEC`), so nothing the
 /// process happened to hold crosses execve. Async-signal-safe.
 pub fn cloexec_from(first: libc::c_uint) -> io::Result<()> {

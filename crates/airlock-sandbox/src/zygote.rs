@@ -40,6 +40,10 @@ struct Spawn {
     flags: u64,
     /// Whether a cgroup fd follows the control socket.
     cgroup: bool,
+    /// Built ahead of need: the clone (creating the namespaces is most of a sandbox's
+    /// cost) runs at [`sys::BACKGROUND_NICE`], and so does the child until the supervisor
+    /// resets it.
+    background: bool,
 }
 
 /// The zygote's answer. Fds: the child's pidfd (on success).
@@ -110,6 +114,7 @@ impl Zygote {
         flags: u64,
         cgroup: Option<RawFd>,
         control: &OwnedFd,
+        background: bool,
     ) -> io::Result<io::Result<Cloned>> {
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
         let mut fds = vec![control.as_raw_fd()];
@@ -117,6 +122,7 @@ impl Zygote {
         let request = Spawn {
             flags,
             cgroup: cgroup.is_some(),
+            background,
         };
         protocol::send(sock.as_fd(), &request, &[], &fds)?;
         let frame = protocol::recv::<Spawned>(sock.as_fd())?
@@ -184,6 +190,8 @@ pub(crate) fn serve() -> ! {
         std::process::exit(1)
     };
     let null = OwnedFd::from(null);
+    // The supervisor's own nice value, for clones nobody waits in the background for.
+    let normal = sys::nice(0).unwrap_or(0);
     loop {
         let frame = match protocol::recv::<Spawn>(sock.as_fd()) {
             Ok(Some(frame)) => frame,
@@ -196,6 +204,13 @@ pub(crate) fn serve() -> ! {
         };
         let cgroup = if frame.msg.cgroup { fds.next() } else { None };
         let flags = frame.msg.flags | libc::CLONE_PARENT as u64;
+        // Best effort: only the order in which the CPU serves work depends on it.
+        let nice = if frame.msg.background {
+            sys::BACKGROUND_NICE
+        } else {
+            normal
+        };
+        let _ = sys::set_nice(0, nice);
         // SAFETY: this process is single-threaded, so the child is a complete copy that
         // may run any code; it never returns from `child`.
         let cloned = unsafe { sys::clone_process(flags, cgroup.as_ref().map(AsRawFd::as_raw_fd)) };

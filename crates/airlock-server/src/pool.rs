@@ -215,8 +215,12 @@ impl Pool {
                 }
                 continue;
             };
+            // While a sandbox is ready for the next request, this one is built in the
+            // background's CPU share; when none is, a request is likely to wait for this
+            // one, so it is built at an ordinary share.
+            let ahead = self.ready() > 0;
             let (created, took) = tokio::select! {
-                r = spawner.create(self.config.clone()) => r,
+                r = spawner.create(self.config.clone(), ahead) => r,
                 () = stopped(&mut stop) => return,
             };
             match created {

@@ -23,7 +23,16 @@ impl Drop for Purge {
     fn drop(&mut self) {
         let Some(work) = self.0.take() else { return };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(work)),
+            Ok(runtime) => drop(runtime.spawn_blocking(|| {
+                // Background work on a thread shared with requests' execs: nice only
+                // for this job.
+                use airlock_sandbox::sys::{BACKGROUND_NICE, nice, set_nice};
+                let normal = nice(0).ok().filter(|_| set_nice(0, BACKGROUND_NICE).is_ok());
+                work();
+                if let Some(normal) = normal {
+                    let _ = set_nice(0, normal);
+                }
+            })),
             // Outside the runtime (its shutdown): here and now.
             Err(_) => work(),
         }

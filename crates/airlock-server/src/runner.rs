@@ -196,7 +196,7 @@ async fn one_shot_task(
     let (mut sandbox, cold_setup, refill) = match state.pool.take_or_wait(&config).await {
         Some(sb) => (sb, t0.elapsed(), Some(refill_after(&state.pool))),
         None => {
-            let (created, took) = state.spawner.create(config).await;
+            let (created, took) = state.spawner.create(config, false).await;
             state.metrics.provisioned("cold", took);
             (created.map_err(api_error)?, took, None)
         }

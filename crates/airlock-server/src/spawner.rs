@@ -13,11 +13,15 @@ use tokio::sync::oneshot;
 
 type Reply = oneshot::Sender<(Result<Sandbox, SandboxError>, Duration)>;
 
+/// One sandbox to build: its settings, whether it is built ahead of need (for the pool:
+/// see [`Engine::create_ahead`]), and where it goes.
+type Job = (SandboxConfig, bool, Reply);
+
 /// Hands sandbox creation to the spawner threads.
 #[derive(Debug)]
 pub struct Spawner {
     /// Jobs for the threads; dropping it lets them exit.
-    jobs: Mutex<Option<mpsc::Sender<(SandboxConfig, Reply)>>>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
     /// The threads, joined by [`Spawner::stop`].
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -30,7 +34,7 @@ impl Spawner {
         if let Err(e) = engine.start_zygote() {
             tracing::warn!(error = %e, "no zygote: sandboxes are cloned from the service itself");
         }
-        let (tx, rx) = mpsc::channel::<(SandboxConfig, Reply)>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let mut handles = Vec::new();
         for n in 0..threads.max(1) {
@@ -41,9 +45,15 @@ impl Spawner {
                 .spawn(move || {
                     loop {
                         let job = rx.lock().map(|r| r.recv());
-                        let Ok(Ok((config, reply))) = job else { return };
+                        let Ok(Ok((config, ahead, reply))) = job else {
+                            return;
+                        };
                         let t0 = Instant::now();
-                        let created = engine.create(&config);
+                        let created = if ahead {
+                            engine.create_ahead(&config)
+                        } else {
+                            engine.create(&config)
+                        };
                         let _ = reply.send((created, t0.elapsed()));
                     }
                 })
@@ -56,14 +66,20 @@ impl Spawner {
         }
     }
 
-    /// Creates a sandbox; returns it with the time provisioning took.
-    pub async fn create(&self, config: SandboxConfig) -> (Result<Sandbox, SandboxError>, Duration) {
+    /// Creates a sandbox; returns it with the time provisioning took. With `ahead` (built
+    /// before anyone asked for it), in the background's CPU share until its first exec
+    /// ([`Engine::create_ahead`]).
+    pub async fn create(
+        &self,
+        config: SandboxConfig,
+        ahead: bool,
+    ) -> (Result<Sandbox, SandboxError>, Duration) {
         let (tx, rx) = oneshot::channel();
         let sent = self
             .jobs
             .lock()
             .ok()
-            .and_then(|jobs| jobs.as_ref().map(|j| j.send((config, tx)).is_ok()))
+            .and_then(|jobs| jobs.as_ref().map(|j| j.send((config, ahead, tx)).is_ok()))
             .unwrap_or(false);
         if !sent {
             return (

@@ -15,7 +15,9 @@ use common::ok_stdout;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use serverutil::{Daemon, Resp, alive, keys_file, metric, owner_dirs, owner_processes, poll, serve_refuses};
+use serverutil::{
+    Daemon, Resp, alive, cpu_background, keys_file, metric, owner_dirs, owner_processes, poll, serve_refuses,
+};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -1275,6 +1277,52 @@ fn session_background_processes_end_with_their_exec() {
         .filter(|p| p.name == "sleep")
         .collect();
     assert!(left.is_empty(), "sleep still on the host: {left:?}");
+}
+
+#[test]
+fn pooled_sandboxes_wait_in_the_background_and_an_exec_runs_at_an_ordinary_share() {
+    let d = Daemon::start(&["--pool", "2"]);
+    d.wait_ready();
+    // The pool's first sandboxes are built at an ordinary share (a request may soon wait
+    // for them); replacements built while another one is ready wait in the background.
+    // After two execs, each once the pool was full again, both pooled sandboxes are such
+    // replacements.
+    for _ in 0..2 {
+        d.client().exec_ok(&sh("true"));
+        poll(Duration::from_secs(10), || {
+            (d.client().get("/readyz").json()["pool_ready"] == 2).then_some(())
+        })
+        .expect("the pool refills");
+    }
+    let pooled = poll(Duration::from_secs(10), || {
+        let shares = cpu_background(&d.owner);
+        (shares.len() == 2 && shares.values().all(|&b| b)).then_some(shares)
+    })
+    .unwrap_or_else(|| panic!("two pooled sandboxes in the background: {:?}", cpu_background(&d.owner)));
+    // The exec that takes one runs at an ordinary share.
+    let running = std::thread::spawn({
+        let c = d.client();
+        move || c.exec_ok(&sh("sleep 2; echo done"))
+    });
+    let ordinary = poll(Duration::from_secs(10), || {
+        let shares = cpu_background(&d.owner);
+        shares
+            .into_iter()
+            .find(|(_, background)| !background)
+            .map(|(id, _)| id)
+    })
+    .expect("no sandbox at an ordinary share while the exec runs");
+    assert!(
+        pooled.contains_key(&ordinary),
+        "{ordinary} was not a pooled sandbox: {pooled:?}"
+    );
+    let v = running.join().expect("exec thread");
+    assert_eq!(ok_stdout(&v), "done\n", "{v:#}");
+    assert_eq!(v["id"], ordinary, "{v:#}");
+    // A session, built because someone asked, is never in the background.
+    let id = d.client().create_session(&json!({}));
+    let shares = cpu_background(&d.owner);
+    assert_eq!(shares.get(&id), Some(&false), "{shares:?}");
 }
 
 #[test]

@@ -107,9 +107,14 @@ pub(crate) async fn create_session(
             let config = SandboxConfig::of(&spec);
             // A warm sandbox serves a session too: limits are applied at each exec.
             let sandbox = match state.pool.take(&config) {
-                Some(sb) => sb,
+                Some(mut sb) => {
+                    // Its file operations may come before any exec: out of the
+                    // background now.
+                    sb.leave_background().map_err(api_error)?;
+                    sb
+                }
                 None => {
-                    let (created, took) = state.spawner.create(config).await;
+                    let (created, took) = state.spawner.create(config, false).await;
                     state.metrics.provisioned("cold", took);
                     created.map_err(api_error)?
                 }

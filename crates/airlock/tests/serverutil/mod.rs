@@ -11,7 +11,7 @@
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -727,6 +727,30 @@ pub fn owner_sandbox_dirs(owner: &str) -> BTreeSet<String> {
         .flat_map(|d| subdirs(d))
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .collect()
+}
+
+/// Each of `owner`'s sandboxes with whether its CPU share is the background's: `cpu.idle`
+/// where the kernel has it, else the least `cpu.shares` (v1) or `cpu.weight` (v2). Read in
+/// the hierarchy that holds the cpu controller.
+pub fn cpu_background(owner: &str) -> BTreeMap<String, bool> {
+    let mut shares = BTreeMap::new();
+    for dir in owner_dirs(owner).iter().flat_map(|d| subdirs(d)) {
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .ok()
+                .map(|s| s.trim().to_owned())
+        };
+        let background = match (read("cpu.idle"), read("cpu.shares"), read("cpu.weight")) {
+            (Some(idle), _, _) => idle == "1",
+            (None, Some(shares), _) => shares == "2",
+            (None, None, Some(weight)) => weight == "1",
+            _ => continue, // not the cpu controller's hierarchy
+        };
+        if let Some(id) = dir.file_name() {
+            shares.insert(id.to_string_lossy().into_owned(), background);
+        }
+    }
+    shares
 }
 
 /// Writes an API keys file (`name:key` lines) into `dir`; its path.
