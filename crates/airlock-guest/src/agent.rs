@@ -179,7 +179,7 @@ impl State {
                 self.frozen = false;
                 port.send(&ToHost::Ok, &[])
             }
-            ToGuest::Create { limits } => {
+            ToGuest::Create { limits, fixed_layout } => {
                 if self.sandbox.is_some() {
                     return port.error("a sandbox already exists in this VM");
                 }
@@ -188,7 +188,11 @@ impl State {
                 if let Err(e) = spec.validate() {
                     return port.error(e.to_string());
                 }
-                match engine.create(&SandboxConfig::of(&spec)) {
+                let config = SandboxConfig {
+                    fixed_layout,
+                    ..SandboxConfig::of(&spec)
+                };
+                match engine.create(&config) {
                     Ok(sb) => {
                         self.sandbox = Some(sb);
                         self.limits = limits;

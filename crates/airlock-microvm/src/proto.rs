@@ -26,6 +26,10 @@ pub enum ToGuest {
     Create {
         /// Limits of the guest's sandbox cgroup (memory, CPU, pids).
         limits: Limits,
+        /// Its programs run with a fixed address-space layout: under emulation (TCG),
+        /// so that code translated for one exec serves the next (see
+        /// `airlock_sandbox::SandboxConfig::fixed_layout`).
+        fixed_layout: bool,
     },
     /// Part of a file under /workspace; the payload is the bytes. The last part is
     /// answered by `Ok` or `Error`.

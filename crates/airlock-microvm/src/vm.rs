@@ -411,6 +411,7 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
         boot: Duration::ZERO,
         info: GuestInfo::default(),
         used: false,
+        emulated: p.accel == Accel::Tcg,
         sandbox_disk: None,
         sandbox_setup: Duration::ZERO,
         egress_port: None,
@@ -607,6 +608,10 @@ pub struct BootedVm {
     info: GuestInfo,
     /// Whether a program has run (`run` refuses a VM that ran one; `exec` does not).
     used: bool,
+    /// Emulated in software (TCG): the guest's sandbox runs programs with a fixed
+    /// address-space layout, so that the translation of the loader and libc made for one
+    /// exec ([`BootedVm::warm_up`]) serves the next.
+    emulated: bool,
     /// The disk size the guest's sandbox was built with, once it exists.
     sandbox_disk: Option<u64>,
     /// How long building the guest's sandbox took.
@@ -734,6 +739,7 @@ impl BootedVm {
         self.send(
             &ToGuest::Create {
                 limits: limits.clone(),
+                fixed_layout: self.emulated,
             },
             &[],
         )?;
@@ -762,6 +768,29 @@ impl BootedVm {
             return Err(VmError::Guest("this VM already ran a program".into()));
         }
         self.exec_inner(spec, sink, cancel, Mode::OneShot, t0)
+    }
+
+    /// Runs `/bin/true` once in the guest's sandbox, as a session exec, and leaves the VM
+    /// as fresh for [`BootedVm::run`] as before: the exec path (the agent's, init's, the
+    /// guest kernel's exec, program loading and exit) is then translated already when a
+    /// clone emulated in software runs its one program. A clone's translation cache
+    /// starts empty: without this, that first exec translates all of it, for hundreds of
+    /// milliseconds.
+    pub fn warm_up(&mut self, limits: &Limits) -> Result<(), VmError> {
+        if self.used {
+            return Err(VmError::Guest("this VM already ran a program".into()));
+        }
+        let mut spec = Spec::new(vec!["/bin/true".into()]);
+        spec.limits = limits.clone();
+        let result = self.exec(&spec, &mut airlock_sandbox::Capture, &[])?;
+        if result.exit_code != Some(0) {
+            return Err(VmError::Guest(format!(
+                "warming up: /bin/true ended {:?}",
+                result.outcome
+            )));
+        }
+        self.used = false;
+        Ok(())
     }
 
     /// Runs `spec`'s program in this VM's sandbox as one exec of a session: any number

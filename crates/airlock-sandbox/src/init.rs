@@ -114,6 +114,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         disk_bytes,
         rootfs,
         proxy_port,
+        fixed_layout,
     } = msg
     else {
         return Err((control, "the first request was not setup".into()));
@@ -153,6 +154,11 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         None => None,
     };
     let landlock = try_or!(crate::landlock::prepare(proxy_port), "landlock");
+    if fixed_layout {
+        // Inherited by every program's process, across fork and exec (seccomp allows
+        // only querying the persona, so it is set before the filter).
+        try_or!(sys::fix_layout(), "personality");
+    }
     // The seccomp filter goes on init itself, once: every program inherits it across fork
     // and exec, so an exec does not pay for loading it (about a millisecond: the kernel
     // checks and compiles the program and precomputes its per-syscall cache), and init,

@@ -41,6 +41,9 @@ pub enum Request {
         /// In proxy mode, the loopback port to listen on for the egress proxy; init sends
         /// the listening socket back with `Ready`.
         proxy_port: Option<u16>,
+        /// Programs run without address-space randomization (see
+        /// `SandboxConfig::fixed_layout`).
+        fixed_layout: bool,
     },
     /// Init has joined every cgroup: it may now charge memory to the sandbox.
     Attached,

@@ -62,6 +62,12 @@ pub struct SandboxConfig {
     pub rootfs: Option<std::path::PathBuf>,
     /// Network policy.
     pub network: NetworkPolicy,
+    /// Programs run with a fixed address-space layout (`ADDR_NO_RANDOMIZE`). For a
+    /// sandbox inside a VM emulated in software only: the emulator's translation cache
+    /// is keyed by virtual address, so a fixed layout lets code translated for one
+    /// program (the loader, libc) serve the next. Randomization protects a program from
+    /// its own input; it is no wall between a sandbox and its host.
+    pub fixed_layout: bool,
 }
 
 impl SandboxConfig {
@@ -72,6 +78,7 @@ impl SandboxConfig {
             disk_bytes: spec.limits.disk_bytes,
             rootfs: spec.rootfs.clone(),
             network: spec.network.clone(),
+            fixed_layout: false,
         }
     }
 }
@@ -208,6 +215,7 @@ impl Sandbox {
             disk_bytes: config.disk_bytes,
             rootfs: config.rootfs.clone(),
             proxy_port: policy.is_some().then_some(egress::PROXY_PORT),
+            fixed_layout: config.fixed_layout,
         };
         sandbox.send(&setup, &engine.seccomp)?;
         // Joining the v1 cgroups can wait for an RCU grace period (milliseconds); init

@@ -137,6 +137,19 @@ pub fn pidfd_send_signal(pidfd: RawFd, sig: libc::c_int) -> io::Result<()> {
         .map(drop)
 }
 
+/// Turns address-space randomization off for this process and the programs it will
+/// exec (`personality(ADDR_NO_RANDOMIZE)`, kept across fork and exec).
+pub fn fix_layout() -> io::Result<()> {
+    // SAFETY: personality takes an integer by value. It returns the previous persona, or
+    // -1 with errno on failure.
+    let previous = unsafe { libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong) };
+    if previous == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// The nice value of background work: it yields the CPU to everything at the default 0.
 pub const BACKGROUND_NICE: libc::c_int = 19;
 

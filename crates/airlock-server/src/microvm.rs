@@ -71,14 +71,20 @@ impl Booter {
                         let t0 = Instant::now();
                         let started = match start {
                             Start::Boot => host.boot(size),
-                            Start::Clone => host.clone_vm(size).or_else(|e| {
+                            Start::Clone => match &prepare {
+                                // From a template whose guest's sandbox is built already.
+                                Some(limits) => host.clone_prepared(size, limits),
+                                None => host.clone_vm(size),
+                            }
+                            .or_else(|e| {
                                 tracing::warn!(error = %e, "micro-VMs: cloning failed; booting instead");
                                 host.boot(size)
                             }),
                         };
                         let booted = started.and_then(|mut vm| {
                             if let Some(limits) = &prepare {
-                                vm.prepare(limits)?;
+                                vm.ensure_sandbox(limits)?;
+                                vm.warm_up(limits)?;
                             }
                             Ok(vm)
                         });

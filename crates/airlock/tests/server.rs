@@ -1298,7 +1298,12 @@ fn pooled_sandboxes_wait_in_the_background_and_an_exec_runs_at_an_ordinary_share
         let shares = cpu_background(&d.owner);
         (shares.len() == 2 && shares.values().all(|&b| b)).then_some(shares)
     })
-    .unwrap_or_else(|| panic!("two pooled sandboxes in the background: {:?}", cpu_background(&d.owner)));
+    .unwrap_or_else(|| {
+        panic!(
+            "two pooled sandboxes in the background: {:?}",
+            cpu_background(&d.owner)
+        )
+    });
     // The exec that takes one runs at an ordinary share.
     let running = std::thread::spawn({
         let c = d.client();
@@ -1323,6 +1328,24 @@ fn pooled_sandboxes_wait_in_the_background_and_an_exec_runs_at_an_ordinary_share
     let id = d.client().create_session(&json!({}));
     let shares = cpu_background(&d.owner);
     assert_eq!(shares.get(&id), Some(&false), "{shares:?}");
+}
+
+#[test]
+fn each_exec_gets_a_fresh_address_space_layout() {
+    // Only a sandbox inside an emulated VM runs programs at a fixed layout.
+    let d = Daemon::start(&["--pool", "1"]);
+    let c = d.client();
+    let id = c.create_session(&json!({}));
+    let loader = || {
+        let v = c
+            .session_exec(&id, &sh("grep -m1 ld-linux /proc/self/maps"))
+            .expect(200)
+            .json();
+        ok_stdout(&v).split('-').next().unwrap_or_default().to_owned()
+    };
+    let (a, b) = (loader(), loader());
+    assert!(!a.is_empty(), "no loader mapping");
+    assert_ne!(a, b, "two execs mapped the loader at the same address");
 }
 
 #[test]

@@ -23,7 +23,6 @@
 //! A clone is isolated like a booted VM: its own unprivileged uid, cgroup, state
 //! directory, QEMU sandbox, no network device.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
@@ -34,6 +33,7 @@ use super::{BOOT_TIMEOUT, BootParams, BootedVm, MicroVmHost, Recv, VmSize, boot}
 use crate::proto::{GuestInfo, RESUME_SEED, ToGuest, ToHost};
 use crate::vmm::{Accel, RamFile};
 use crate::{VmError, sys};
+use airlock_spec::Limits;
 
 /// Saving a template's device state takes a few milliseconds; this allows for a loaded
 /// host.
@@ -52,23 +52,31 @@ pub(crate) struct Template {
     info: GuestInfo,
     /// How long booting and saving it took.
     built_in: Duration,
+    /// The guest's sandbox was built before the save, with this disk size: its clones
+    /// start with it.
+    sandbox_disk: Option<u64>,
 }
+
+/// What a template is: a VM size, and the limits its guest's sandbox was built with
+/// before the save (none: clones build their own).
+type Key = (VmSize, Option<Limits>);
 
 /// The host's templates, one per VM size.
 #[derive(Debug, Default)]
 pub(crate) struct Templates {
-    ready: Mutex<HashMap<VmSize, Arc<Template>>>,
+    ready: Mutex<Vec<(Key, Arc<Template>)>>,
     /// Held while a template is built: concurrent first clones wait for one build.
     building: Mutex<()>,
 }
 
 impl Templates {
-    fn get(&self, size: VmSize) -> Option<Arc<Template>> {
+    fn get(&self, key: &Key) -> Option<Arc<Template>> {
         self.ready
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&size)
-            .cloned()
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, t)| Arc::clone(t))
     }
 }
 
@@ -81,8 +89,21 @@ impl MicroVmHost {
     ///
     /// Like [`MicroVmHost::boot`], the VMM dies with the calling thread.
     pub fn clone_vm(&self, size: VmSize) -> Result<BootedVm, VmError> {
-        let template = self.template(size)?;
-        boot(BootParams {
+        self.clone_from(&(size, None))
+    }
+
+    /// Like [`MicroVmHost::clone_vm`], from a template whose guest's sandbox was built
+    /// with `limits` before it was saved: the clone starts with that sandbox (as after
+    /// [`BootedVm::prepare`]), and costs the host only the pages it changes. Its
+    /// template is built on the first call for this size and these limits.
+    pub fn clone_prepared(&self, size: VmSize, limits: &Limits) -> Result<BootedVm, VmError> {
+        self.clone_from(&(size, Some(limits.clone())))
+    }
+
+    fn clone_from(&self, key: &Key) -> Result<BootedVm, VmError> {
+        let size = key.0;
+        let template = self.template(key)?;
+        let mut vm = boot(BootParams {
             vmm: &*self.vmm,
             image: &self.image,
             cgroups: &self.cgroups,
@@ -97,17 +118,19 @@ impl MicroVmHost {
                 shared: false,
             }),
             restore: Some(&template),
-        })
+        })?;
+        vm.sandbox_disk = template.sandbox_disk;
+        Ok(vm)
     }
 
     /// Builds the template for `size` unless it exists, and returns how long building it
     /// took (when it was built, by this call or an earlier one).
     pub fn prepare_template(&self, size: VmSize) -> Result<Duration, VmError> {
-        Ok(self.template(size)?.built_in)
+        Ok(self.template(&(size, None))?.built_in)
     }
 
-    fn template(&self, size: VmSize) -> Result<Arc<Template>, VmError> {
-        if let Some(t) = self.templates.get(size) {
+    fn template(&self, key: &Key) -> Result<Arc<Template>, VmError> {
+        if let Some(t) = self.templates.get(key) {
             return Ok(t);
         }
         let _building = self
@@ -115,20 +138,21 @@ impl MicroVmHost {
             .building
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(t) = self.templates.get(size) {
+        if let Some(t) = self.templates.get(key) {
             return Ok(t);
         }
-        let t = Arc::new(self.build_template(size)?);
+        let t = Arc::new(self.build_template(key.0, key.1.as_ref())?);
         self.templates
             .ready
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(size, Arc::clone(&t));
+            .push((key.clone(), Arc::clone(&t)));
         Ok(t)
     }
 
-    /// Boots a VM with its RAM in a memfd, saves it, and seals both files.
-    fn build_template(&self, size: VmSize) -> Result<Template, VmError> {
+    /// Boots a VM with its RAM in a memfd (and, with `prepare`, builds its guest's
+    /// sandbox), saves it, and seals both files.
+    fn build_template(&self, size: VmSize, prepare: Option<&Limits>) -> Result<Template, VmError> {
         let t0 = Instant::now();
         let host_err = |what: &str, e: std::io::Error| VmError::Host(format!("template {what}: {e}"));
         let ram = sys::memfd(c"airlock-vm-ram").map_err(|e| host_err("RAM file", e))?;
@@ -151,6 +175,9 @@ impl MicroVmHost {
             }),
             restore: None,
         })?;
+        if let Some(limits) = prepare {
+            vm.prepare(limits)?;
+        }
         vm.channel()?.send(&ToGuest::Freeze, &[])?;
         vm.expect_ok("freezing the template")?;
         let control = vm
@@ -169,6 +196,7 @@ impl MicroVmHost {
             accel: self.accel,
             info,
             built_in: t0.elapsed(),
+            sandbox_disk: prepare.map(|l| l.disk_bytes),
         })
     }
 }
