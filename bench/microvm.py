@@ -16,7 +16,7 @@ host memory per pooled VM. Side by side with the namespace backend in the same r
   4. Clones, from the library (`examples/clones`, built with
      `cargo build --release -p airlock-microvm --example clones`): the template's build (a
      boot and a save), each clone's restore to a ready agent, PSS per clone with N alive
-     and prepared, split into the template's RAM (shared), RAM the clone copied, and the
+     and ready like pooled VMs, split into the template's RAM (shared), RAM the clone copied, and the
      rest (QEMU, its translated-code cache).
 
     sudo python3 bench/microvm.py [--airlock PATH] [--clones PATH] [--cold 5] [--requests 40] [--vm-pool 2]
@@ -156,7 +156,9 @@ class Daemon:
 
 
 def clones(binary, airlock, n, prepared=True):
-    """Runs examples/clones with `n` clones (prepared like pooled VMs, or just restored);
+    """Runs examples/clones with `n` clones (made ready like pooled VMs: cloned from the
+    template saved with its guest sandbox built, then warmed up; or clones of the plain
+    template, just restored);
     its JSON, or None when it is not built."""
     if not os.path.exists(binary):
         print(f"(no {binary}: clone figures skipped)")
@@ -226,7 +228,7 @@ def main():
     print(row("service, microvm, back to back (pool drains)", burst))
     print(row("service, namespaces, back to back", ns))
     print()
-    print(f"mean VM provision (pool: clone restore + sandbox; cold: boot), from /metrics: {boots * 1000:.0f} ms")
+    print(f"mean VM provision (pool: clone restore + warm-up; cold: boot), from /metrics: {boots * 1000:.0f} ms")
     print(f"setup_ms reported for warm microvm execs: median {statistics.median(setup):.1f}")
     if pss:
         print(f"PSS per pooled VMM process (MB): {', '.join(f'{x:.1f}' for x in pss)}; "
@@ -236,16 +238,16 @@ def main():
         print(f"template VM ({cl['ram_mib']} MiB RAM, {cl['accel']}): built (boot + save) in "
               f"{cl['template_build_ms']:.0f} ms; its RAM file holds {cl['template_ram_file_mb']} MB")
         print(f"clone restore to ready (ms): {', '.join(f'{x:.0f}' for x in cl['clone_restore_ms'])}; "
-              f"median {statistics.median(cl['clone_restore_ms']):.0f}; sandbox prepare median "
+              f"median {statistics.median(cl['clone_restore_ms']):.0f}; warm-up median "
               f"{statistics.median(cl['clone_prepare_ms']):.0f}")
-        print(f"PSS per clone with {len(cl['clone_pss_mb'])} alive (MB): "
+        print(f"PSS per clone with {len(cl['clone_pss_mb'])} alive, ready like pooled VMs (MB): "
               f"{', '.join(f'{x:.1f}' for x in cl['clone_pss_mb'])} (target <= {TARGET_PSS_MB:.0f}); first clone: "
               f"template RAM {split.get('ram_mapping')} (of which copied {split.get('ram_copied')}), "
               f"rest {split.get('other')}")
         print(f"/bin/true in a clone (wall ms): median {statistics.median(cl['true_wall_ms']):.1f}")
     if cl_bare:
         split = cl_bare.get("first_clone_pss_split_mb") or {}
-        print(f"PSS per clone just restored, sandbox not prepared (MB): "
+        print(f"PSS per clone of the plain template, just restored (MB): "
               f"{', '.join(f'{x:.1f}' for x in cl_bare['clone_pss_mb'])}; first clone: template RAM "
               f"{split.get('ram_mapping')} (copied {split.get('ram_copied')}), rest {split.get('other')}")
     print(f"ratio microvm cold / namespaces cold (median): "

@@ -1,6 +1,6 @@
 //! Measures template VMs and their clones on this host, for `bench/microvm.py`: the
 //! template's build (a boot and a save), each clone's restore to a ready agent, host
-//! memory (PSS) per clone with N clones alive and prepared like pooled VMs, the
+//! memory (PSS) per clone with N clones alive and made ready like pooled VMs, the
 //! template's RAM file, and a `/bin/true` in each. Prints one JSON object.
 //!
 //!     sudo AIRLOCK_GUEST=target/release/airlock-guest \
@@ -68,15 +68,22 @@ fn main() -> ExitCode {
         let mut vms = Vec::new();
         let mut restore = Vec::new();
         let mut prepare = Vec::new();
+        let pooled = std::env::var_os("CLONES_UNPREPARED").is_none();
         for _ in 0..n {
-            let mut vm = host.clone_vm(size)?;
+            // As the service's pool does: a clone of the template saved with the guest's
+            // sandbox built, warmed up by one /bin/true (unless CLONES_UNPREPARED is set:
+            // the figures of a clone of the plain template, just restored).
+            let mut vm = if pooled {
+                host.clone_prepared(size, &spec.limits)?
+            } else {
+                host.clone_vm(size)?
+            };
             restore.push(ms(vm.boot_time()));
-            // As the service's pool does: the guest's sandbox is built ahead (unless
-            // CLONES_UNPREPARED is set: the figures of a clone just restored).
-            if std::env::var_os("CLONES_UNPREPARED").is_none() {
-                vm.prepare(&spec.limits)?;
+            let t = std::time::Instant::now();
+            if pooled {
+                vm.warm_up(&spec.limits)?;
             }
-            prepare.push(ms(vm.sandbox_setup_time()));
+            prepare.push(ms(t.elapsed()));
             vms.push(vm);
         }
         // Let the guests settle to idle, as in a pool waiting for requests.

@@ -35,14 +35,19 @@ type BootJob = (
 );
 
 /// How a VM is started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Start {
     /// A cold boot.
     Boot,
-    /// A clone of the host's template of that size ([`MicroVmHost::clone_vm`]: about a
-    /// tenth of a boot, RAM shared with the template), booting when no template can be
-    /// made.
-    Clone,
+    /// A clone of the host's template of that size: about a tenth of a boot, RAM shared
+    /// with the template; booting when no template can be made. With limits, of the
+    /// template saved with its guest's sandbox built for them
+    /// ([`MicroVmHost::clone_prepared`]), else of the plain one
+    /// ([`MicroVmHost::clone_vm`]).
+    Clone(Option<Limits>),
+    /// For the pool: a clone of the template prepared with these limits, then warmed up
+    /// ([`BootedVm::warm_up`]) so its one exec finds the exec path translated.
+    Pooled(Limits),
 }
 
 /// Boots VMs on long-lived threads of its own. A VMM gets SIGKILL when the thread that
@@ -69,10 +74,14 @@ impl Booter {
                             return;
                         };
                         let t0 = Instant::now();
-                        let started = match start {
-                            Start::Boot => host.boot(size),
-                            Start::Clone => match &prepare {
-                                // From a template whose guest's sandbox is built already.
+                        let template = match &start {
+                            Start::Boot => None,
+                            Start::Clone(template) => Some(template.as_ref()),
+                            Start::Pooled(limits) => Some(Some(limits)),
+                        };
+                        let started = match template {
+                            None => host.boot(size),
+                            Some(template) => match template {
                                 Some(limits) => host.clone_prepared(size, limits),
                                 None => host.clone_vm(size),
                             }
@@ -83,6 +92,9 @@ impl Booter {
                         };
                         let booted = started.and_then(|mut vm| {
                             if let Some(limits) = &prepare {
+                                vm.ensure_sandbox(limits)?;
+                            }
+                            if let Start::Pooled(limits) = &start {
                                 vm.ensure_sandbox(limits)?;
                                 vm.warm_up(limits)?;
                             }
@@ -263,7 +275,7 @@ impl VmService {
         loop {
             while self.ready() < self.target {
                 let (booted, took) = tokio::select! {
-                    r = self.booter.boot(Arc::clone(&host), self.size, Start::Clone, Some(self.defaults.clone())) => r,
+                    r = self.booter.boot(Arc::clone(&host), self.size, Start::Pooled(self.defaults.clone()), None) => r,
                     () = stopped(&mut stop) => return,
                 };
                 match booted {
@@ -327,7 +339,9 @@ impl VmService {
         let host = self.host().await?;
         let need = VmSize::for_limits(limits);
         let start = if self.target > 0 && need == self.size {
-            Start::Clone
+            // The pool's prepared template serves any limits with its disk size (the
+            // rest are applied per exec).
+            Start::Clone((limits.disk_bytes == self.defaults.disk_bytes).then(|| self.defaults.clone()))
         } else {
             Start::Boot
         };
