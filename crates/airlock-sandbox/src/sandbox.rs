@@ -542,6 +542,18 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Puts the sandbox in the background's CPU share: for one about to be destroyed when
+    /// nobody waits for that (dying frees memory and namespaces: milliseconds of CPU that
+    /// should not delay another sandbox's program). Best effort: only the order in which
+    /// the CPU serves work depends on it.
+    pub fn enter_background(&mut self) {
+        if let Some(cg) = &self.cgroup
+            && cg.set_background(true).is_ok()
+        {
+            self.background = true;
+        }
+    }
+
     /// The usage baseline taken when the sandbox became ready, once: later execs read
     /// their own (and reset the memory peak) before they start.
     pub(crate) fn take_baseline(&mut self) -> Option<Usage> {
@@ -580,11 +592,6 @@ impl Sandbox {
 impl Drop for Sandbox {
     fn drop(&mut self) {
         if self.reaped.is_none() {
-            // Dying (freeing memory, namespaces) is background work too: it should not
-            // delay another sandbox's program.
-            if let Some(cg) = &self.cgroup {
-                let _ = cg.set_background(true);
-            }
             self.kill();
             self.reap();
         }

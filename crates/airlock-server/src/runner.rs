@@ -208,24 +208,33 @@ async fn one_shot_task(
         (r, sandbox)
     })
     .await;
-    let (result, sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
-    let purge = purge(state, sandbox, permit, refill);
+    let (result, mut sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
+    let purge = purge(
+        state,
+        move || {
+            // Nobody waits for its end.
+            sandbox.enter_background();
+            drop(sandbox);
+        },
+        permit,
+        refill,
+    );
     let result = result.map_err(api_error)?;
     Ok((answer(state, key, result, cold_setup, queued), purge))
 }
 
-/// The purge of a one-shot's sandbox (or VM): it goes first, then its admission (capacity
-/// is free only once the sandbox is gone), then the pool may build its replacement (one
-/// after the other, not side by side).
-fn purge<T: Send + 'static>(
+/// The purge of a one-shot's sandbox (or VM): `destroy` goes first, then its admission
+/// (capacity is free only once the sandbox is gone), then the pool may build its
+/// replacement (one after the other, not side by side).
+fn purge(
     state: &Arc<AppState>,
-    sandbox: T,
+    destroy: impl FnOnce() + Send + 'static,
     permit: Permit,
     refill: Option<oneshot::Sender<()>>,
 ) -> Purge {
     let state = Arc::clone(state);
     Purge::new(move || {
-        drop(sandbox);
+        destroy();
         drop(permit);
         state.metrics.sandboxes_active.set(state.active() as i64);
         drop(refill);
@@ -268,7 +277,7 @@ async fn one_shot_vm(
     })
     .await;
     let (result, vm) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
-    let purge = purge(state, vm, permit, None);
+    let purge = purge(state, move || drop(vm), permit, None);
     let result = result.map_err(crate::microvm::vm_error)?;
     Ok((answer(state, key, result, booted, queued), purge))
 }
