@@ -50,6 +50,19 @@ enum Start {
     Pooled(Limits),
 }
 
+/// A clone of `host`'s template of `size` (the one prepared with `prepared`, else the
+/// plain one), or a boot when no template can be made.
+fn clone_or_boot(host: &MicroVmHost, size: VmSize, prepared: Option<&Limits>) -> Result<BootedVm, VmError> {
+    match prepared {
+        Some(limits) => host.clone_prepared(size, limits),
+        None => host.clone_vm(size),
+    }
+    .or_else(|e| {
+        tracing::warn!(error = %e, "micro-VMs: cloning failed; booting instead");
+        host.boot(size)
+    })
+}
+
 /// Boots VMs on long-lived threads of its own. A VMM gets SIGKILL when the thread that
 /// started it exits (PR_SET_PDEATHSIG follows the thread), so VMs are never booted on
 /// tokio's blocking threads, which end after a while idle.
@@ -74,21 +87,10 @@ impl Booter {
                             return;
                         };
                         let t0 = Instant::now();
-                        let template = match &start {
-                            Start::Boot => None,
-                            Start::Clone(template) => Some(template.as_ref()),
-                            Start::Pooled(limits) => Some(Some(limits)),
-                        };
-                        let started = match template {
-                            None => host.boot(size),
-                            Some(template) => match template {
-                                Some(limits) => host.clone_prepared(size, limits),
-                                None => host.clone_vm(size),
-                            }
-                            .or_else(|e| {
-                                tracing::warn!(error = %e, "micro-VMs: cloning failed; booting instead");
-                                host.boot(size)
-                            }),
+                        let started = match &start {
+                            Start::Boot => host.boot(size),
+                            Start::Clone(prepared) => clone_or_boot(&host, size, prepared.as_ref()),
+                            Start::Pooled(limits) => clone_or_boot(&host, size, Some(limits)),
                         };
                         let booted = started.and_then(|mut vm| {
                             if let Some(limits) = &prepare {

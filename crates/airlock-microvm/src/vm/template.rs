@@ -22,6 +22,10 @@
 //!
 //! A clone is isolated like a booted VM: its own unprivileged uid, cgroup, state
 //! directory, QEMU sandbox, no network device.
+//!
+//! A template may also be saved with its guest's sandbox built (`clone_prepared`, what
+//! the service's pool uses): its clones start with that sandbox, and share what it held
+//! at the save; what must differ per VM is drawn after the restore.
 
 use std::fs::File;
 use std::io::Read;
@@ -61,7 +65,7 @@ pub(crate) struct Template {
 /// before the save (none: clones build their own).
 type Key = (VmSize, Option<Limits>);
 
-/// The host's templates, one per VM size.
+/// The host's templates, one per VM size and prepared limits.
 #[derive(Debug, Default)]
 pub(crate) struct Templates {
     ready: Mutex<Vec<(Key, Arc<Template>)>>,
