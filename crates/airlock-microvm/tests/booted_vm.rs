@@ -5,18 +5,14 @@
 
 mod common;
 
-use airlock_microvm::{HostOptions, MicroVmHost, VmSize};
+use airlock_microvm::{MicroVmHost, VmSize};
 use airlock_sandbox::Capture;
 use airlock_spec::{FileSpec, Spec};
-use common::agent;
 use std::path::PathBuf;
 
 #[test]
 fn a_booted_vm_runs_one_program_and_gives_its_files_back() {
-    let options = HostOptions {
-        agent: agent(),
-        ..HostOptions::from_env()
-    };
+    let options = common::options();
     let host = MicroVmHost::new(&options).expect("micro-VM host");
     let mut spec = Spec::new(vec![
         "sh".into(),

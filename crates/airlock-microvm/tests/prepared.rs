@@ -6,27 +6,15 @@
 
 mod common;
 
-use airlock_microvm::{HostOptions, MicroVmHost, VmSize};
+use airlock_microvm::{MicroVmHost, VmSize};
 use airlock_sandbox::Capture;
-use airlock_spec::{ExecResult, Spec};
-use common::agent;
+use airlock_spec::Spec;
+use common::{ok, sh};
 use std::time::Duration;
-
-fn sh(script: &str) -> Spec {
-    Spec::new(vec!["sh".into(), "-c".into(), script.into()])
-}
-
-fn ok(r: ExecResult) -> ExecResult {
-    assert_eq!(r.exit_code, Some(0), "{r:?}");
-    r
-}
 
 #[test]
 fn a_prepared_clone_starts_with_its_sandbox_and_emulation_fixes_the_layout() {
-    let options = HostOptions {
-        agent: agent(),
-        ..HostOptions::from_env()
-    };
+    let options = common::options();
     let host = MicroVmHost::new(&options).expect("micro-VM host");
     let limits = Spec::new(vec!["true".into()]).limits;
     let size = VmSize::for_limits(&limits);

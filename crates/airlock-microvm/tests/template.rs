@@ -8,24 +8,15 @@
 
 mod common;
 
-use airlock_microvm::{HostOptions, MicroVmHost, VmSize};
+use airlock_microvm::{MicroVmHost, VmSize};
 use airlock_sandbox::Capture;
-use airlock_spec::{ExecResult, Spec};
-use common::agent;
+use airlock_spec::Spec;
+use common::{ok, sh};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-fn sh(script: &str) -> Spec {
-    Spec::new(vec!["sh".into(), "-c".into(), script.into()])
-}
-
-fn ok(r: ExecResult) -> ExecResult {
-    assert_eq!(r.exit_code, Some(0), "{r:?}");
-    r
-}
 
 /// The template's RAM file as the clone's VMM holds it (passed as fd 5, a memfd).
 fn ram_file_of(pid: u32) -> PathBuf {
@@ -85,10 +76,7 @@ fn own_template_files() -> usize {
 
 #[test]
 fn clones_run_apart_with_their_own_randomness_and_clock_and_leave_nothing() {
-    let options = HostOptions {
-        agent: agent(),
-        ..HostOptions::from_env()
-    };
+    let options = common::options();
     let host = MicroVmHost::new(&options).expect("micro-VM host");
     let size = VmSize::for_limits(&Spec::new(vec!["true".into()]).limits);
     let built = host.prepare_template(size).expect("template");

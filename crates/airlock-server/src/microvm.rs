@@ -97,7 +97,7 @@ impl Booter {
                                 vm.ensure_sandbox(limits)?;
                             }
                             if let Start::Pooled(limits) = &start {
-                                vm.ensure_sandbox(limits)?;
+                                // The warm-up's exec finds (or builds) the sandbox.
                                 vm.warm_up(limits)?;
                             }
                             Ok(vm)
