@@ -59,7 +59,6 @@ class Recorder:
     [
         (lambda al: al.run("1", limits=Limits(memory_bytes=1 << 50)), "limits.memory_bytes"),
         (lambda al: al.run("1", language="ruby"), "language"),
-        (lambda al: al.exec(["no-such-program-here"]), "cmd"),
         (lambda al: al.exec(["true"], files={"../escape": "x"}), "files[0].path"),
         (lambda al: al.exec(["true"], limits=Limits(cpus=0)), "limits.cpus"),
         (lambda al: al.sandbox(ttl_s=0), "ttl_s"),
@@ -72,6 +71,15 @@ def test_invalid_request_names_the_field(al: Airlock, call: Any, field: str) -> 
     assert e.status == 400 and e.code == "invalid_request"
     assert e.field == field, e
     assert e.message and field in str(e)
+
+
+def test_command_not_found_is_a_result_with_exit_127(al: Airlock) -> None:
+    res = al.exec(["no-such-program-here"])
+    assert res.exit_code == 127 and res.outcome == "exited" and res.signal is None
+    assert "no-such-program-here: command not found" in res.stderr
+    with al.sandbox() as sb:
+        res = sb.exec(["/etc/passwd"])
+        assert res.exit_code == 126 and "not an executable file" in res.stderr
 
 
 def test_invalid_request_on_files(al: Airlock) -> None:

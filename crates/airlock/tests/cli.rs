@@ -1,5 +1,6 @@
-//! CLI ROBUSTNESS: bad flags, nonexistent commands, unreadable inputs and rootfs without
-//! the command exit 2 with one clear line on stderr and leave nothing behind; `--file`,
+//! CLI ROBUSTNESS: bad flags, unreadable inputs and a missing rootfs exit 2 with one clear
+//! line on stderr, a command that is not found exits 127 as in a shell, and nothing is left
+//! behind; `--file`,
 //! `--env`, `doctor` and the `--json` contract work as documented.
 //!
 //! Every test drives the real binary. The tests of this file run one at a time (see
@@ -8,7 +9,7 @@
 mod common;
 
 use common::host::{Run, airlock, assert_nothing_left, serial};
-use common::ok_stdout;
+use common::{TestCommand, ok_stdout};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------
@@ -137,18 +138,45 @@ fn missing_command_is_rejected() {
 // Nonexistent command, unreadable inputs, rootfs without the command.
 // ---------------------------------------------------------------------------------------
 
+/// A command that cannot be found or run ends as in a shell (issue 12, item 8): 127 when
+/// it is not found, 126 when it is found but cannot be executed, with one line on its
+/// stderr; with `--json` that is an ordinary result.
 #[test]
-fn nonexistent_command_is_a_clear_error() {
+fn command_not_found_exits_127_as_in_a_shell() {
     let _guard = serial();
     let name = "no-such-program-airlock-test";
-    assert_usage_error(&["run", "--", name], &[name]);
-    assert_usage_error(&["run", "--json", "--", name, "arg"], &[name]);
-    assert_usage_error(
-        &["run", "--", "/nonexistent/bin/prog"],
-        &["/nonexistent/bin/prog"],
-    );
-    // Exists but is not executable.
-    assert_usage_error(&["run", "--", "/etc/passwd"], &["/etc/passwd"]);
+    let wrapper = tempfile::tempdir().unwrap();
+    let script = wrapper.path().join("s.sh");
+    std::fs::write(&script, "#!/no/such/interpreter\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let file = format!("{}:s.sh", script.display());
+    for (args, status, needle) in [
+        (vec!["run", "--", name], 127, name),
+        (
+            vec!["run", "--", "/nonexistent/bin/prog"],
+            127,
+            "/nonexistent/bin/prog",
+        ),
+        // Exists but is not executable.
+        (vec!["run", "--", "/etc/passwd"], 126, "/etc/passwd"),
+        // Its interpreter is missing.
+        (vec!["run", "--file", &file, "--", "./s.sh"], 127, "interpreter"),
+    ] {
+        let Run { pid, out, .. } = airlock(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("airlock: ") && stderr.contains(needle),
+            "{args:?}: {stderr}"
+        );
+        assert_nothing_left(pid);
+    }
+    let v = TestCommand::run().json(&[name, "arg"]);
+    assert_eq!(v["outcome"], "exited", "{v}");
+    assert_eq!(v["exit_code"], 127, "{v}");
+    assert!(v["signal"].is_null(), "{v}");
+    assert!(v["stderr"].as_str().unwrap().contains(name), "{v}");
 }
 
 #[test]
@@ -187,10 +215,12 @@ fn rootfs_without_the_command_is_a_clear_error() {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
     }
     let root = dir.path().to_str().unwrap();
-    assert_usage_error(
-        &["run", "--rootfs", root, "--", "python3", "-c", "print(1)"],
-        &["python3"],
-    );
+    // As in a shell: the sandbox ran, the command was not found in it.
+    let Run { pid, out, .. } = airlock(&["run", "--rootfs", root, "--", "python3", "-c", "print(1)"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{stderr}");
+    assert!(stderr.contains("python3: command not found"), "{stderr}");
+    assert_nothing_left(pid);
     assert_usage_error(
         &["run", "--rootfs", "/nonexistent/airlock-root", "--", "true"],
         &["/nonexistent/airlock-root"],

@@ -813,20 +813,6 @@ fn bad_requests_get_the_right_status_and_field() {
             Some("files[1].path"),
         ),
         bad(
-            "nonexistent command",
-            "/v1/exec",
-            r#"{"cmd":["no-such-command-xyz"]}"#,
-            400,
-            Some("cmd"),
-        ),
-        bad(
-            "nonexistent command in a session",
-            "/v1/sandboxes/{sid}/exec",
-            r#"{"cmd":["no-such-command-xyz"]}"#,
-            400,
-            Some("cmd"),
-        ),
-        bad(
             "unknown sandbox exec",
             "/v1/sandboxes/0123456789abcdef/exec",
             r#"{"cmd":["true"]}"#,
