@@ -260,9 +260,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     match result.outcome {
-        airlock_spec::Outcome::Timeout => {
-            eprintln!("airlock: killed at the {} ms deadline", spec.limits.timeout_ms)
-        }
+        airlock_spec::Outcome::Timeout => eprintln!(
+            "airlock: killed at the {} ms deadline{}",
+            spec.limits.timeout_ms,
+            if result.oom_killed {
+                ", after the memory limit had killed a process"
+            } else {
+                ""
+            }
+        ),
+        airlock_spec::Outcome::Oom if result.exit_code.is_some() => eprintln!(
+            "airlock: a process was killed for exceeding the {} byte memory limit",
+            spec.limits.memory_bytes
+        ),
         airlock_spec::Outcome::Oom => eprintln!(
             "airlock: killed: exceeded the {} byte memory limit",
             spec.limits.memory_bytes
