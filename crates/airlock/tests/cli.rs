@@ -403,6 +403,45 @@ fn doctor_reports_every_feature() {
     assert_nothing_left(pid);
 }
 
+/// Issue 12, item 8: `airlock doctor` as a non-root user says "needs root" (with what to
+/// do) where a check needs root, instead of suggesting packages or kernel modules, exits
+/// non-zero, and prints no Rust debug formatting.
+#[test]
+fn doctor_as_a_non_root_user_says_needs_root() {
+    use std::os::unix::process::CommandExt;
+    let _guard = serial();
+    let out = std::process::Command::new(common::airlock_bin())
+        .arg("doctor")
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run airlock doctor as nobody");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no {name:?} line in:\n{stdout}"))
+            .to_owned()
+    };
+    let root = line("root");
+    assert!(root.starts_with("FAIL") && root.contains("needs root"), "{root}");
+    let micro = line("microvm");
+    assert!(micro.contains("needs root"), "{micro}");
+    if std::path::Path::new("/dev/kvm").exists() {
+        let kvm = line("/dev/kvm");
+        assert!(kvm.contains("needs root"), "{kvm}");
+    }
+    for wrong in ["apt-get", "kvm_intel", "modprobe", "Some(", "None", "Err(", "Ok("] {
+        assert!(
+            !stdout.contains(wrong),
+            "doctor as non-root says {wrong:?}:\n{stdout}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The --json contract.
 // ---------------------------------------------------------------------------------------
