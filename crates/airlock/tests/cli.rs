@@ -184,6 +184,11 @@ fn timeout_minus_one_says_the_value_is_invalid() {
     }
     let line = assert_usage_error(&["run", "--pids", "-1", "--", "true"], &["--pids", "-1"]);
     assert!(!line.contains("-- "), "{line}");
+    for cmd in ["serve", "mcp"] {
+        let line = assert_usage_error(&[cmd, "--default-ttl", "-1"], &["--default-ttl", "negative"]);
+        assert!(!line.contains("-- "), "{cmd}: {line}");
+    }
+    assert_usage_error(&["mcp", "--max-ttl", "600"], &["--max-ttl", "ambiguous"]);
 }
 
 /// Issue 12, item 8: limits are printed in the units they were given (`64 MiB`, `2 s`),
