@@ -22,6 +22,7 @@ from .errors import (
     SandboxNotFound,
     ServerError,
     ServiceUnavailable,
+    SessionQuotaExceeded,
     Unauthorized,
     UnsupportedMediaType,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "SandboxUsage",
     "ServerError",
     "ServiceUnavailable",
+    "SessionQuotaExceeded",
     "StderrEvent",
     "StdoutEvent",
     "StreamEvent",

@@ -114,6 +114,133 @@ fn bad_disk_and_output_limit_are_rejected() {
     );
 }
 
+/// Issue 12, item 8: sizes and durations. A bare number is ambiguous (`--memory 10`
+/// was 10 bytes, `--timeout 5` 5 seconds): it is refused naming the flag and the units
+/// allowed, on `run` and on `serve`; `0` means the same in every unit and stays allowed.
+#[test]
+fn sizes_and_durations_need_a_unit() {
+    let _guard = serial();
+    for flag in ["--memory", "--disk", "--output-limit"] {
+        let line = assert_usage_error(&["run", flag, "10", "--", "true"], &[flag, "10", "ambiguous"]);
+        for unit in ["10M", "10MiB", "10B"] {
+            assert!(
+                line.contains(unit),
+                "{flag} 10: the error does not offer {unit}: {line}"
+            );
+        }
+    }
+    let line = assert_usage_error(
+        &["run", "--timeout", "5", "--", "true"],
+        &["--timeout", "5", "ambiguous"],
+    );
+    assert!(line.contains("5s") && line.contains("5ms"), "{line}");
+    for (flag, value) in [
+        ("--max-memory", "4096"),
+        ("--memory-budget", "8"),
+        ("--max-body", "100"),
+        ("--queue-timeout", "2"),
+        ("--grace", "10"),
+        ("--max-session-ttl", "3600"),
+    ] {
+        assert_usage_error(
+            &["serve", "--listen", "127.0.0.1:0", flag, value],
+            &[flag, "ambiguous"],
+        );
+    }
+    // With units, the same values work; `0` needs none.
+    let v = run_json(&[
+        "--memory",
+        "64MiB",
+        "--disk",
+        "8M",
+        "--output-limit",
+        "0",
+        "--timeout",
+        "5s",
+        "--",
+        "echo",
+        "hi",
+    ]);
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(v["stdout"], "", "--output-limit 0 keeps nothing: {v}");
+    assert_eq!(v["stdout_bytes"], 3, "{v}");
+}
+
+/// Issue 12, item 8: `--timeout -1` said to write `-- -1`, which would run `-1` as the
+/// command. A negative size or duration is an invalid value of its flag.
+#[test]
+fn timeout_minus_one_says_the_value_is_invalid() {
+    let _guard = serial();
+    for (flag, value) in [
+        ("--timeout", "-1"),
+        ("--timeout", "-5s"),
+        ("--memory", "-1M"),
+        ("--disk", "-1"),
+    ] {
+        let line = assert_usage_error(&["run", flag, value, "--", "true"], &[flag, value, "negative"]);
+        assert!(
+            !line.contains("-- "),
+            "{flag} {value}: suggests a `--` separator: {line}"
+        );
+    }
+    let line = assert_usage_error(&["run", "--pids", "-1", "--", "true"], &["--pids", "-1"]);
+    assert!(!line.contains("-- "), "{line}");
+    for cmd in ["serve", "mcp"] {
+        let line = assert_usage_error(&[cmd, "--default-ttl", "-1"], &["--default-ttl", "negative"]);
+        assert!(!line.contains("-- "), "{cmd}: {line}");
+    }
+    assert_usage_error(&["mcp", "--max-ttl", "600"], &["--max-ttl", "ambiguous"]);
+}
+
+/// Issue 12, item 8: limits are printed in the units they were given (`64 MiB`, `2 s`),
+/// not as `67108864 byte` or `2000 ms`, on the CLI and in the API's and spec's errors.
+#[test]
+fn limits_are_printed_in_the_units_given() {
+    let _guard = serial();
+    let Run { pid, out, .. } = airlock(&[
+        "run",
+        "--memory",
+        "32M",
+        "--timeout",
+        "30s",
+        "--",
+        "python3",
+        "-c",
+        "x = bytearray(200 << 20)",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the 32 MiB memory limit (--memory)"), "{stderr}");
+    assert_nothing_left(pid);
+    let Run { pid, out, .. } = airlock(&["run", "--timeout", "500ms", "--", "sleep", "5"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("killed at the 500 ms deadline"), "{stderr}");
+    assert_nothing_left(pid);
+    let Run { pid, out, .. } = airlock(&[
+        "run",
+        "--timeout",
+        "2m",
+        "--output-limit",
+        "1K",
+        "--",
+        "head",
+        "-c",
+        "5000",
+        "/dev/zero",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--output-limit 1 KiB (4.9 KiB written in all)")
+            || stderr.contains("--output-limit 1 KiB (5000 bytes written in all)"),
+        "{stderr}"
+    );
+    assert_nothing_left(pid);
+    // The spec's bounds, through the CLI: sizes in binary units.
+    let line = assert_usage_error(&["run", "--memory", "1K", "--", "true"], &["--memory"]);
+    assert!(line.contains("between 4 MiB and 1 TiB, got 1 KiB"), "{line}");
+    let line = assert_usage_error(&["run", "--timeout", "25h", "--", "true"], &["--timeout"]);
+    assert!(line.contains("between 1 ms and 24 h, got 25 h"), "{line}");
+}
+
 #[test]
 fn unknown_flag_is_rejected() {
     let _guard = serial();
@@ -309,6 +436,45 @@ fn doctor_reports_every_feature() {
         );
     }
     assert_nothing_left(pid);
+}
+
+/// Issue 12, item 8: `airlock doctor` as a non-root user says "needs root" (with what to
+/// do) where a check needs root, instead of suggesting packages or kernel modules, exits
+/// non-zero, and prints no Rust debug formatting.
+#[test]
+fn doctor_as_a_non_root_user_says_needs_root() {
+    use std::os::unix::process::CommandExt;
+    let _guard = serial();
+    let out = std::process::Command::new(common::airlock_bin())
+        .arg("doctor")
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run airlock doctor as nobody");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no {name:?} line in:\n{stdout}"))
+            .to_owned()
+    };
+    let root = line("root");
+    assert!(root.starts_with("FAIL") && root.contains("needs root"), "{root}");
+    let micro = line("microvm");
+    assert!(micro.contains("needs root"), "{micro}");
+    if std::path::Path::new("/dev/kvm").exists() {
+        let kvm = line("/dev/kvm");
+        assert!(kvm.contains("needs root"), "{kvm}");
+    }
+    for wrong in ["apt-get", "kvm_intel", "modprobe", "Some(", "None", "Err(", "Ok("] {
+        assert!(
+            !stdout.contains(wrong),
+            "doctor as non-root says {wrong:?}:\n{stdout}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
