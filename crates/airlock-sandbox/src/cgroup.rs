@@ -1256,10 +1256,11 @@ impl Cgroup {
     }
 
     /// SIGKILLs every process of the sandbox except `keep` (its init, which a session
-    /// keeps): from outside, so a program that starves init of CPU cannot delay it. The
-    /// cgroup is frozen meanwhile where a freezer exists (cgroup2's `cgroup.freeze`, or
-    /// v1's), so nothing forks between listing and signalling; else the listing repeats
-    /// until no new process appears. The CPU quota is lifted as in [`Cgroup::kill`], for
+    /// keeps): from outside, so a program that starves init of CPU cannot delay it. A
+    /// freeze is asked for meanwhile where a freezer exists (cgroup2's `cgroup.freeze`, or
+    /// v1's), so the program cannot fork its way past the listing, which repeats until no
+    /// new process appears; `keep` is expected to kill what a fork under way adds (see
+    /// `signal_all_except`). The CPU quota is lifted as in [`Cgroup::kill`], for
     /// `keep` too (it only reaps and reports): put it back with
     /// [`Cgroup::restore_cpu_quota`] once `keep` reports the killed processes gone.
     pub fn kill_except(&self, keep: i32) -> Result<(), CgroupError> {
@@ -1269,7 +1270,6 @@ impl Cgroup {
     }
 
     fn signal_all_except(&self, keep: i32) -> Result<(), CgroupError> {
-        let skip: HashSet<i32> = [keep].into();
         let freeze = self
             .cgroup2_dir()
             .map(|d| (d.join("cgroup.freeze"), "1", "0"))
@@ -1279,32 +1279,28 @@ impl Cgroup {
                     .map(|d| (d.join("freezer.state"), "FROZEN", "THAWED"))
                     .filter(|(f, _, _)| f.exists())
             });
-        let Some((file, frozen, thawed)) = freeze else {
-            let deadline = Instant::now() + KILL_LOOP_WAIT;
-            let mut seen = skip;
-            loop {
-                let fresh = self.signal_members(&seen)?;
-                if fresh.is_empty() || Instant::now() >= deadline {
-                    return Ok(());
-                }
-                seen.extend(fresh);
+        if let Some((file, frozen, _)) = &freeze {
+            write_file(file, frozen)?;
+            self.lift_quota_while_freezing();
+        }
+        // Sweep until a sweep finds no new process. With a freeze asked for, a task stops
+        // before it returns to user space, so only a fork already under way can add one;
+        // without a freezer the sweeps race the program's forks (bounded by this wait and
+        // pids.max). The freeze is not waited for: tasks deep in kernel work reach the
+        // freeze point slowly (150-370 ms under a clone storm), and SIGKILL needs no
+        // freeze. Whatever a last fork under way leaves alive, `keep` kills: it is the
+        // namespace's init, whose kill(-1) reaches every process in it.
+        let deadline = Instant::now() + KILL_LOOP_WAIT;
+        let mut seen: HashSet<i32> = [keep].into();
+        let swept = loop {
+            match self.signal_members(&seen) {
+                Ok(fresh) if fresh.is_empty() || Instant::now() >= deadline => break Ok(()),
+                Ok(fresh) => seen.extend(fresh),
+                Err(e) => break Err(e),
             }
         };
-        write_file(&file, frozen)?;
-        self.lift_quota_while_freezing();
-        // Freezing completes asynchronously; killing a task mid-freeze is fine (SIGKILL
-        // wakes it), the freeze only stops new forks.
-        let deadline = Instant::now() + FREEZE_WAIT;
-        let done = |f: &Path| match f.file_name().and_then(|n| n.to_str()) {
-            Some("cgroup.freeze") => read_u64(&f.with_file_name("cgroup.events"), Some("frozen")) == Some(1),
-            _ => read_file(f).is_ok_and(|s| s.trim() == "FROZEN"),
-        };
-        while !done(&file) && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(1));
-        }
-        let signalled = self.signal_members(&skip);
-        let thaw = write_file(&file, thawed);
-        signalled.map(drop).and(thaw)
+        let thaw = freeze.map_or(Ok(()), |(file, _, thawed)| write_file(&file, thawed));
+        swept.and(thaw)
     }
 
     fn kill_with(&self, method: KillMethod) -> Result<(), CgroupError> {
