@@ -7,7 +7,7 @@
 //! stays for the next one. A one-shot VM is simply destroyed after its one exec.
 
 use airlock_microvm::proto::{self, CHUNK, GuestInfo, ToGuest, ToHost};
-use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig};
+use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig, SandboxError};
 use airlock_spec::{Limits, Spec};
 use std::fs::File;
 use std::io;
@@ -128,6 +128,18 @@ pub fn serve(port: File, init_ms: u64, modules_ms: u64) -> Result<(), String> {
     }
 }
 
+/// A file whose parts are arriving.
+struct Incoming {
+    /// Path relative to /workspace.
+    path: String,
+    /// Permission bits.
+    mode: u32,
+    /// The bytes so far.
+    data: Vec<u8>,
+    /// The answer, once a part failed: the rest is dropped as it comes.
+    failed: Option<ToHost>,
+}
+
 /// What one VM's agent holds between requests.
 #[derive(Default)]
 struct State {
@@ -135,8 +147,8 @@ struct State {
     sandbox: Option<Sandbox>,
     /// The limits it was created with (bound the files written to it).
     limits: Limits,
-    /// A file being received: (path, mode, bytes so far).
-    file: Option<(String, u32, Vec<u8>)>,
+    /// A file being received.
+    file: Option<Incoming>,
     /// Stdin received so far.
     stdin: Vec<u8>,
     /// More stdin came than [`MAX_STDIN`].
@@ -207,31 +219,51 @@ impl State {
                 first,
                 last,
             } => {
-                if first {
-                    self.file = Some((path.clone(), mode, Vec::new()));
+                // Answered once, after the last part, whatever failed before it: the host
+                // sends every part before it reads the answer.
+                if first || self.file.is_none() {
+                    self.file = Some(Incoming {
+                        path,
+                        mode,
+                        data: Vec::new(),
+                        failed: (!first).then(|| ToHost::Error {
+                            message: "file data without a first part".into(),
+                        }),
+                    });
                 }
-                let Some((_, _, data)) = self.file.as_mut() else {
-                    return port.error("file data without a first part");
-                };
-                data.extend_from_slice(&payload);
-                if data.len() as u64 > self.limits.disk_bytes {
-                    self.file = None;
-                    return if last {
-                        port.error(format!("{path}: larger than the sandbox's disk"))
+                let disk = self.limits.disk_bytes;
+                if let Some(file) = self.file.as_mut()
+                    && file.failed.is_none()
+                {
+                    if (file.data.len() + payload.len()) as u64 > disk {
+                        // Larger than the whole disk: the rest is read and dropped.
+                        file.data = Vec::new();
+                        file.failed = Some(ToHost::NoRoom { free_bytes: None });
                     } else {
-                        Ok(())
-                    };
+                        file.data.extend_from_slice(&payload);
+                    }
                 }
                 if !last {
                     return Ok(());
                 }
-                let (path, mode, data) = self.file.take().unwrap_or_default();
+                let Some(file) = self.file.take() else {
+                    return port.error("file data without a first part");
+                };
+                if let Some(answer) = file.failed {
+                    return port.send(&answer, &[]);
+                }
                 let Some(sb) = self.sandbox.as_mut() else {
                     return port.error("no sandbox: send create first");
                 };
-                match sb.write_file(&path, mode, &data) {
+                match sb.write_file(&file.path, file.mode, &file.data) {
                     Ok(()) => port.send(&ToHost::Ok, &[]),
-                    Err(e) => port.error(format!("{path}: {e}")),
+                    Err(SandboxError::DiskFull(e)) => port.send(
+                        &ToHost::NoRoom {
+                            free_bytes: e.free_bytes,
+                        },
+                        &[],
+                    ),
+                    Err(e) => port.error(format!("{}: {e}", file.path)),
                 }
             }
             ToGuest::Egress => {

@@ -63,6 +63,7 @@ pub fn api_error(e: SandboxError) -> ApiError {
             ApiError::invalid("cmd", m)
         }
         SandboxError::File(m) => ApiError::invalid("path", m),
+        SandboxError::DiskFull(e) => ApiError::disk_full(e.to_string()),
         SandboxError::Cancelled => ApiError::shutting_down(),
         SandboxError::Gone => {
             ApiError::conflict("the sandbox is gone (its init was killed, e.g. by the OOM killer)")

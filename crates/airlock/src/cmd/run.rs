@@ -1,7 +1,7 @@
 //! `airlock run [OPTIONS] [--] COMMAND [ARGS...]`.
 
 use airlock_microvm::{HostOptions, MicroVmHost, VmError};
-use airlock_sandbox::{Engine, OutputSink, SandboxError};
+use airlock_sandbox::{Engine, OutputSink, SandboxError, human_size};
 use airlock_spec::{FileSpec, Isolation, Limits, NetworkPolicy, Spec, parse_duration, parse_size};
 use anyhow::{Context, bail};
 use clap::Args;
@@ -100,6 +100,7 @@ impl RunArgs {
             };
             spec.env.push((k.to_owned(), v.to_owned()));
         }
+        let mut files_bytes = 0u64;
         for arg in &self.files {
             let (src, dest) = match arg.split_once(':') {
                 Some((src, dest)) => (PathBuf::from(src), dest.to_owned()),
@@ -116,6 +117,24 @@ impl RunArgs {
                 .with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
             if !meta.is_file() {
                 bail!("--file {arg}: {} is not a regular file", src.display());
+            }
+            // Refused before anything starts (or is read): it could never fit.
+            let before = files_bytes;
+            files_bytes = files_bytes.saturating_add(meta.len());
+            if files_bytes > self.disk {
+                let what = if before == 0 {
+                    format!("the file ({})", human_size(meta.len()))
+                } else {
+                    format!(
+                        "the file ({}) with the --file before it ({} in all)",
+                        human_size(meta.len()),
+                        human_size(files_bytes)
+                    )
+                };
+                bail!(
+                    "--file {arg}: {what} does not fit the sandbox's disk (--disk {}); give a larger --disk",
+                    human_size(self.disk)
+                );
             }
             let content = std::fs::read(&src)
                 .with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
