@@ -54,10 +54,7 @@ fn cli_file_larger_than_the_disk_is_refused_before_anything_starts() {
     // Sparse: 100 GiB that take no room on the host. Refused from its size alone, it is
     // never read (reading it would take minutes and 100 GiB of memory).
     let huge = dir.path().join("big100g.bin");
-    std::fs::File::create(&huge)
-        .unwrap()
-        .set_len(100 << 30)
-        .unwrap();
+    std::fs::File::create(&huge).unwrap().set_len(100 << 30).unwrap();
     let huge = huge.to_str().unwrap();
     let out = airlock_within(&["run", "--file", huge, "--", "ls"], Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -98,7 +95,10 @@ fn cli_file_larger_than_the_disk_is_refused_before_anything_starts() {
         .output();
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("716800 a.bin") && text.contains("716800 data/b.bin"), "{text}");
+    assert!(
+        text.contains("716800 a.bin") && text.contains("716800 data/b.bin"),
+        "{text}"
+    );
 }
 
 /// Creates a session (with `body`), and fails one upload larger than its whole disk and
@@ -156,8 +156,11 @@ fn session_upload_beyond_the_disk_fails_once_with_507_and_the_session_still_work
         .map(|e| (e["path"].as_str().unwrap(), e["size"].as_u64().unwrap()))
         .collect();
     assert_eq!(listed, [("data", 0), ("data/a.bin", 60 << 20)], "{entries}");
-    c.put(&format!("/v1/sandboxes/{id}/files?path=note.txt"), b"still here\n")
-        .expect(204);
+    c.put(
+        &format!("/v1/sandboxes/{id}/files?path=note.txt"),
+        b"still here\n",
+    )
+    .expect(204);
     let got = c
         .get(&format!("/v1/sandboxes/{id}/files?path=note.txt"))
         .expect(200);
@@ -175,10 +178,7 @@ fn session_upload_beyond_the_disk_fails_once_with_507_and_the_session_still_work
         &vec![2u8; 15 * MIB],
     )
     .expect(204);
-    let v = c
-        .session_exec(&id, &sh("wc -c < data/b.bin"))
-        .expect(200)
-        .json();
+    let v = c.session_exec(&id, &sh("wc -c < data/b.bin")).expect(200).json();
     assert_eq!(ok_stdout(&v), format!("{}\n", 15 * MIB), "{v}");
 
     // A one-shot exec whose files do not fit its disk: the same 507, nothing run.
@@ -206,9 +206,8 @@ fn sigterm_of_a_daemon_whose_session_upload_failed_exits_and_expiry_purges() {
     let long = session_with_failed_uploads(&c, &json!({"ttl_s": 600}));
     // The short one expires as any other: 410, its sandbox purged.
     let expired = poll(Duration::from_secs(30), || {
-        (c.get(&format!("/v1/sandboxes/{short}")).status == 410
-            && !d.sandbox_cgroups().contains(&short))
-        .then_some(())
+        (c.get(&format!("/v1/sandboxes/{short}")).status == 410 && !d.sandbox_cgroups().contains(&short))
+            .then_some(())
     });
     assert!(
         expired.is_some(),

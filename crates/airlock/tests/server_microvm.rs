@@ -389,8 +389,11 @@ fn microvm_session_upload_beyond_the_disk_fails_once_with_507_and_the_session_st
         .map(|e| e["path"].as_str().unwrap())
         .collect();
     assert_eq!(paths, ["a.bin"], "{entries}");
-    c.put(&format!("/v1/sandboxes/{id}/files?path=note.txt"), b"still here\n")
-        .expect(204);
+    c.put(
+        &format!("/v1/sandboxes/{id}/files?path=note.txt"),
+        b"still here\n",
+    )
+    .expect(204);
     let got = c
         .get(&format!("/v1/sandboxes/{id}/files?path=note.txt"))
         .expect(200);
