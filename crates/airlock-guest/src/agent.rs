@@ -140,6 +140,22 @@ struct Incoming {
     failed: Option<ToHost>,
 }
 
+impl Incoming {
+    /// Adds a part; past `disk` bytes in all the file is refused (`NoRoom`), and this
+    /// part and the rest are dropped.
+    fn push(&mut self, part: &[u8], disk: u64) {
+        if self.failed.is_some() {
+            return;
+        }
+        if (self.data.len() + part.len()) as u64 > disk {
+            self.data = Vec::new();
+            self.failed = Some(ToHost::NoRoom { free_bytes: None });
+        } else {
+            self.data.extend_from_slice(part);
+        }
+    }
+}
+
 /// What one VM's agent holds between requests.
 #[derive(Default)]
 struct State {
@@ -222,26 +238,23 @@ impl State {
                 // Answered once, after the last part, whatever failed before it: the host
                 // sends every part before it reads the answer.
                 if first || self.file.is_none() {
+                    let failed = if self.sandbox.is_none() {
+                        Some("no sandbox: send create first")
+                    } else if !first {
+                        Some("file data without a first part")
+                    } else {
+                        None
+                    };
                     self.file = Some(Incoming {
                         path,
                         mode,
                         data: Vec::new(),
-                        failed: (!first).then(|| ToHost::Error {
-                            message: "file data without a first part".into(),
-                        }),
+                        failed: failed.map(|m| ToHost::Error { message: m.into() }),
                     });
                 }
                 let disk = self.limits.disk_bytes;
-                if let Some(file) = self.file.as_mut()
-                    && file.failed.is_none()
-                {
-                    if (file.data.len() + payload.len()) as u64 > disk {
-                        // Larger than the whole disk: the rest is read and dropped.
-                        file.data = Vec::new();
-                        file.failed = Some(ToHost::NoRoom { free_bytes: None });
-                    } else {
-                        file.data.extend_from_slice(&payload);
-                    }
+                if let Some(file) = self.file.as_mut() {
+                    file.push(&payload, disk);
                 }
                 if !last {
                     return Ok(());
@@ -379,6 +392,56 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_larger_than_the_disk_is_refused_once_and_its_parts_dropped() {
+        let mut file = Incoming {
+            path: "big.bin".into(),
+            mode: 0o644,
+            data: Vec::new(),
+            failed: None,
+        };
+        file.push(&[1; 600], 1000);
+        assert_eq!(file.data.len(), 600);
+        file.push(&[2; 600], 1000);
+        file.push(&[3; 10], 1000);
+        assert!(file.data.is_empty());
+        assert_eq!(file.failed, Some(ToHost::NoRoom { free_bytes: None }));
+    }
+
+    #[test]
+    fn the_parts_of_a_file_without_a_sandbox_get_one_answer() {
+        use std::os::unix::net::UnixStream;
+        // Nothing of the engine is used here (no sandbox is created) but its type.
+        let engine = Engine::new().expect("the engine (tests run as root)");
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let port = Port(File::from(std::os::fd::OwnedFd::from(ours)));
+        let mut state = State::default();
+        for (first, last) in [(true, false), (false, false), (false, true)] {
+            let msg = ToGuest::WriteFile {
+                path: "x".into(),
+                mode: 0o644,
+                first,
+                last,
+            };
+            state.handle(&engine, &port, msg, vec![0; 100]).unwrap();
+        }
+        state
+            .handle(&engine, &port, ToGuest::ListFiles, Vec::new())
+            .unwrap();
+        drop(port);
+        let mut r = io::BufReader::new(theirs);
+        let mut answers = Vec::new();
+        while let Some(f) = proto::read::<ToHost>(&mut r).unwrap() {
+            answers.push(f.msg);
+        }
+        // One answer for the file, one for the listing.
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert!(
+            matches!(&answers[0], ToHost::Error { message } if message.contains("no sandbox")),
+            "{answers:?}"
+        );
+    }
 
     #[test]
     fn network_devices_without_tcp_rules_are_refused() {
