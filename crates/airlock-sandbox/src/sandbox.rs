@@ -394,8 +394,13 @@ impl Sandbox {
             // Work done for this request, not ahead of it.
             self.leave_background()?;
         }
+        // A one-shot's files are written under its cancel fds: the sandbox is thrown
+        // away anyway. A session's are not (a write cut short kills the sandbox, and a
+        // client that goes away must cost only its exec): they take what a file write
+        // takes, bounded by FILE_OP_DEADLINE per chunk.
+        let file_cancel = if one_shot { cancel } else { &[] };
         for file in &spec.files {
-            self.write_file_cancellable(&file.path, file.mode, &file.content, cancel)?;
+            self.write_file_cancellable(&file.path, file.mode, &file.content, file_cancel)?;
         }
         supervisor::exec(self, spec, sink, cancel, one_shot, t0)
     }
