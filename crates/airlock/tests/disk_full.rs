@@ -67,6 +67,34 @@ fn cli_file_larger_than_the_disk_is_refused_before_anything_starts() {
         "{err}"
     );
 
+    // The disk is a tmpfs whose pages count against --memory: a file larger than the
+    // memory cap could never be written either (init would be OOM-killed part-way).
+    let out = airlock_within(
+        &["run", "--disk", "1G", "--file", huge, "--", "ls"],
+        Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    std::fs::File::options()
+        .write(true)
+        .open(huge)
+        .unwrap()
+        .set_len(300 << 20)
+        .unwrap();
+    let out = airlock_within(
+        &["run", "--disk", "1G", "--file", huge, "--", "ls"],
+        Duration::from_secs(30),
+    );
+    let err2 = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        err.contains("does not fit the sandbox's disk (--disk 1 GiB)")
+            && err2.contains(
+                "the file (300 MiB) does not fit the sandbox's memory (--memory 256 MiB), which the files on its disk count against"
+            ),
+        "{err}\n{err2}"
+    );
+
     // Two files that fit one by one but not together; the error names the one that
     // overflows and the --disk given.
     let a = dir.path().join("a.bin");

@@ -118,11 +118,13 @@ impl RunArgs {
             if !meta.is_file() {
                 bail!("--file {arg}: {} is not a regular file", src.display());
             }
-            // Refused before anything starts (or is read): it could never fit.
+            // Refused before anything starts (or is read): it could never fit. The disk
+            // is a tmpfs whose pages count against --memory, so the files must fit that
+            // too (with room left for the program).
             let before = files_bytes;
             files_bytes = files_bytes.saturating_add(meta.len());
-            if files_bytes > self.disk {
-                let what = if before == 0 {
+            let what = || {
+                if before == 0 {
                     format!("the file ({})", human_size(meta.len()))
                 } else {
                     format!(
@@ -130,10 +132,20 @@ impl RunArgs {
                         human_size(meta.len()),
                         human_size(files_bytes)
                     )
-                };
+                }
+            };
+            if files_bytes > self.disk {
                 bail!(
-                    "--file {arg}: {what} does not fit the sandbox's disk (--disk {}); give a larger --disk",
+                    "--file {arg}: {} does not fit the sandbox's disk (--disk {}); give a larger --disk",
+                    what(),
                     human_size(self.disk)
+                );
+            }
+            if files_bytes >= self.memory {
+                bail!(
+                    "--file {arg}: {} does not fit the sandbox's memory (--memory {}), which the files on its disk count against; give a larger --memory",
+                    what(),
+                    human_size(self.memory)
                 );
             }
             let content = std::fs::read(&src)
