@@ -149,7 +149,10 @@ impl Incoming {
         }
         if (self.data.len() + part.len()) as u64 > disk {
             self.data = Vec::new();
-            self.failed = Some(ToHost::NoRoom { free_bytes: None });
+            self.failed = Some(ToHost::NoRoom {
+                free_bytes: None,
+                memory_bytes: None,
+            });
         } else {
             self.data.extend_from_slice(part);
         }
@@ -273,6 +276,7 @@ impl State {
                     Err(SandboxError::DiskFull(e)) => port.send(
                         &ToHost::NoRoom {
                             free_bytes: e.free_bytes,
+                            memory_bytes: e.memory_bytes,
                         },
                         &[],
                     ),
@@ -406,7 +410,13 @@ mod tests {
         file.push(&[2; 600], 1000);
         file.push(&[3; 10], 1000);
         assert!(file.data.is_empty());
-        assert_eq!(file.failed, Some(ToHost::NoRoom { free_bytes: None }));
+        assert_eq!(
+            file.failed,
+            Some(ToHost::NoRoom {
+                free_bytes: None,
+                memory_bytes: None,
+            })
+        );
     }
 
     #[test]

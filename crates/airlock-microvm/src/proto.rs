@@ -110,6 +110,10 @@ pub enum ToHost {
         /// Bytes free on the disk after the failed write; `None` when the file is larger
         /// than the whole disk and was not written at all.
         free_bytes: Option<u64>,
+        /// Set when the sandbox's memory cap is what the file does not fit (see
+        /// `airlock_sandbox::DiskFull::memory_bytes`).
+        #[serde(default)]
+        memory_bytes: Option<u64>,
     },
     /// Program output within the output limit (payload).
     Stdout,

@@ -426,16 +426,22 @@ impl Sandbox {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<(), SandboxError> {
         let disk_bytes = self.disk_bytes;
-        let no_room = |free_bytes| {
+        let no_room = |free_bytes, memory_bytes| {
             SandboxError::DiskFull(crate::DiskFull {
                 path: path.to_owned(),
                 bytes: content.len() as u64,
                 disk_bytes,
                 free_bytes,
+                memory_bytes,
             })
         };
         if content.len() as u64 > self.disk_bytes {
-            return Err(no_room(None));
+            return Err(no_room(None, None));
+        }
+        // The tmpfs's pages are charged to the sandbox's cgroup: a file as large as the
+        // memory cap would get init OOM-killed part-way.
+        if content.len() as u64 >= self.limits.memory_bytes {
+            return Err(no_room(None, Some(self.limits.memory_bytes)));
         }
         let mut chunks = content.chunks(CHUNK).peekable();
         let mut first = true;
@@ -461,7 +467,7 @@ impl Sandbox {
         }
         match self.file_reply()? {
             Reply::Ok => Ok(()),
-            Reply::NoRoom { free_bytes } => Err(no_room(Some(free_bytes))),
+            Reply::NoRoom { free_bytes } => Err(no_room(Some(free_bytes), None)),
             Reply::Error { message } => Err(SandboxError::File(message)),
             other => Err(self.desync(&other)),
         }

@@ -160,10 +160,24 @@ pub struct DiskFull {
     /// What was free on the disk when the write failed (and its part was removed);
     /// `None` when the file is larger than the whole disk and was refused unsent.
     pub free_bytes: Option<u64>,
+    /// Set when the sandbox's memory cap is what the file does not fit: the disk is a
+    /// tmpfs whose pages count against it, so a file as large as the cap is refused
+    /// unsent (writing it would get the sandbox OOM-killed part-way).
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
 }
 
 impl std::fmt::Display for DiskFull {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(memory) = self.memory_bytes {
+            return write!(
+                f,
+                "the sandbox's memory ({}), which the files on its disk count against, has no room for file '{}' ({}): use a sandbox with more memory (limits.memory_bytes)",
+                human_size(memory),
+                self.path,
+                human_size(self.bytes)
+            );
+        }
         write!(
             f,
             "the sandbox's disk ({}) has no room for file '{}' ({})",
@@ -281,6 +295,7 @@ mod tests {
             bytes: 100 << 20,
             disk_bytes: 64 << 20,
             free_bytes: None,
+            memory_bytes: None,
         };
         let m = e.to_string();
         assert!(
@@ -292,5 +307,15 @@ mod tests {
             ..e
         };
         assert!(e.to_string().contains("3 MiB of it is free"), "{e}");
+        let e = DiskFull {
+            memory_bytes: Some(64 << 20),
+            ..e
+        };
+        assert!(
+            e.to_string().starts_with(
+                "the sandbox's memory (64 MiB), which the files on its disk count against, has no room for file 'data/big.bin' (100 MiB)"
+            ),
+            "{e}"
+        );
     }
 }

@@ -209,6 +209,27 @@ fn session_upload_beyond_the_disk_fails_once_with_507_and_the_session_still_work
     let v = c.session_exec(&id, &sh("wc -c < data/b.bin")).expect(200).json();
     assert_eq!(ok_stdout(&v), format!("{}\n", 15 * MIB), "{v}");
 
+    // The disk is a tmpfs whose pages count against the memory cap: a file as large as
+    // the cap is refused unsent too (writing it got init OOM-killed), and the session
+    // stays usable.
+    let small = c.create_session(&json!({
+        "ttl_s": 600, "limits": {"memory_bytes": 32 * MIB, "disk_bytes": 64 * MIB},
+    }));
+    let e = c
+        .put(
+            &format!("/v1/sandboxes/{small}/files?path=big.bin"),
+            &vec![3u8; 40 * MIB],
+        )
+        .api_error(507);
+    assert!(
+        e["message"].as_str().unwrap().contains(
+            "the sandbox's memory (32 MiB), which the files on its disk count against, has no room for file 'big.bin' (40 MiB)"
+        ),
+        "{e}"
+    );
+    let v = c.session_exec(&small, &sh("ls; echo ok")).expect(200).json();
+    assert_eq!(ok_stdout(&v), "ok\n", "{v}");
+
     // A one-shot exec whose files do not fit its disk: the same 507, nothing run.
     let e = c
         .exec(&json!({
