@@ -23,6 +23,7 @@ from .errors import (
     SandboxNotFound,
     ServerError,
     ServiceUnavailable,
+    SessionQuotaExceeded,
     Unauthorized,
     UnsupportedMediaType,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "SandboxUsage",
     "ServerError",
     "ServiceUnavailable",
+    "SessionQuotaExceeded",
     "StderrEvent",
     "StdoutEvent",
     "StreamEvent",

@@ -177,14 +177,15 @@ def is_exec(method: str, path: str) -> bool:
     return method == "POST" and path.endswith("/exec")
 
 
-def retry_on_status(method: str, path: str, status: int) -> bool:
+def retry_on_status(method: str, path: str, status: int, code: str | None = None) -> bool:
     """Whether a response status allows a retry.
 
-    429 is answered at admission, before anything runs: always retryable. 503 is
-    retryable except for an exec: the service also answers 503 when its shutdown grace
+    429 is answered at admission, before anything runs: retryable, except the session
+    quota (``session_quota``), which only the caller can free by deleting a session. 503
+    is retryable except for an exec: the service also answers 503 when its shutdown grace
     ended *while the program ran*, so an exec that got a 503 may have had effects."""
     if status == 429:
-        return True
+        return code != "session_quota"
     if status == 503:
         return not is_exec(method, path)
     return False

@@ -209,7 +209,9 @@ class AsyncAirlock:
                 raise _core.wrap_transport_error(e, method, url) from e
             finally:
                 await resp.aclose()
-            if attempt < cfg.max_retries and _core.retry_on_status(method, path, resp.status_code):
+            if attempt < cfg.max_retries and _core.retry_on_status(
+                method, path, resp.status_code, err.code
+            ):
                 delay = _core.retry_delay(cfg, attempt, err.retry_after)
                 if delay is not None:
                     _core.logger.info(

@@ -25,6 +25,7 @@ __all__ = [
     "SandboxExpired",
     "SandboxNotFound",
     "ServerError",
+    "SessionQuotaExceeded",
     "ServiceUnavailable",
     "Unauthorized",
     "UnsupportedMediaType",
@@ -133,9 +134,18 @@ class UnsupportedMediaType(AirlockError):
 class RateLimited(AirlockError):
     """429: the service is at capacity (``queue_full``, ``queue_timeout`` or
     ``key_concurrency``); ``retry_after`` says when to try again. The client already
-    retried ``max_retries`` times before raising this."""
+    retried ``max_retries`` times before raising this. The subclass
+    :class:`SessionQuotaExceeded` (``session_quota``) is raised without retries."""
 
     status = 429
+
+
+class SessionQuotaExceeded(RateLimited):
+    """429 ``session_quota``: this API key (or, on a service without keys, the anonymous
+    caller) already holds as many sessions as the server's ``--max-sessions-per-key``
+    allows. Waiting does not help unless one of them expires (``retry_after`` says when
+    the first does), so the client does not retry it: delete a session you no longer
+    need (:meth:`Airlock.list_sandboxes` lists yours) and create the new one then."""
 
 
 class ServerError(AirlockError):
@@ -195,6 +205,7 @@ _BY_CODE: dict[str, type[AirlockError]] = {
     "queue_full": RateLimited,
     "queue_timeout": RateLimited,
     "key_concurrency": RateLimited,
+    "session_quota": SessionQuotaExceeded,
     "shutting_down": ServiceUnavailable,
     "sandbox_error": ServerError,
     "internal": ServerError,
@@ -246,6 +257,8 @@ def from_response(
         text = content.decode("utf-8", "replace").strip()
         message = text[:500] or f"HTTP {status}"
     cls = _BY_STATUS.get(status)
+    if status == 429 and code == "session_quota":
+        cls = SessionQuotaExceeded
     if cls is NotFound:
         cls = not_found
         if not_found is not SandboxNotFound and message.startswith("no sandbox"):

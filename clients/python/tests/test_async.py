@@ -109,9 +109,16 @@ async def test_stream(url: str) -> None:
 async def test_stream_error_before_start(url: str) -> None:
     async with AsyncAirlock(url) as al:
         with pytest.raises(InvalidRequest) as ei:
-            async for _ in al.stream(cmd=["no-such-program"]):
+            async for _ in al.stream(cmd=["true"], limits={"cpus": 0}):
                 pass
-        assert ei.value.field == "cmd"
+        assert ei.value.field == "limits.cpus"
+
+
+async def test_command_not_found_is_a_result_with_exit_127(url: str) -> None:
+    async with AsyncAirlock(url) as al:
+        res = await al.stream(cmd=["no-such-program"]).wait()
+        assert res.exit_code == 127 and res.outcome == "exited"
+        assert "no-such-program: command not found" in res.stderr
 
 
 async def test_expired(url: str) -> None:

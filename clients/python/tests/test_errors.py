@@ -25,6 +25,7 @@ from airlock import (
     SandboxNotFound,
     Sandbox,
     ServiceUnavailable,
+    SessionQuotaExceeded,
     Unauthorized,
     UnsupportedMediaType,
 )
@@ -59,7 +60,6 @@ class Recorder:
     [
         (lambda al: al.run("1", limits=Limits(memory_bytes=1 << 50)), "limits.memory_bytes"),
         (lambda al: al.run("1", language="ruby"), "language"),
-        (lambda al: al.exec(["no-such-program-here"]), "cmd"),
         (lambda al: al.exec(["true"], files={"../escape": "x"}), "files[0].path"),
         (lambda al: al.exec(["true"], limits=Limits(cpus=0)), "limits.cpus"),
         (lambda al: al.sandbox(ttl_s=0), "ttl_s"),
@@ -72,6 +72,15 @@ def test_invalid_request_names_the_field(al: Airlock, call: Any, field: str) -> 
     assert e.status == 400 and e.code == "invalid_request"
     assert e.field == field, e
     assert e.message and field in str(e)
+
+
+def test_command_not_found_is_a_result_with_exit_127(al: Airlock) -> None:
+    res = al.exec(["no-such-program-here"])
+    assert res.exit_code == 127 and res.outcome == "exited" and res.signal is None
+    assert "no-such-program-here: command not found" in res.stderr
+    with al.sandbox() as sb:
+        res = sb.exec(["/etc/passwd"])
+        assert res.exit_code == 126 and "not an executable file" in res.stderr
 
 
 def test_invalid_request_on_files(al: Airlock) -> None:
@@ -287,5 +296,57 @@ def test_service_unavailable_and_exec_not_retried(tmp_path) -> None:
         assert err.status == 503 and err.code == "shutting_down"
         assert rec.sent == ["POST /v1/exec"] and rec.statuses == [503]
         assert d.proc.wait(30) == 0
+    finally:
+        d.stop()
+
+
+# --- 429 session_quota (issue 12, item 4) --------------------------------------------------
+
+
+def test_one_client_can_hold_every_sandbox_slot(tmp_path) -> None:
+    """A caller at ``--max-sessions-per-key`` gets :class:`SessionQuotaExceeded` (a
+    :class:`RateLimited`) naming the quota, at once and without retries; its sessions are
+    listed for it; deleting one lets it create another."""
+    d = start_daemon(tmp_path, "--pool", "1", "--max-sessions-per-key", "2", "--queue-timeout", "20s")
+    rec = Recorder()
+    try:
+        with Airlock(d.url, max_retries=3, http_client=rec.client) as al:
+            first = al.sandbox(ttl_s=120)
+            second = al.sandbox(ttl_s=60)
+            assert {s.id for s in al.list_sandboxes()} == {first.id, second.id}
+            rec.sent.clear()
+            rec.statuses.clear()
+            t0 = time.monotonic()
+            with pytest.raises(SessionQuotaExceeded) as ei:
+                al.sandbox()
+            assert time.monotonic() - t0 < 10
+            e = ei.value
+            assert isinstance(e, RateLimited)
+            assert e.status == 429 and e.code == "session_quota"
+            assert "--max-sessions-per-key (2)" in e.message, e.message
+            # When the caller's first session expires (the 60 s one).
+            assert e.retry_after is not None and 30 <= e.retry_after <= 60, e.retry_after
+            assert rec.sent == ["POST /v1/sandboxes"] and rec.statuses == [429], "retried"
+            first.delete()
+            third = al.sandbox()
+            assert {s.id for s in al.list_sandboxes()} == {second.id, third.id}
+            second.delete()
+            third.delete()
+            assert al.list_sandboxes() == []
+    finally:
+        d.stop()
+
+
+@pytest.mark.anyio
+async def test_async_session_quota(tmp_path) -> None:
+    d = start_daemon(tmp_path, "--pool", "1", "--max-sessions-per-key", "1")
+    try:
+        async with AsyncAirlock(d.url) as al:
+            sb = await al.sandbox()
+            with pytest.raises(SessionQuotaExceeded) as ei:
+                await al.sandbox()
+            assert ei.value.code == "session_quota"
+            assert [s.id for s in await al.list_sandboxes()] == [sb.id]
+            await sb.delete()
     finally:
         d.stop()

@@ -53,8 +53,11 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a request other than exec (create, files) may take in the guest.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The guest enforces the deadline itself and reports; past the deadline plus this, the
-/// host stops waiting and kills the VM.
-const DEADLINE_GRACE: Duration = Duration::from_millis(1500);
+/// host stops waiting and kills the VM, and the result is the host's own (the guest's
+/// usage counters die with it). Short: a one-shot result comes back within 250 ms of its
+/// deadline, and under emulation the guest's kernel can take longer than that to tear
+/// down a large process tree (a clone storm took it ≈ 0.7 s).
+const DEADLINE_GRACE: Duration = Duration::from_millis(100);
 /// The same for an exec of a session, whose VM is worth waiting for longer: killing it
 /// loses the session's files. The guest's own engine kills the exec's processes at the
 /// deadline, then gives its init a grace of its own to report, all under emulation.
@@ -1088,12 +1091,16 @@ impl BootedVm {
         self.agent = None;
         self.control = None;
         self.egress_port = None;
-        if let Some(mut child) = self.child.take() {
+        if let Some(child) = &mut self.child {
             let _ = child.kill();
-            let _ = child.wait();
         }
+        // Before the wait: the cgroup's kill lifts its CPU quota, so a VMM the throttle
+        // holds dies at once.
         if let Some(cg) = &self.cgroup {
             let _ = cg.kill();
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
         }
     }
 

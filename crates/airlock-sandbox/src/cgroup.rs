@@ -1066,11 +1066,7 @@ impl Cgroup {
                 write_file(&swap, "0")?;
             }
             write_file(&self.need("pids")?.join("pids.max"), &pids)?;
-            write_file(
-                &self.need("cpu")?.join("cpu.max"),
-                &format!("{quota} {CPU_PERIOD_US}"),
-            )?;
-            return Ok(());
+            return self.write_cpu_quota(Some(quota));
         }
         let dir = self.need("memory")?;
         // memsw (memory+swap) must stay >= the memory limit at every step: when the limit
@@ -1092,9 +1088,44 @@ impl Cgroup {
         // not writable on some kernels (e.g. under a parent with use_hierarchy quirks).
         let _ = write_file(&dir.join("memory.swappiness"), "0");
         write_file(&self.need("pids")?.join("pids.max"), &pids)?;
+        self.write_cpu_quota(Some(quota))
+    }
+
+    /// Writes the CFS quota (microseconds per [`CPU_PERIOD_US`]), or none at all.
+    fn write_cpu_quota(&self, quota_us: Option<u64>) -> Result<(), CgroupError> {
         let cpu = self.need("cpu")?;
+        if self.v2 {
+            let quota = quota_us.map_or_else(|| "max".to_owned(), |q| q.to_string());
+            return write_file(&cpu.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"));
+        }
         write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
-        write_file(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())
+        let quota = quota_us.map_or_else(|| "-1".to_owned(), |q| q.to_string());
+        write_file(&cpu.join("cpu.cfs_quota_us"), &quota)
+    }
+
+    /// Lifts the CPU quota, for tasks that are already dying. A task the CFS throttle
+    /// holds runs no code at all, not even its own exit with SIGKILL pending, and
+    /// kernel-heavy work (forks, exits, page faults) can overrun the quota by seconds
+    /// before the throttle catches up: the debt is paid back before the task runs again.
+    /// Called only after every task of the cgroup was sent SIGKILL, so no program code
+    /// runs unthrottled: a task with SIGKILL pending dies on its way back to user space.
+    fn lift_cpu_quota(&self) -> Result<(), CgroupError> {
+        self.write_cpu_quota(None)
+    }
+
+    /// Lifts the CPU quota once a freeze was asked for, before waiting for it: a
+    /// throttled task cannot reach the freeze point either (it would take up to
+    /// `FREEZE_WAIT`). From the request on, a task stops before it returns to user space,
+    /// so the lifted quota serves only the kernel work it is in the middle of; the SIGKILL
+    /// that follows ends it.
+    fn lift_quota_while_freezing(&self) {
+        let _ = self.lift_cpu_quota();
+    }
+
+    /// Puts the CPU quota for `cpus` cores back after [`Cgroup::kill_except`] lifted it,
+    /// once the killed processes are gone (a session's init outlives the kill).
+    pub fn restore_cpu_quota(&self, cpus: f64) -> Result<(), CgroupError> {
+        self.write_cpu_quota(Some(cpu_quota_us(cpus)))
     }
 
     /// Puts the sandbox's CPU time behind every other runnable task's (`background`), or
@@ -1214,16 +1245,30 @@ impl Cgroup {
     /// Sends SIGKILL to every process of the sandbox: through `cgroup.kill` where present;
     /// else freeze (v1 freezer), SIGKILL every pid, thaw; else SIGKILL every listed pid
     /// until no new one appears. Does not wait for them to exit ([`Cgroup::destroy`] does).
+    ///
+    /// Once every task has SIGKILL pending, the CPU quota is lifted (see
+    /// [`Cgroup::lift_cpu_quota`]): a throttled sandbox dies at once, whatever its debt.
     pub fn kill(&self) -> Result<(), CgroupError> {
-        self.kill_with(self.kill_method())
+        let killed = self.kill_with(self.kill_method());
+        // Best effort on a cgroup that may be half torn down; the kill is what counts.
+        let _ = self.lift_cpu_quota();
+        killed
     }
 
     /// SIGKILLs every process of the sandbox except `keep` (its init, which a session
     /// keeps): from outside, so a program that starves init of CPU cannot delay it. The
     /// cgroup is frozen meanwhile where a freezer exists (cgroup2's `cgroup.freeze`, or
     /// v1's), so nothing forks between listing and signalling; else the listing repeats
-    /// until no new process appears.
+    /// until no new process appears. The CPU quota is lifted as in [`Cgroup::kill`], for
+    /// `keep` too (it only reaps and reports): put it back with
+    /// [`Cgroup::restore_cpu_quota`] once `keep` reports the killed processes gone.
     pub fn kill_except(&self, keep: i32) -> Result<(), CgroupError> {
+        let killed = self.signal_all_except(keep);
+        let _ = self.lift_cpu_quota();
+        killed
+    }
+
+    fn signal_all_except(&self, keep: i32) -> Result<(), CgroupError> {
         let skip: HashSet<i32> = [keep].into();
         let freeze = self
             .cgroup2_dir()
@@ -1246,6 +1291,7 @@ impl Cgroup {
             }
         };
         write_file(&file, frozen)?;
+        self.lift_quota_while_freezing();
         // Freezing completes asynchronously; killing a task mid-freeze is fine (SIGKILL
         // wakes it), the freeze only stops new forks.
         let deadline = Instant::now() + FREEZE_WAIT;
@@ -1267,6 +1313,7 @@ impl Cgroup {
             KillMethod::Freezer(dir) => {
                 let state = dir.join("freezer.state");
                 write_file(&state, "FROZEN")?;
+                self.lift_quota_while_freezing();
                 // Once FROZEN, no task forks or exits, so the pid list is complete and no
                 // listed pid can be recycled before our signal lands.
                 let deadline = Instant::now() + FREEZE_WAIT;

@@ -12,28 +12,53 @@ pub struct Check {
     pub name: &'static str,
     /// Whether it is present and usable.
     pub ok: bool,
+    /// Usable, but through a slower fallback (a micro-VM emulated with TCG): reported as
+    /// `slow`, not `ok`.
+    pub slow: bool,
     /// Whether airlock refuses to run without it.
     pub required: bool,
     /// What was found.
     pub detail: String,
-    /// How to fix it when missing.
+    /// How to fix it when missing (or slow).
     pub fix: &'static str,
+}
+
+impl Check {
+    /// The state column of the report: `ok`, `slow`, `warn` (an optional feature is
+    /// missing) or `FAIL` (a required one is).
+    pub fn mark(&self) -> &'static str {
+        match (self.ok, self.slow, self.required) {
+            (true, false, _) => "ok",
+            (true, true, _) => "slow",
+            (false, _, true) => "FAIL",
+            (false, _, false) => "warn",
+        }
+    }
 }
 
 fn check(name: &'static str, required: bool, ok: bool, detail: String, fix: &'static str) -> Check {
     Check {
         name,
         ok,
+        slow: false,
         required,
         detail,
         fix,
     }
 }
 
+/// What to do when a probe failed only because this is not root.
+pub const NEEDS_ROOT: &str = "needs root: run `sudo airlock doctor`";
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Probes the host.
 pub fn run() -> Vec<Check> {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = is_root();
     let mut checks = vec![check(
         "root",
         true,
@@ -41,9 +66,9 @@ pub fn run() -> Vec<Check> {
         if root {
             "running as root".into()
         } else {
-            "not root".into()
+            "not root: airlock needs root (each sandbox gets cgroups and an id mapping only root can set up); the checks below that need root say so".into()
         },
-        "run airlock as root (cgroup limits need it)",
+        "needs root: run airlock as root, e.g. `sudo airlock doctor`",
     )];
 
     let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
@@ -59,6 +84,13 @@ pub fn run() -> Vec<Check> {
     ));
 
     match CgroupHost::detect() {
+        Err(e) if !root => checks.push(check(
+            "cgroups",
+            true,
+            false,
+            format!("not checked as this user: {e}"),
+            NEEDS_ROOT,
+        )),
         Ok(host) => {
             checks.push(check("cgroups", true, true, host.describe(), ""));
             checks.push(check(
@@ -156,21 +188,36 @@ pub fn run() -> Vec<Check> {
     ));
 
     let kvm = Path::new("/dev/kvm");
-    let kvm_ok = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(kvm)
-        .is_ok();
-    checks.push(check(
-        "/dev/kvm",
-        false,
-        kvm_ok,
-        if kvm_ok {
-            "openable (used by the micro-VM backend, not by namespaces)".into()
-        } else {
-            "absent or not openable".into()
-        },
-        "load kvm_intel or kvm_amd",
-    ));
+    let opened = std::fs::OpenOptions::new().read(true).write(true).open(kvm);
+    checks.push(match opened {
+        Ok(_) => check(
+            "/dev/kvm",
+            false,
+            true,
+            "openable (used by the micro-VM backend, not by namespaces)".into(),
+            "",
+        ),
+        Err(e) if kvm.exists() && !root => check(
+            "/dev/kvm",
+            false,
+            false,
+            format!("present, but this user cannot open it ({e})"),
+            NEEDS_ROOT,
+        ),
+        Err(e) if kvm.exists() => check(
+            "/dev/kvm",
+            false,
+            false,
+            format!("present, but not openable ({e})"),
+            "check the device's permissions and that no security module denies it",
+        ),
+        Err(_) => check(
+            "/dev/kvm",
+            false,
+            false,
+            "absent: micro-VMs are emulated (TCG), much slower".into(),
+            "enable virtualization and load kvm_intel or kvm_amd",
+        ),
+    });
     checks
 }

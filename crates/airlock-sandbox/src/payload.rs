@@ -14,10 +14,11 @@
 //! 6. clear inheritable and ambient caps; set no_new_privs (landlock needs it);
 //! 7. landlock;
 //! 8. mark every inherited fd above 2 close-on-exec;
-//! 9. wait for the exec request (only now, unprivileged, is it parsed), find the program
-//!    the way a shell would, as the sandbox user sees it;
+//! 9. wait for the exec request (only now, unprivileged, is it parsed);
 //! 10. its stdio onto 0-2, the file size capped at the disk size;
-//! 11. execve.
+//! 11. find the program the way a shell would, as the sandbox user sees it, and execve;
+//!     if it cannot be found or run, say so on its stderr and exit 127 or 126 as a shell
+//!     does.
 
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
@@ -135,9 +136,7 @@ fn exec_request(requests: &OwnedFd) -> Result<std::convert::Infallible, String> 
         return Err("exec needs three stdio fds".into());
     };
     let first = command.first().ok_or("empty command")?;
-    let path = resolve(first, &env)?;
     let cstring = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
-    let path = cstring(&path.to_string_lossy())?;
     let argv = command
         .iter()
         .map(|a| cstring(a))
@@ -158,7 +157,13 @@ fn exec_request(requests: &OwnedFd) -> Result<std::convert::Infallible, String> 
         "RLIMIT_FSIZE",
         setrlimit(Resource::RLIMIT_FSIZE, max_file_bytes, max_file_bytes),
     )?;
-    // 11.
+    // 11. A program that cannot be found or run ends as a shell's would: a line on its
+    // stderr and exit status 127 (not found) or 126 (found, cannot be executed), so the
+    // caller gets an ordinary result rather than a failed request.
+    let path = match resolve(first, &env) {
+        Ok(path) => cstring(&path.to_string_lossy())?,
+        Err(NotRunnable { status, message }) => fail_like_a_shell(status, &message),
+    };
     let argv: Vec<*const libc::c_char> = argv
         .iter()
         .map(|a| a.as_ptr())
@@ -173,12 +178,35 @@ fn exec_request(requests: &OwnedFd) -> Result<std::convert::Infallible, String> 
     // arrays that live until the call returns (it only returns on failure).
     unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
     let e = std::io::Error::last_os_error();
-    Err(format!("execve {}: {e}", path.to_string_lossy()))
+    // ENOENT here is a missing interpreter (`#!/no/such/shell`) or loader.
+    let (status, why) = if e.raw_os_error() == Some(libc::ENOENT) {
+        (127, "its interpreter or loader is not in the sandbox: ")
+    } else {
+        (126, "")
+    };
+    fail_like_a_shell(status, &format!("{}: {why}{e}", path.to_string_lossy()))
+}
+
+/// Why the command cannot be run: the shell's exit status for it and what to print.
+struct NotRunnable {
+    status: i32,
+    message: String,
+}
+
+/// Writes `airlock: <message>` to the program's stderr (already in place) and exits with
+/// `status`, as the program would have.
+fn fail_like_a_shell(status: i32, message: &str) -> ! {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "airlock: {message}");
+    // SAFETY: _exit ends this single-threaded child at once, running no atexit handlers
+    // or destructors that could touch state shared with init.
+    unsafe { libc::_exit(status) }
 }
 
 /// Finds the program the way a shell would: a name with a slash is taken as a path
-/// (relative to /workspace), otherwise each PATH entry is tried.
-fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, String> {
+/// (relative to /workspace), otherwise each PATH entry is tried. Not found is status 127;
+/// found but not an executable file is 126.
+fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, NotRunnable> {
     let executable = |p: &Path| {
         p.metadata()
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -188,7 +216,15 @@ fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, String> {
         if executable(&path) {
             return Ok(path);
         }
-        return Err(format!("{program}: no such executable file in the sandbox"));
+        let (status, why) = if path.exists() {
+            (126, "not an executable file")
+        } else {
+            (127, "no such file in the sandbox")
+        };
+        return Err(NotRunnable {
+            status,
+            message: format!("{program}: {why}"),
+        });
     }
     let search = env
         .iter()
@@ -202,7 +238,8 @@ fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, String> {
             return Ok(path);
         }
     }
-    Err(format!(
-        "{program}: command not found in the sandbox (searched PATH={search})"
-    ))
+    Err(NotRunnable {
+        status: 127,
+        message: format!("{program}: command not found in the sandbox (searched PATH={search})"),
+    })
 }

@@ -122,6 +122,9 @@ pub struct Sandbox {
     /// Built ahead of need: its CPU share is the background's until its first exec (see
     /// [`Cgroup::set_background`]).
     background: bool,
+    /// The host uid (and gid) the sandbox user is mapped to: owner of the program's stdio
+    /// pipes.
+    host_user: u32,
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
@@ -198,10 +201,12 @@ impl Sandbox {
             proxy: None,
             baseline: None,
             background: ahead,
+            host_user: 0,
         };
 
         // The child waits on the control socket: map its ids, then go.
         let base = host_uid_base(engine.next_slot());
+        sandbox.host_user = base + crate::mounts::SANDBOX_ID;
         let map = format!("0 {base} {}\n", crate::mounts::SANDBOX_ID + 1);
         for file in ["uid_map", "gid_map"] {
             let path = format!("/proc/{}/{file}", cloned.pid);
@@ -607,6 +612,16 @@ impl Sandbox {
 
     pub(crate) fn cgroup(&self) -> Option<&Cgroup> {
         self.cgroup.as_ref()
+    }
+
+    /// The host uid and gid of the sandbox user.
+    pub(crate) fn host_user(&self) -> u32 {
+        self.host_user
+    }
+
+    /// The CPU limit in force (cores).
+    pub(crate) fn cpus(&self) -> f64 {
+        self.limits.cpus
     }
 
     /// The proxy's port inside the sandbox, in proxy mode.

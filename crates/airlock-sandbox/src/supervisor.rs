@@ -179,6 +179,15 @@ pub(crate) fn exec(
     let (stdin_r, stdin_w) = pipe().map_err(SandboxError::Spawn)?;
     let (stdout_r, stdout_w) = pipe().map_err(SandboxError::Spawn)?;
     let (stderr_r, stderr_w) = pipe().map_err(SandboxError::Spawn)?;
+    // A pipe's inode belongs to its creator with mode 0600, and opening
+    // /dev/stdin (/proc/self/fd/0) opens that inode afresh, checked against that owner: the
+    // program's ends belong to the sandbox user, or `cat /dev/stdin` fails with EACCES.
+    // (Landlock leaves pipes alone: they are outside every filesystem it rules.)
+    for fd in [&stdin_r, &stdout_w, &stderr_w] {
+        let user = sb.host_user();
+        nix::unistd::fchown(fd, Some(user.into()), Some(user.into()))
+            .map_err(|e| SandboxError::Spawn(e.into()))?;
+    }
     let request = Request::Exec {
         command: spec.command.clone(),
         env: environment(spec, sb.proxy_port()),
@@ -223,6 +232,9 @@ pub(crate) fn exec(
     let mut cancelled = false;
     let mut killed_all = false;
     let mut init_gone = false;
+    // A session's exec killed with its init spared: the CPU quota is lifted until init
+    // reports the killed processes gone (see `Cgroup::kill_except`).
+    let mut quota_lifted = false;
     // Until Started, the deadline bounds the hand-over; then it is the program's own.
     let mut deadline = Instant::now() + Duration::from_secs(30);
 
@@ -254,6 +266,7 @@ pub(crate) fn exec(
                     sb.kill();
                 } else if let Some(cg) = sb.cgroup() {
                     let _ = cg.kill_except(sb.init_pid());
+                    quota_lifted = true;
                 }
                 deadline = Instant::now() + KILL_GRACE;
                 continue;
@@ -356,6 +369,7 @@ pub(crate) fn exec(
                     } else {
                         if let Some(cg) = sb.cgroup() {
                             let _ = cg.kill_except(sb.init_pid());
+                            quota_lifted = true;
                         }
                         deadline = Instant::now() + KILL_GRACE;
                     }
@@ -365,13 +379,31 @@ pub(crate) fn exec(
         }
     }
 
-    let end = ended.unwrap_or_else(Instant::now);
+    let mut end = ended.unwrap_or_else(Instant::now);
     if init_gone || killed_all {
         // Without init nothing else can run here; make sure everything is dead.
         sb.kill();
         init_gone = true;
     }
-    let init_status = if init_gone { Some(sb.reap()) } else { None };
+    let init_status = if init_gone {
+        let status = sb.reap();
+        // Init exits only once every process of its namespace is gone: that, not the
+        // moment it was told to die, is when the program ended.
+        end = end.max(Instant::now());
+        Some(status)
+    } else {
+        None
+    };
+    if quota_lifted
+        && !init_gone
+        && let Some(cg) = sb.cgroup()
+        && cg.restore_cpu_quota(sb.cpus()).is_err()
+    {
+        // Never let the session's next exec run without the CPU limit it reports.
+        sb.kill();
+        sb.reap();
+        return Err(SandboxError::Gone);
+    }
     if cancelled {
         return Err(SandboxError::Cancelled);
     }
@@ -383,26 +415,18 @@ pub(crate) fn exec(
         return Err(SandboxError::Setup(message));
     };
     let oom_killed = after.oom_kills > before.oom_kills;
-    let (outcome, exit_code, signal) = if timed_out {
-        (Outcome::Timeout, None, Some(libc::SIGKILL))
-    } else {
-        let (exit_code, signal) = match final_reply {
-            Some(Reply::Exited { code }) => (Some(code), None),
-            Some(Reply::Signaled { signal }) => (None, Some(signal)),
-            // Init itself died (the OOM killer, say) before reporting.
-            _ => match init_status {
-                Some(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
-                _ => (None, Some(libc::SIGKILL)),
-            },
-        };
-        if oom_killed {
-            (Outcome::Oom, None, signal.or(Some(libc::SIGKILL)))
-        } else if let Some(code) = exit_code {
-            (Outcome::Exited, Some(code), None)
-        } else {
-            (Outcome::Signaled, None, signal)
-        }
+    // How the program's own top process ended, whatever the outcome: init's report, or,
+    // when init died with the sandbox before reporting (a one-shot's deadline, the OOM
+    // killer choosing init), the signal that ended them both.
+    let (exit_code, signal) = match final_reply {
+        Some(Reply::Exited { code }) => (Some(code), None),
+        Some(Reply::Signaled { signal }) => (None, Some(signal)),
+        _ => match init_status {
+            Some(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
+            _ => (None, Some(libc::SIGKILL)),
+        },
     };
+    let outcome = Outcome::of(oom_killed, timed_out, exit_code.is_some());
     Ok(ExecResult {
         id: sb.id().to_owned(),
         outcome,

@@ -41,6 +41,65 @@ pub const QUEUE_FULL: &str = "queue_full";
 pub const QUEUE_TIMEOUT: &str = "queue_timeout";
 /// The API key's concurrency cap is reached.
 pub const KEY_CONCURRENCY: &str = "key_concurrency";
+/// The API key (or the anonymous caller) holds `--max-sessions-per-key` sessions already.
+pub const SESSION_QUOTA: &str = "session_quota";
+
+/// Sessions held, and being created, per API key (`None`: the anonymous caller of a
+/// service without keys). Checked before admission: a caller at its quota gets a 429 at
+/// once instead of taking a slot another caller could use.
+#[derive(Debug)]
+pub struct SessionQuota {
+    held: Arc<Mutex<HashMap<Option<String>, usize>>>,
+    cap: usize,
+}
+
+/// One session's place in its key's quota; dropping it gives the place back.
+#[derive(Debug)]
+pub struct SessionSlot {
+    held: Arc<Mutex<HashMap<Option<String>, usize>>>,
+    key: Option<String>,
+}
+
+impl SessionQuota {
+    /// A quota of `cap` sessions per key.
+    pub fn new(cap: usize) -> SessionQuota {
+        SessionQuota {
+            held: Arc::new(Mutex::new(HashMap::new())),
+            cap,
+        }
+    }
+
+    /// The quota.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// A place for one more session of `key`, or `None` when it holds `cap` already.
+    pub fn reserve(&self, key: Option<&str>) -> Option<SessionSlot> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(key.map(str::to_owned)).or_insert(0);
+        if *n >= self.cap {
+            return None;
+        }
+        *n += 1;
+        Some(SessionSlot {
+            held: Arc::clone(&self.held),
+            key: key.map(str::to_owned),
+        })
+    }
+}
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
+}
 
 impl Admission {
     /// A gate sized by `config`.
@@ -132,5 +191,23 @@ impl Admission {
                 ))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_quota_is_per_key_and_given_back() {
+        let q = SessionQuota::new(2);
+        let a1 = q.reserve(Some("a")).unwrap();
+        let _a2 = q.reserve(Some("a")).unwrap();
+        assert!(q.reserve(Some("a")).is_none(), "a third session for key a");
+        // Another key, and the anonymous caller, have quotas of their own.
+        let _b = q.reserve(Some("b")).unwrap();
+        let _anon = q.reserve(None).unwrap();
+        drop(a1);
+        assert!(q.reserve(Some("a")).is_some(), "the place was not given back");
     }
 }

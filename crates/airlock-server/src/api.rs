@@ -119,6 +119,17 @@ pub struct ExecResponse {
     pub queue_ms: f64,
 }
 
+/// `n` as the request gave it (bytes or milliseconds) and, when different, in the unit
+/// `show` picks: `2147483648 (2 GiB)`, `4500 ms`.
+fn exact(show: fn(u64) -> String, n: u64) -> String {
+    let human = show(n);
+    if human.starts_with(&format!("{n} ")) {
+        human
+    } else {
+        format!("{n} ({human})")
+    }
+}
+
 /// Merges request limits into the server's defaults and checks them against its maxima.
 pub fn limits(req: &LimitsRequest, config: &ServerConfig, base: &Limits) -> Result<Limits, ApiError> {
     let max = &config.max;
@@ -139,8 +150,8 @@ pub fn limits(req: &LimitsRequest, config: &ServerConfig, base: &Limits) -> Resu
     if l.memory_bytes > max.memory_bytes {
         return Err(over(
             "memory_bytes",
-            l.memory_bytes.to_string(),
-            max.memory_bytes.to_string(),
+            exact(airlock_spec::format_size, l.memory_bytes),
+            exact(airlock_spec::format_size, max.memory_bytes),
         ));
     }
     if l.cpus > max.cpus {
@@ -152,22 +163,22 @@ pub fn limits(req: &LimitsRequest, config: &ServerConfig, base: &Limits) -> Resu
     if l.timeout_ms > max.timeout_ms {
         return Err(over(
             "timeout_ms",
-            l.timeout_ms.to_string(),
-            max.timeout_ms.to_string(),
+            exact(airlock_spec::format_ms, l.timeout_ms),
+            exact(airlock_spec::format_ms, max.timeout_ms),
         ));
     }
     if l.disk_bytes > max.disk_bytes {
         return Err(over(
             "disk_bytes",
-            l.disk_bytes.to_string(),
-            max.disk_bytes.to_string(),
+            exact(airlock_spec::format_size, l.disk_bytes),
+            exact(airlock_spec::format_size, max.disk_bytes),
         ));
     }
     if l.output_bytes > max.output_bytes {
         return Err(over(
             "output_bytes",
-            l.output_bytes.to_string(),
-            max.output_bytes.to_string(),
+            exact(airlock_spec::format_size, l.output_bytes),
+            exact(airlock_spec::format_size, max.output_bytes),
         ));
     }
     l.validate().map_err(|e| ApiError::invalid(e.field, e.message))?;

@@ -29,11 +29,13 @@ pub struct ServerConfig {
     pub api_keys: Vec<(String, String)>,
     /// Concurrent requests per API key.
     pub per_key_concurrency: usize,
+    /// Sessions one API key (or the anonymous caller) may hold at once.
+    pub max_sessions_per_key: usize,
     /// How long running execs get to finish at shutdown.
     pub grace: Duration,
-    /// Session TTL when the request gives none, and the longest allowed.
+    /// Session TTL when the request gives none.
     pub default_ttl: Duration,
-    /// Longest session TTL.
+    /// Longest session TTL (`--max-session-ttl`); a request asking for more gets a 400.
     pub max_ttl: Duration,
 }
 
@@ -55,12 +57,13 @@ impl Default for ServerConfig {
         let defaults = Limits::default();
         let memory_budget = host_memory() / 10 * 8;
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let max_sandboxes = ((memory_budget / defaults.memory_bytes) as usize).clamp(1, 1024);
         ServerConfig {
             // A few per core: enough to absorb a burst while the pool refills.
             pool: (cpus * 2).clamp(2, 16),
             // Off unless asked for: a booted VM holds memory and, emulated, some CPU.
             vm_pool: 0,
-            max_sandboxes: ((memory_budget / defaults.memory_bytes) as usize).clamp(1, 1024),
+            max_sandboxes,
             memory_budget,
             queue_timeout: Duration::from_secs(10),
             max_queue: 1024,
@@ -76,11 +79,18 @@ impl Default for ServerConfig {
             max_body: 16 << 20,
             api_keys: Vec::new(),
             per_key_concurrency: 64,
+            max_sessions_per_key: default_sessions_per_key(max_sandboxes),
             grace: Duration::from_secs(10),
             default_ttl: Duration::from_secs(600),
             max_ttl: Duration::from_secs(24 * 3600),
         }
     }
+}
+
+/// The default `--max-sessions-per-key`: half of the live sandboxes, at least 1 and at
+/// most 16, so that one caller never holds every slot (when there are two or more).
+pub fn default_sessions_per_key(max_sandboxes: usize) -> usize {
+    (max_sandboxes / 2).clamp(1, 16)
 }
 
 impl ServerConfig {
@@ -102,6 +112,19 @@ impl ServerConfig {
             );
         }
         self.max.validate().map_err(|e| format!("server maxima: {e}"))?;
+        if self.max_sessions_per_key == 0 {
+            return Err("--max-sessions-per-key must be at least 1".into());
+        }
+        if self.max_ttl.is_zero() {
+            return Err("--max-session-ttl must be at least 1s".into());
+        }
+        if self.default_ttl > self.max_ttl {
+            return Err(format!(
+                "--default-ttl ({}) is longer than --max-session-ttl ({})",
+                airlock_spec::format_duration(self.default_ttl),
+                airlock_spec::format_duration(self.max_ttl)
+            ));
+        }
         Ok(())
     }
 }
@@ -148,5 +171,13 @@ mod tests {
         let c = ServerConfig::default();
         assert!(c.check("127.0.0.1:1".parse().unwrap()).is_ok());
         assert!(c.check("0.0.0.0:1".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn sessions_per_key_default_leaves_room_for_another_caller() {
+        assert_eq!(default_sessions_per_key(1), 1);
+        assert_eq!(default_sessions_per_key(2), 1);
+        assert_eq!(default_sessions_per_key(10), 5);
+        assert_eq!(default_sessions_per_key(75), 16);
     }
 }

@@ -381,9 +381,6 @@ pub fn vm_error(e: VmError) -> ApiError {
         VmError::Guest(m) if m == airlock_sandbox::SandboxError::Gone.to_string() => {
             ApiError::conflict("the sandbox in the VM is gone (its init was killed, e.g. by the OOM killer)")
         }
-        VmError::Guest(m) if m.contains("command not found") || m.contains("no such executable") => {
-            ApiError::invalid("cmd", m)
-        }
         other => {
             tracing::error!(error = %other, "micro-VM failure");
             ApiError::internal(other.to_string())

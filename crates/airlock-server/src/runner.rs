@@ -59,9 +59,6 @@ pub fn cancel_pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
 pub fn api_error(e: SandboxError) -> ApiError {
     match e {
         SandboxError::Spec(e) => ApiError::invalid(e.field, e.message),
-        SandboxError::Setup(m) if m.contains("command not found") || m.contains("no such executable") => {
-            ApiError::invalid("cmd", m)
-        }
         SandboxError::File(m) => ApiError::invalid("path", m),
         SandboxError::DiskFull(e) => ApiError::disk_full(e.to_string()),
         SandboxError::Cancelled => ApiError::shutting_down(),

@@ -11,7 +11,7 @@ use std::time::{Instant, SystemTime};
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
-use crate::admission::{Admission, Permit};
+use crate::admission::{Admission, Permit, SessionQuota, SessionSlot};
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -146,6 +146,7 @@ impl Session {
         key: Option<String>,
         limits: Limits,
         permit: Permit,
+        slot: SessionSlot,
     ) -> std::io::Result<Session> {
         let (cancel, trigger) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let now = SystemTime::now();
@@ -163,6 +164,7 @@ impl Session {
                 cpu_ms: 0.0,
                 memory_peak_bytes: 0,
                 permit: Some(permit),
+                slot: Some(slot),
             }),
             cancel: Arc::new(cancel),
             cancel_trigger: Mutex::new(Some(trigger)),
@@ -228,6 +230,8 @@ pub struct SessionInner {
     pub memory_peak_bytes: u64,
     /// Its admission (a session is a live sandbox).
     pub permit: Option<Permit>,
+    /// Its place in its key's session quota.
+    pub slot: Option<SessionSlot>,
 }
 
 /// Everything the handlers share.
@@ -243,6 +247,8 @@ pub struct AppState {
     pub vm: Arc<crate::microvm::VmService>,
     /// The admission gate.
     pub admission: Admission,
+    /// Sessions per API key (`--max-sessions-per-key`).
+    pub session_quota: SessionQuota,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Live sessions by id.
@@ -285,6 +291,7 @@ impl AppState {
             pool: Arc::new(Pool::new(config.pool, pool_config)),
             vm: Arc::new(crate::microvm::VmService::new(config.vm_pool, &config.defaults)),
             admission: Admission::new(&config),
+            session_quota: SessionQuota::new(config.max_sessions_per_key),
             metrics: Arc::new(Metrics::new()),
             sessions: Mutex::new(HashMap::new()),
             expired: Mutex::new((HashSet::new(), VecDeque::new())),
@@ -365,6 +372,7 @@ pub async fn purge_session(session: Arc<Session>) {
     let mut inner = session.inner.lock().await;
     let sandbox = inner.sandbox.take();
     inner.permit.take();
+    inner.slot.take();
     drop(inner);
     if let Some(sb) = sandbox {
         let _ = tokio::task::spawn_blocking(move || drop(sb)).await;

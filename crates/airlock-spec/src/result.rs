@@ -17,6 +17,25 @@ pub enum Outcome {
     Oom,
 }
 
+impl Outcome {
+    /// The one rule for `outcome`, the same on every tier: what ended the run. The
+    /// deadline first (airlock killed the program, whatever happened before: an earlier
+    /// OOM kill of a child still shows in `oom_killed`), then the memory cap (the OOM
+    /// killer acted in the sandbox during the exec, even if the program carried on and
+    /// exited), then how the top process ended (`exited`: by itself, with an exit code).
+    pub fn of(oom_killed: bool, timed_out: bool, exited: bool) -> Outcome {
+        if timed_out {
+            Outcome::Timeout
+        } else if oom_killed {
+            Outcome::Oom
+        } else if exited {
+            Outcome::Exited
+        } else {
+            Outcome::Signaled
+        }
+    }
+}
+
 /// The structured result of one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecResult {
@@ -24,9 +43,12 @@ pub struct ExecResult {
     pub id: String,
     /// How the program ended.
     pub outcome: Outcome,
-    /// The exit status; `None` unless `outcome` is `exited`.
+    /// How the program's own top process ended, whatever the outcome: its exit status
+    /// if it exited (a shell that carried on after its child was OOM-killed and exited 0
+    /// reports `oom` with `exit_code` 0), else `None`.
     pub exit_code: Option<i32>,
-    /// The signal that ended the program, if one did.
+    /// The signal that ended the top process (SIGKILL when the deadline or the memory
+    /// cap killed it), else `None`. Exactly one of `exit_code` and `signal` is set.
     pub signal: Option<i32>,
     /// Whether the deadline killed it.
     pub timed_out: bool,
@@ -95,6 +117,24 @@ impl ExecResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outcome_rule_is_deadline_then_memory_then_the_top_process() {
+        for (oom, timeout, exited, want) in [
+            (true, true, false, Outcome::Timeout),
+            (false, true, false, Outcome::Timeout),
+            (true, false, true, Outcome::Oom),
+            (true, false, false, Outcome::Oom),
+            (false, false, true, Outcome::Exited),
+            (false, false, false, Outcome::Signaled),
+        ] {
+            assert_eq!(
+                Outcome::of(oom, timeout, exited),
+                want,
+                "{oom} {timeout} {exited}"
+            );
+        }
+    }
 
     #[test]
     fn json_field_names_are_the_contract() {

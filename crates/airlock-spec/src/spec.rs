@@ -287,7 +287,13 @@ impl Limits {
     /// Checks every limit against its bounds.
     pub fn validate(&self) -> Result<(), SpecError> {
         use bounds::*;
-        range("limits.memory_bytes", self.memory_bytes, MIN_MEMORY, MAX_MEMORY)?;
+        range_of(
+            "limits.memory_bytes",
+            self.memory_bytes,
+            MIN_MEMORY,
+            MAX_MEMORY,
+            crate::format_size,
+        )?;
         if !(self.cpus.is_finite() && (MIN_CPUS..=MAX_CPUS).contains(&self.cpus)) {
             return Err(SpecError::new(
                 "limits.cpus",
@@ -298,20 +304,49 @@ impl Limits {
             ));
         }
         range("limits.pids", u64::from(self.pids), 1, u64::from(MAX_PIDS))?;
-        range("limits.timeout_ms", self.timeout_ms, 1, MAX_TIMEOUT_MS)?;
-        range("limits.disk_bytes", self.disk_bytes, MIN_DISK, MAX_DISK)?;
-        range("limits.output_bytes", self.output_bytes, 0, MAX_OUTPUT)?;
+        range_of(
+            "limits.timeout_ms",
+            self.timeout_ms,
+            1,
+            MAX_TIMEOUT_MS,
+            crate::format_ms,
+        )?;
+        range_of(
+            "limits.disk_bytes",
+            self.disk_bytes,
+            MIN_DISK,
+            MAX_DISK,
+            crate::format_size,
+        )?;
+        range_of(
+            "limits.output_bytes",
+            self.output_bytes,
+            0,
+            MAX_OUTPUT,
+            crate::format_size,
+        )?;
         Ok(())
     }
 }
 
 fn range(field: &str, value: u64, min: u64, max: u64) -> Result<(), SpecError> {
+    range_of(field, value, min, max, |n| n.to_string())
+}
+
+/// `value` within `min..=max`, else an error printing the three with `show` (sizes as
+/// `64 MiB`, durations as `10 s`).
+fn range_of(field: &str, value: u64, min: u64, max: u64, show: fn(u64) -> String) -> Result<(), SpecError> {
     if (min..=max).contains(&value) {
         Ok(())
     } else {
         Err(SpecError::new(
             field,
-            format!("must be between {min} and {max}, got {value}"),
+            format!(
+                "must be between {} and {}, got {}",
+                show(min),
+                show(max),
+                show(value)
+            ),
         ))
     }
 }
@@ -392,6 +427,18 @@ mod tests {
         let mut s = spec();
         s.limits.memory_bytes = 1;
         assert_eq!(s.validate().unwrap_err().field, "limits.memory_bytes");
+
+        let e = s.validate().unwrap_err();
+        assert_eq!(
+            e.message, "must be between 4 MiB and 1 TiB, got 1 byte",
+            "sizes are printed in units"
+        );
+        let mut s = spec();
+        s.limits.timeout_ms = 25 * 3600 * 1000;
+        assert_eq!(
+            s.validate().unwrap_err().message,
+            "must be between 1 ms and 24 h, got 25 h"
+        );
 
         let mut s = spec();
         s.limits.cpus = f64::NAN;

@@ -24,7 +24,7 @@ enum Command {
     /// Serve the same tools as `/mcp` over MCP on stdio (for agents that launch airlock).
     Mcp(cmd::mcp::McpArgs),
     /// Report what this host provides and what airlock will use.
-    Doctor,
+    Doctor(cmd::doctor::DoctorArgs),
 }
 
 /// Exit status for bad flags and hosts that cannot provide a required isolation.
@@ -66,7 +66,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(args),
         Command::Serve(args) => cmd::serve::run(args),
         Command::Mcp(args) => cmd::mcp::run(args),
-        Command::Doctor => cmd::doctor::run(),
+        Command::Doctor(args) => cmd::doctor::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,5 +1,6 @@
-//! CLI ROBUSTNESS: bad flags, nonexistent commands, unreadable inputs and rootfs without
-//! the command exit 2 with one clear line on stderr and leave nothing behind; `--file`,
+//! CLI ROBUSTNESS: bad flags, unreadable inputs and a missing rootfs exit 2 with one clear
+//! line on stderr, a command that is not found exits 127 as in a shell, and nothing is left
+//! behind; `--file`,
 //! `--env`, `doctor` and the `--json` contract work as documented.
 //!
 //! Every test drives the real binary. The tests of this file run one at a time (see
@@ -8,7 +9,7 @@
 mod common;
 
 use common::host::{Run, airlock, assert_nothing_left, serial};
-use common::ok_stdout;
+use common::{TestCommand, ok_stdout};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------
@@ -113,6 +114,133 @@ fn bad_disk_and_output_limit_are_rejected() {
     );
 }
 
+/// Issue 12, item 8: sizes and durations. A bare number is ambiguous (`--memory 10`
+/// was 10 bytes, `--timeout 5` 5 seconds): it is refused naming the flag and the units
+/// allowed, on `run` and on `serve`; `0` means the same in every unit and stays allowed.
+#[test]
+fn sizes_and_durations_need_a_unit() {
+    let _guard = serial();
+    for flag in ["--memory", "--disk", "--output-limit"] {
+        let line = assert_usage_error(&["run", flag, "10", "--", "true"], &[flag, "10", "ambiguous"]);
+        for unit in ["10M", "10MiB", "10B"] {
+            assert!(
+                line.contains(unit),
+                "{flag} 10: the error does not offer {unit}: {line}"
+            );
+        }
+    }
+    let line = assert_usage_error(
+        &["run", "--timeout", "5", "--", "true"],
+        &["--timeout", "5", "ambiguous"],
+    );
+    assert!(line.contains("5s") && line.contains("5ms"), "{line}");
+    for (flag, value) in [
+        ("--max-memory", "4096"),
+        ("--memory-budget", "8"),
+        ("--max-body", "100"),
+        ("--queue-timeout", "2"),
+        ("--grace", "10"),
+        ("--max-session-ttl", "3600"),
+    ] {
+        assert_usage_error(
+            &["serve", "--listen", "127.0.0.1:0", flag, value],
+            &[flag, "ambiguous"],
+        );
+    }
+    // With units, the same values work; `0` needs none.
+    let v = run_json(&[
+        "--memory",
+        "64MiB",
+        "--disk",
+        "8M",
+        "--output-limit",
+        "0",
+        "--timeout",
+        "5s",
+        "--",
+        "echo",
+        "hi",
+    ]);
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(v["stdout"], "", "--output-limit 0 keeps nothing: {v}");
+    assert_eq!(v["stdout_bytes"], 3, "{v}");
+}
+
+/// Issue 12, item 8: `--timeout -1` said to write `-- -1`, which would run `-1` as the
+/// command. A negative size or duration is an invalid value of its flag.
+#[test]
+fn timeout_minus_one_says_the_value_is_invalid() {
+    let _guard = serial();
+    for (flag, value) in [
+        ("--timeout", "-1"),
+        ("--timeout", "-5s"),
+        ("--memory", "-1M"),
+        ("--disk", "-1"),
+    ] {
+        let line = assert_usage_error(&["run", flag, value, "--", "true"], &[flag, value, "negative"]);
+        assert!(
+            !line.contains("-- "),
+            "{flag} {value}: suggests a `--` separator: {line}"
+        );
+    }
+    let line = assert_usage_error(&["run", "--pids", "-1", "--", "true"], &["--pids", "-1"]);
+    assert!(!line.contains("-- "), "{line}");
+    for cmd in ["serve", "mcp"] {
+        let line = assert_usage_error(&[cmd, "--default-ttl", "-1"], &["--default-ttl", "negative"]);
+        assert!(!line.contains("-- "), "{cmd}: {line}");
+    }
+    assert_usage_error(&["mcp", "--max-ttl", "600"], &["--max-ttl", "ambiguous"]);
+}
+
+/// Issue 12, item 8: limits are printed in the units they were given (`64 MiB`, `2 s`),
+/// not as `67108864 byte` or `2000 ms`, on the CLI and in the API's and spec's errors.
+#[test]
+fn limits_are_printed_in_the_units_given() {
+    let _guard = serial();
+    let Run { pid, out, .. } = airlock(&[
+        "run",
+        "--memory",
+        "32M",
+        "--timeout",
+        "30s",
+        "--",
+        "python3",
+        "-c",
+        "x = bytearray(200 << 20)",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the 32 MiB memory limit (--memory)"), "{stderr}");
+    assert_nothing_left(pid);
+    let Run { pid, out, .. } = airlock(&["run", "--timeout", "500ms", "--", "sleep", "5"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("killed at the 500 ms deadline"), "{stderr}");
+    assert_nothing_left(pid);
+    let Run { pid, out, .. } = airlock(&[
+        "run",
+        "--timeout",
+        "2m",
+        "--output-limit",
+        "1K",
+        "--",
+        "head",
+        "-c",
+        "5000",
+        "/dev/zero",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--output-limit 1 KiB (4.9 KiB written in all)")
+            || stderr.contains("--output-limit 1 KiB (5000 bytes written in all)"),
+        "{stderr}"
+    );
+    assert_nothing_left(pid);
+    // The spec's bounds, through the CLI: sizes in binary units.
+    let line = assert_usage_error(&["run", "--memory", "1K", "--", "true"], &["--memory"]);
+    assert!(line.contains("between 4 MiB and 1 TiB, got 1 KiB"), "{line}");
+    let line = assert_usage_error(&["run", "--timeout", "25h", "--", "true"], &["--timeout"]);
+    assert!(line.contains("between 1 ms and 24 h, got 25 h"), "{line}");
+}
+
 #[test]
 fn unknown_flag_is_rejected() {
     let _guard = serial();
@@ -137,18 +265,45 @@ fn missing_command_is_rejected() {
 // Nonexistent command, unreadable inputs, rootfs without the command.
 // ---------------------------------------------------------------------------------------
 
+/// A command that cannot be found or run ends as in a shell (issue 12, item 8): 127 when
+/// it is not found, 126 when it is found but cannot be executed, with one line on its
+/// stderr; with `--json` that is an ordinary result.
 #[test]
-fn nonexistent_command_is_a_clear_error() {
+fn command_not_found_exits_127_as_in_a_shell() {
     let _guard = serial();
     let name = "no-such-program-airlock-test";
-    assert_usage_error(&["run", "--", name], &[name]);
-    assert_usage_error(&["run", "--json", "--", name, "arg"], &[name]);
-    assert_usage_error(
-        &["run", "--", "/nonexistent/bin/prog"],
-        &["/nonexistent/bin/prog"],
-    );
-    // Exists but is not executable.
-    assert_usage_error(&["run", "--", "/etc/passwd"], &["/etc/passwd"]);
+    let wrapper = tempfile::tempdir().unwrap();
+    let script = wrapper.path().join("s.sh");
+    std::fs::write(&script, "#!/no/such/interpreter\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let file = format!("{}:s.sh", script.display());
+    for (args, status, needle) in [
+        (vec!["run", "--", name], 127, name),
+        (
+            vec!["run", "--", "/nonexistent/bin/prog"],
+            127,
+            "/nonexistent/bin/prog",
+        ),
+        // Exists but is not executable.
+        (vec!["run", "--", "/etc/passwd"], 126, "/etc/passwd"),
+        // Its interpreter is missing.
+        (vec!["run", "--file", &file, "--", "./s.sh"], 127, "interpreter"),
+    ] {
+        let Run { pid, out, .. } = airlock(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("airlock: ") && stderr.contains(needle),
+            "{args:?}: {stderr}"
+        );
+        assert_nothing_left(pid);
+    }
+    let v = TestCommand::run().json(&[name, "arg"]);
+    assert_eq!(v["outcome"], "exited", "{v}");
+    assert_eq!(v["exit_code"], 127, "{v}");
+    assert!(v["signal"].is_null(), "{v}");
+    assert!(v["stderr"].as_str().unwrap().contains(name), "{v}");
 }
 
 #[test]
@@ -187,10 +342,12 @@ fn rootfs_without_the_command_is_a_clear_error() {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
     }
     let root = dir.path().to_str().unwrap();
-    assert_usage_error(
-        &["run", "--rootfs", root, "--", "python3", "-c", "print(1)"],
-        &["python3"],
-    );
+    // As in a shell: the sandbox ran, the command was not found in it.
+    let Run { pid, out, .. } = airlock(&["run", "--rootfs", root, "--", "python3", "-c", "print(1)"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{stderr}");
+    assert!(stderr.contains("python3: command not found"), "{stderr}");
+    assert_nothing_left(pid);
     assert_usage_error(
         &["run", "--rootfs", "/nonexistent/airlock-root", "--", "true"],
         &["/nonexistent/airlock-root"],
@@ -279,6 +436,45 @@ fn doctor_reports_every_feature() {
         );
     }
     assert_nothing_left(pid);
+}
+
+/// Issue 12, item 8: `airlock doctor` as a non-root user says "needs root" (with what to
+/// do) where a check needs root, instead of suggesting packages or kernel modules, exits
+/// non-zero, and prints no Rust debug formatting.
+#[test]
+fn doctor_as_a_non_root_user_says_needs_root() {
+    use std::os::unix::process::CommandExt;
+    let _guard = serial();
+    let out = std::process::Command::new(common::airlock_bin())
+        .arg("doctor")
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run airlock doctor as nobody");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no {name:?} line in:\n{stdout}"))
+            .to_owned()
+    };
+    let root = line("root");
+    assert!(root.starts_with("FAIL") && root.contains("needs root"), "{root}");
+    let micro = line("microvm");
+    assert!(micro.contains("needs root"), "{micro}");
+    if std::path::Path::new("/dev/kvm").exists() {
+        let kvm = line("/dev/kvm");
+        assert!(kvm.contains("needs root"), "{kvm}");
+    }
+    for wrong in ["apt-get", "kvm_intel", "modprobe", "Some(", "None", "Err(", "Ok("] {
+        assert!(
+            !stdout.contains(wrong),
+            "doctor as non-root says {wrong:?}:\n{stdout}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------

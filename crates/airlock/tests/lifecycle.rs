@@ -9,7 +9,7 @@
 mod common;
 
 use common::host::{
-    airlock_run, assert_nothing_left, owner_cgroups, proc_infos, serial, stray_sandbox_processes, wait_until,
+    airlock_run, assert_nothing_left, owner_cgroups, proc_infos, serial, strays_of, wait_until,
 };
 use common::{airlock_bin, ok_stdout};
 use nix::sys::signal::{Signal, kill};
@@ -368,8 +368,8 @@ fn sigkill_of_airlock_kills_the_sandbox_and_next_run_purges_its_cgroups() {
         died,
         "sandbox processes of SIGKILLed airlock pid {pid} still alive after 5 s: {left:?}"
     );
-    let gone = wait_until(Duration::from_secs(3), || stray_sandbox_processes().is_empty());
-    assert!(gone, "sandbox processes remain: {:#?}", stray_sandbox_processes());
+    let gone = wait_until(Duration::from_secs(3), || strays_of(pid).is_empty());
+    assert!(gone, "sandbox processes remain: {:#?}", strays_of(pid));
 
     // The dead airlock could not remove its cgroup; the next airlock start does.
     let next = airlock_run(&["--", "true"]);

@@ -369,17 +369,75 @@ fn doctor_reports_micro_vm_readiness() {
             .to_owned()
     };
     let accel = line("microvm: accelerator");
-    assert!(accel.starts_with("ok"), "{accel}");
     assert!(
-        accel.contains("KVM: ") || (accel.contains("TCG: ") && accel.contains("/dev/kvm")),
+        (accel.starts_with("ok") && accel.contains("KVM: "))
+            || (accel.starts_with("slow") && accel.contains("TCG: ") && accel.contains("/dev/kvm")),
         "the accelerator line must say which and why: {accel}"
     );
     let boot = line("microvm: boot + run");
-    assert!(boot.starts_with("ok") && boot.contains("cold boot"), "{boot}");
+    assert!(
+        (boot.starts_with("ok") || boot.starts_with("slow")) && boot.contains("cold boot"),
+        "{boot}"
+    );
     assert!(boot.contains("landlock ABI"), "{boot}");
     let image = line("microvm: guest image");
     assert!(image.contains("rootfs") && image.contains("MB"), "{image}");
     assert_vm_gone(run.pid);
+}
+
+/// Issue 12, item 8: `airlock doctor` prints no Rust debug formatting (`exited Some(0)`),
+/// reports emulation (TCG) as a slower fallback (`slow`, not `ok`), and takes seconds: the
+/// KVM verdict comes from the cache (`--probe-kvm` probes again), and `--no-boot` skips
+/// the boot. (Before: 12.2-12.6 s on this repository's TCG build host, a fresh KVM probe
+/// waiting for its 6 s timeout each time; after: 2.2 s, 0.12 s with --no-boot.)
+#[test]
+fn doctor_is_plain_says_tcg_is_slow_and_takes_seconds() {
+    let _g = serial();
+    // The first run may build the image and probe KVM once; the second uses the cache.
+    let first = common::host::airlock(&["doctor"]);
+    assert_vm_gone(first.pid);
+    let run = common::host::airlock(&["doctor"]);
+    let out = run.stdout();
+    assert_vm_gone(run.pid);
+    for debug in ["Some(", "None", "Ok(", "Err(", "[\"", "\"]"] {
+        assert!(!out.contains(debug), "doctor prints {debug:?}:\n{out}");
+    }
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no {name:?} line in:\n{out}"))
+            .to_owned()
+    };
+    let accel = line("microvm: accelerator");
+    assert!(accel.contains("(cached"), "the second run re-probed KVM: {accel}");
+    let boot = line("microvm: boot + run");
+    assert!(boot.contains("/bin/true exited 0"), "{boot}");
+    if accel.contains("TCG: ") {
+        assert!(
+            accel.starts_with("slow") && accel.contains("emulation"),
+            "{accel}"
+        );
+        assert!(boot.starts_with("slow"), "{boot}");
+    } else {
+        assert!(
+            accel.starts_with("ok") && boot.starts_with("ok"),
+            "{accel}\n{boot}"
+        );
+    }
+    // Without the boot: the host checks and the cached verdict, well under the 12 s the
+    // issue measured (it takes about 0.1 s).
+    let quick = common::host::airlock(&["doctor", "--no-boot"]);
+    assert!(
+        quick.elapsed < std::time::Duration::from_secs(6),
+        "doctor --no-boot took {:?}",
+        quick.elapsed
+    );
+    assert!(!quick.stdout().contains("boot + run"), "{}", quick.stdout());
+    assert!(
+        quick.stdout().contains("microvm: accelerator"),
+        "{}",
+        quick.stdout()
+    );
 }
 
 /// A handful of the namespace backend's attacks (tests/security.rs), run in one VM: the

@@ -175,13 +175,25 @@ pub(crate) fn failure(r: &ExecResult, limits: &Limits) -> Option<String> {
             })
         }
         Outcome::Timeout => Some(format!(
-            "timed out after {} and was killed (the timeout_s limit)",
-            seconds(limits.timeout_ms)
+            "timed out after {} and was killed (the timeout_s limit){}",
+            seconds(limits.timeout_ms),
+            if r.oom_killed {
+                format!(
+                    "; before that, a process was killed for exceeding the {} memory limit",
+                    bytes(limits.memory_bytes)
+                )
+            } else {
+                String::new()
+            }
         )),
-        Outcome::Oom => Some(format!(
-            "killed: exceeded {} memory limit",
-            bytes(limits.memory_bytes)
-        )),
+        // The top process itself was the one killed, or it carried on after a child was.
+        Outcome::Oom => Some(match r.exit_code {
+            None => format!("killed: exceeded {} memory limit", bytes(limits.memory_bytes)),
+            Some(code) => format!(
+                "a process was killed for exceeding the {} memory limit; the program then exited with code {code}",
+                bytes(limits.memory_bytes)
+            ),
+        }),
         Outcome::Signaled => Some(match r.signal {
             Some(n) => match nix::sys::signal::Signal::try_from(n) {
                 Ok(sig) => format!("killed by signal {n} ({})", sig.as_str()),

@@ -11,6 +11,7 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::admission::{SESSION_QUOTA, SessionSlot};
 use crate::api::{CreateSandboxRequest, limits};
 use crate::body::JsonBody;
 use crate::error::ApiError;
@@ -88,9 +89,15 @@ pub(crate) async fn create_session(
     }
     let ttl = Duration::from_secs(req.ttl_s.unwrap_or(state.config.default_ttl.as_secs()));
     if ttl.is_zero() || ttl > state.config.max_ttl {
+        let max = state.config.max_ttl;
         return Err(ApiError::invalid(
             "ttl_s",
-            format!("must be between 1 and {} seconds", state.config.max_ttl.as_secs()),
+            format!(
+                "must be between 1 and {} seconds (this server's --max-session-ttl is {}), got {}",
+                max.as_secs(),
+                airlock_spec::format_duration(max),
+                ttl.as_secs()
+            ),
         ));
     }
     let limits = limits(&req.limits, &state.config, &state.config.defaults)?;
@@ -101,6 +108,9 @@ pub(crate) async fn create_session(
     // Validated once here, not at each exec.
     spec.validate()
         .map_err(|e| ApiError::invalid(e.field, e.message))?;
+    // The key's quota before admission: a caller at its quota does not wait for (or take)
+    // a slot another caller could use.
+    let slot = reserve_session(state, key)?;
     let (sandbox, permit) = match spec.isolation {
         Isolation::Namespaces => {
             let (permit, _) = crate::runner::admit(state, key, limits.memory_bytes).await?;
@@ -142,7 +152,7 @@ pub(crate) async fn create_session(
         }
     };
     let session = Arc::new(
-        Session::new(sandbox, ttl, key.0.clone(), limits, permit)
+        Session::new(sandbox, ttl, key.0.clone(), limits, permit, slot)
             .map_err(|e| ApiError::internal(format!("pipe: {e}")))?,
     );
     if let Ok(mut map) = state.sessions.lock() {
@@ -151,6 +161,40 @@ pub(crate) async fn create_session(
     state.metrics.sandboxes_active.set(state.active() as i64);
     tracing::info!(id = %session.id, key = key.0.as_deref().unwrap_or("-"), ttl_s = ttl.as_secs(), isolation = session.isolation.as_str(), "session created");
     Ok(session)
+}
+
+/// A place in `key`'s session quota, or a 429 `session_quota` that names the quota and
+/// says when the caller's oldest session expires (`Retry-After`).
+fn reserve_session(state: &AppState, key: &KeyName) -> Result<SessionSlot, ApiError> {
+    if let Some(slot) = state.session_quota.reserve(key.0.as_deref()) {
+        return Ok(slot);
+    }
+    let now = std::time::Instant::now();
+    let first_expiry = state
+        .sessions
+        .lock()
+        .ok()
+        .and_then(|m| {
+            m.values()
+                .filter(|s| s.key == key.0)
+                .map(|s| s.deadline.saturating_duration_since(now))
+                .min()
+        })
+        .map_or(1, |d| d.as_secs().max(1));
+    let cap = state.session_quota.cap();
+    let who = match &key.0 {
+        Some(name) => format!("API key {name:?}"),
+        None => "the anonymous caller (no API keys are configured)".to_owned(),
+    };
+    state.metrics.reject(SESSION_QUOTA);
+    Err(ApiError::rate_limited(
+        SESSION_QUOTA,
+        format!(
+            "session quota reached: {who} holds {cap} session(s), the most --max-sessions-per-key ({cap}) allows; \
+delete one (GET /v1/sandboxes lists them) or wait until one expires (the first in {first_expiry} s)"
+        ),
+        first_expiry,
+    ))
 }
 
 pub async fn list(State(state): State<Arc<AppState>>, Extension(key): Extension<KeyName>) -> Json<Vec<Info>> {

@@ -1,26 +1,38 @@
 //! `airlock doctor`: one line per host feature; non-zero exit when a required one is missing.
-//! The micro-VM lines come last: they boot a VM.
+//! The micro-VM lines come last: they boot a VM (a few seconds under emulation; skipped
+//! with `--no-boot`), and use the cached KVM verdict unless `--probe-kvm`.
 
+use clap::Args;
 use std::process::ExitCode;
 
-pub fn run() -> anyhow::Result<ExitCode> {
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Probe KVM again by booting a guest under it, instead of using the cached verdict
+    /// (a /dev/kvm that cannot boot guests makes the probe wait for its timeout).
+    #[arg(long)]
+    probe_kvm: bool,
+    /// Do not boot a micro-VM to run /bin/true (the slowest check under emulation).
+    #[arg(long)]
+    no_boot: bool,
+}
+
+pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut missing = false;
     let mut checks = airlock_sandbox::doctor::run();
-    // Micro-VM readiness: not required (the namespace backend runs without it); it boots
-    // a VM to find out, so it takes a few seconds.
-    checks.extend(airlock_microvm::doctor::run());
+    // Micro-VM readiness: not required (the namespace backend runs without it).
+    checks.extend(airlock_microvm::doctor::run(
+        airlock_microvm::doctor::DoctorOptions {
+            probe_kvm: args.probe_kvm,
+            no_boot: args.no_boot,
+        },
+    ));
     for c in checks {
-        let mark = match (c.ok, c.required) {
-            (true, _) => "ok  ",
-            (false, true) => "FAIL",
-            (false, false) => "warn",
-        };
-        let fix = if c.ok || c.fix.is_empty() {
+        let fix = if (c.ok && !c.slow) || c.fix.is_empty() {
             String::new()
         } else {
-            format!(" (fix: {})", c.fix)
+            format!(" ({}: {})", if c.ok { "note" } else { "fix" }, c.fix)
         };
-        println!("{mark} {:<28} {}{fix}", c.name, c.detail);
+        println!("{:<4} {:<28} {}{fix}", c.mark(), c.name, c.detail);
         missing |= c.required && !c.ok;
     }
     Ok(if missing {

@@ -26,10 +26,10 @@ pub struct McpArgs {
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
     /// Sandbox lifetime when create_sandbox gives none.
-    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration, allow_hyphen_values = true)]
     default_ttl: Duration,
     /// Longest sandbox lifetime.
-    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = duration, allow_hyphen_values = true)]
     max_ttl: Duration,
 }
 

@@ -2,7 +2,9 @@
 
 use airlock_microvm::{HostOptions, MicroVmHost, VmError};
 use airlock_sandbox::{Engine, OutputSink, SandboxError, human_size};
-use airlock_spec::{FileSpec, Isolation, Limits, NetworkPolicy, Spec, parse_duration, parse_size};
+use airlock_spec::{
+    FileSpec, Isolation, Limits, NetworkPolicy, Spec, format_ms, format_size, parse_duration, parse_size,
+};
 use anyhow::{Context, bail};
 use clap::Args;
 use nix::sys::signal::{SigSet, Signal};
@@ -19,23 +21,24 @@ const MAX_STDIN: u64 = 256 << 20;
 #[derive(Debug, Args)]
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
-    /// Memory cap for everything in the sandbox, tmpfs pages included (128M, 1G).
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = size)]
+    /// Memory cap for everything in the sandbox, tmpfs pages included (128M, 1G; a unit
+    /// is required).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = size, allow_hyphen_values = true)]
     memory: u64,
     /// CPU quota in cores (0.5 = half a core).
     #[arg(long, value_name = "N", default_value_t = 0.5, allow_negative_numbers = true)]
     cpus: f64,
     /// Processes plus threads.
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    #[arg(long, value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
     pids: u32,
-    /// Wall-clock limit (500ms, 10s, 2m).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_ms)]
+    /// Wall-clock limit (500ms, 10s, 2m; a unit is required).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_ms, allow_hyphen_values = true)]
     timeout: u64,
-    /// Size of the writable tmpfs; /tmp, /workspace and /dev/shm share it.
-    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = size)]
+    /// Size of the writable tmpfs; /tmp, /workspace and /dev/shm share it (64M, 1G).
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = size, allow_hyphen_values = true)]
     disk: u64,
-    /// Bytes kept per stream; the rest is counted and dropped.
-    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size)]
+    /// Bytes kept per stream; the rest is counted and dropped (1M, 64K).
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size, allow_hyphen_values = true)]
     output_limit: u64,
     /// Copy a host file into the sandbox (DEST relative to /workspace; default: its name).
     #[arg(long = "file", value_name = "SRC:DEST")]
@@ -287,16 +290,30 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         ("stderr", result.stderr_truncated, result.stderr_bytes),
     ] {
         if truncated {
-            eprintln!("airlock: {name} cut at --output-limit ({bytes} bytes written in all)");
+            eprintln!(
+                "airlock: {name} cut at --output-limit {} ({} written in all)",
+                format_size(spec.limits.output_bytes),
+                format_size(bytes)
+            );
         }
     }
     match result.outcome {
-        airlock_spec::Outcome::Timeout => {
-            eprintln!("airlock: killed at the {} ms deadline", spec.limits.timeout_ms)
-        }
+        airlock_spec::Outcome::Timeout => eprintln!(
+            "airlock: killed at the {} deadline (--timeout){}",
+            format_ms(spec.limits.timeout_ms),
+            if result.oom_killed {
+                ", after the memory limit had killed a process"
+            } else {
+                ""
+            }
+        ),
+        airlock_spec::Outcome::Oom if result.exit_code.is_some() => eprintln!(
+            "airlock: a process was killed for exceeding the {} memory limit (--memory)",
+            format_size(spec.limits.memory_bytes)
+        ),
         airlock_spec::Outcome::Oom => eprintln!(
-            "airlock: killed: exceeded the {} byte memory limit",
-            spec.limits.memory_bytes
+            "airlock: killed: exceeded the {} memory limit (--memory)",
+            format_size(spec.limits.memory_bytes)
         ),
         _ => {}
     }

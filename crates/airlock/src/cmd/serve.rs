@@ -33,16 +33,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
     /// Sum of admitted memory caps at most [default: 80% of host RAM].
-    #[arg(long, value_name = "SIZE", value_parser = size)]
+    #[arg(long, value_name = "SIZE", value_parser = size, allow_hyphen_values = true)]
     memory_budget: Option<u64>,
     /// How long a request waits for admission before a 429.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     queue_timeout: std::time::Duration,
     /// Requests waiting for admission at most; beyond, 429 at once.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     max_queue: usize,
     /// Largest per-request memory cap.
-    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = size)]
+    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = size, allow_hyphen_values = true)]
     max_memory: u64,
     /// Largest per-request CPU quota [default: host cores].
     #[arg(long, value_name = "N")]
@@ -51,16 +51,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 1024)]
     max_pids: u32,
     /// Longest per-request timeout.
-    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration, allow_hyphen_values = true)]
     max_timeout: std::time::Duration,
     /// Largest per-request disk.
-    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = size)]
+    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = size, allow_hyphen_values = true)]
     max_disk: u64,
     /// Largest per-request output limit.
-    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = size)]
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = size, allow_hyphen_values = true)]
     max_output: u64,
     /// Largest request body (413 beyond).
-    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = size)]
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = size, allow_hyphen_values = true)]
     max_body: u64,
     /// API keys, one `name:key` per line (or AIRLOCK_API_KEYS).
     #[arg(long, value_name = "FILE")]
@@ -69,14 +69,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 64)]
     per_key_concurrency: usize,
     /// At shutdown, how long running execs get to finish before they are killed.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     grace: std::time::Duration,
     /// Session TTL when a request gives none.
-    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration, allow_hyphen_values = true)]
     default_ttl: std::time::Duration,
-    /// Longest session TTL.
-    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = duration)]
-    max_ttl: std::time::Duration,
+    /// Longest session TTL a request may ask for (more gets a 400 naming `ttl_s`).
+    #[arg(long, visible_alias = "max-ttl", value_name = "DURATION", default_value = "24h", value_parser = duration, allow_hyphen_values = true)]
+    max_session_ttl: std::time::Duration,
+    /// Sessions one API key (or, without keys, the anonymous caller) may hold at once;
+    /// one more gets a 429 `session_quota` [default: half of --max-sandboxes, 1 to 16].
+    #[arg(long, value_name = "N")]
+    max_sessions_per_key: Option<usize>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -121,7 +125,12 @@ impl ServeArgs {
         c.per_key_concurrency = self.per_key_concurrency.max(1);
         c.grace = self.grace;
         c.default_ttl = self.default_ttl;
-        c.max_ttl = self.max_ttl;
+        c.max_ttl = self.max_session_ttl;
+        c.max_sessions_per_key = match self.max_sessions_per_key {
+            Some(0) => bail!("--max-sessions-per-key must be at least 1"),
+            Some(n) => n,
+            None => airlock_server::config::default_sessions_per_key(c.max_sandboxes),
+        };
         // Defaults above a maximum are lowered to it.
         c.defaults.memory_bytes = c.defaults.memory_bytes.min(c.max.memory_bytes);
         c.defaults.cpus = c.defaults.cpus.min(c.max.cpus);

@@ -5,7 +5,7 @@
 
 use super::{airlock_bin, sandbox_process_pid, sandbox_processes};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -142,6 +142,40 @@ pub fn owner_cgroups(pid: u32) -> Vec<PathBuf> {
         .collect()
 }
 
+/// [`owner_cgroups`] of `pid` once it has exited: a directory of a process that runs now
+/// under the same pid (another airlock that reused it) is not its.
+pub fn left_cgroups(pid: u32) -> Vec<PathBuf> {
+    let live = start_time(pid).map(|s| format!("{pid}-{s}"));
+    owner_cgroups(pid)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| live.as_deref() != Some(&*n.to_string_lossy()))
+        })
+        .collect()
+}
+
+/// When process `pid` started (clock ticks after boot, `/proc/<pid>/stat` field 22): with
+/// the pid, what names an airlock's cgroups (`airlock/<pid>-<start>`).
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The airlock owners (`<pid>-<start>`) whose cgroups process `pid` is in.
+pub fn cgroup_owners(pid: u32) -> BTreeSet<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let path = l.splitn(3, ':').nth(2)?;
+            let rest = path.split("/airlock/").nth(1)?;
+            Some(rest.split('/').next()?.to_owned())
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------
 // Host processes.
 // ---------------------------------------------------------------------------------------
@@ -236,19 +270,40 @@ pub fn stray_sandbox_processes() -> Vec<String> {
     strays
 }
 
+/// The unsupervised sandbox processes ([`stray_sandbox_processes`]) that are in a cgroup
+/// of airlock process `pid` (which has exited): what that run left, whatever other
+/// airlock processes on the host do meanwhile.
+pub fn strays_of(pid: u32) -> Vec<String> {
+    let prefix = format!("{pid}-");
+    let live = start_time(pid).map(|s| format!("{pid}-{s}"));
+    stray_sandbox_processes()
+        .into_iter()
+        .filter(|chain| {
+            let Some(p) = chain.split_whitespace().next().and_then(|p| p.parse().ok()) else {
+                return false;
+            };
+            cgroup_owners(p)
+                .iter()
+                .any(|o| o.starts_with(&prefix) && live.as_deref() != Some(o.as_str()))
+        })
+        .collect()
+}
+
 /// Asserts that airlock process `pid` (which has exited) left no cgroup directory and that
-/// no unsupervised sandbox process remains on the host (killed ones get a moment to die).
+/// no sandbox process of it remains on the host (killed ones get a moment to die). Only
+/// what that run owned counts: other airlock processes (another suite, another user's
+/// daemon) may start and stop sandboxes meanwhile.
 #[track_caller]
 pub fn assert_nothing_left(pid: u32) {
-    let cgroups = owner_cgroups(pid);
-    assert!(
-        cgroups.is_empty(),
-        "airlock pid {pid} left cgroup directories behind: {cgroups:?}"
-    );
-    let gone = wait_until(Duration::from_secs(3), || stray_sandbox_processes().is_empty());
+    let gone = wait_until(Duration::from_secs(3), || strays_of(pid).is_empty());
     assert!(
         gone,
         "sandbox processes remain after airlock pid {pid} ended: {:#?}",
-        stray_sandbox_processes()
+        strays_of(pid)
+    );
+    let cgroups = left_cgroups(pid);
+    assert!(
+        cgroups.is_empty(),
+        "airlock pid {pid} left cgroup directories behind: {cgroups:?}"
     );
 }
