@@ -15,6 +15,7 @@ __all__ = [
     "AirlockConnectionError",
     "AirlockError",
     "AirlockTimeout",
+    "DiskFull",
     "FileNotFound",
     "InvalidRequest",
     "NotFound",
@@ -159,6 +160,15 @@ class ServiceUnavailable(AirlockError):
     status = 503
 
 
+class DiskFull(AirlockError):
+    """507: a file does not fit the sandbox's disk (``limits.disk_bytes``); the message
+    names the disk's size, the file and its size, and what is free. Nothing of the file
+    was left behind and the sandbox is still usable: free room, or use a sandbox with a
+    larger disk."""
+
+    status = 507
+
+
 class AirlockConnectionError(AirlockError):
     """The service could not be reached, or the connection broke."""
 
@@ -178,6 +188,7 @@ _BY_STATUS: dict[int, type[AirlockError]] = {
     429: RateLimited,
     500: ServerError,
     503: ServiceUnavailable,
+    507: DiskFull,
 }
 
 # Codes as they arrive in a stream's `error` event (the status is not sent there).
@@ -190,6 +201,7 @@ _BY_CODE: dict[str, type[AirlockError]] = {
     "expired": SandboxExpired,
     "body_too_large": PayloadTooLarge,
     "unsupported_media_type": UnsupportedMediaType,
+    "disk_full": DiskFull,
     "queue_full": RateLimited,
     "queue_timeout": RateLimited,
     "key_concurrency": RateLimited,

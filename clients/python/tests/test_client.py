@@ -11,6 +11,7 @@ import pytest
 
 from airlock import (
     Airlock,
+    DiskFull,
     EgressEntry,
     ExecResult,
     File,
@@ -189,6 +190,26 @@ def test_sandbox_session(al: Airlock) -> None:
     with pytest.raises(SandboxNotFound):
         al.get_sandbox(sb.id)
     sb.close()  # idempotent
+
+
+def test_a_file_beyond_the_disk_is_disk_full_and_the_sandbox_still_works(al: Airlock) -> None:
+    # Issue 12, item 7: a failed upload left every later request with a stale error.
+    mib = 1024 * 1024
+    sb = al.sandbox(ttl_s=60, limits=Limits(disk_bytes=4 * mib))
+    try:
+        with pytest.raises(DiskFull) as e:
+            sb.files.write("big.bin", b"x" * (6 * mib))
+        assert e.value.status == 507 and e.value.code == "disk_full"
+        assert "the sandbox's disk (4 MiB) has no room for file 'big.bin' (6 MiB)" in str(e.value)
+        sb.files.write("a.bin", b"a" * (3 * mib))
+        with pytest.raises(DiskFull, match="of it is free"):
+            sb.files.write("b.bin", b"b" * (2 * mib))
+        sb.files.write("note.txt", "still here")
+        assert sb.files.read("note.txt") == b"still here"
+        assert sorted(f.path for f in sb.files.list()) == ["a.bin", "note.txt"]
+        assert sb.exec(["sh", "-c", "wc -c < a.bin"]).stdout == f"{3 * mib}\n"
+    finally:
+        sb.delete()
 
 
 def test_sandbox_limits_and_delete(al: Airlock) -> None:

@@ -7,7 +7,7 @@
 //! stays for the next one. A one-shot VM is simply destroyed after its one exec.
 
 use airlock_microvm::proto::{self, CHUNK, GuestInfo, ToGuest, ToHost};
-use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig};
+use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig, SandboxError};
 use airlock_spec::{Limits, Spec};
 use std::fs::File;
 use std::io;
@@ -128,6 +128,37 @@ pub fn serve(port: File, init_ms: u64, modules_ms: u64) -> Result<(), String> {
     }
 }
 
+/// A file whose parts are arriving.
+struct Incoming {
+    /// Path relative to /workspace.
+    path: String,
+    /// Permission bits.
+    mode: u32,
+    /// The bytes so far.
+    data: Vec<u8>,
+    /// The answer, once a part failed: the rest is dropped as it comes.
+    failed: Option<ToHost>,
+}
+
+impl Incoming {
+    /// Adds a part; past `disk` bytes in all the file is refused (`NoRoom`), and this
+    /// part and the rest are dropped.
+    fn push(&mut self, part: &[u8], disk: u64) {
+        if self.failed.is_some() {
+            return;
+        }
+        if (self.data.len() + part.len()) as u64 > disk {
+            self.data = Vec::new();
+            self.failed = Some(ToHost::NoRoom {
+                free_bytes: None,
+                memory_bytes: None,
+            });
+        } else {
+            self.data.extend_from_slice(part);
+        }
+    }
+}
+
 /// What one VM's agent holds between requests.
 #[derive(Default)]
 struct State {
@@ -135,8 +166,8 @@ struct State {
     sandbox: Option<Sandbox>,
     /// The limits it was created with (bound the files written to it).
     limits: Limits,
-    /// A file being received: (path, mode, bytes so far).
-    file: Option<(String, u32, Vec<u8>)>,
+    /// A file being received.
+    file: Option<Incoming>,
     /// Stdin received so far.
     stdin: Vec<u8>,
     /// More stdin came than [`MAX_STDIN`].
@@ -207,31 +238,49 @@ impl State {
                 first,
                 last,
             } => {
-                if first {
-                    self.file = Some((path.clone(), mode, Vec::new()));
-                }
-                let Some((_, _, data)) = self.file.as_mut() else {
-                    return port.error("file data without a first part");
-                };
-                data.extend_from_slice(&payload);
-                if data.len() as u64 > self.limits.disk_bytes {
-                    self.file = None;
-                    return if last {
-                        port.error(format!("{path}: larger than the sandbox's disk"))
+                // Answered once, after the last part, whatever failed before it: the host
+                // sends every part before it reads the answer.
+                if first || self.file.is_none() {
+                    let failed = if self.sandbox.is_none() {
+                        Some("no sandbox: send create first")
+                    } else if !first {
+                        Some("file data without a first part")
                     } else {
-                        Ok(())
+                        None
                     };
+                    self.file = Some(Incoming {
+                        path,
+                        mode,
+                        data: Vec::new(),
+                        failed: failed.map(|m| ToHost::Error { message: m.into() }),
+                    });
+                }
+                let disk = self.limits.disk_bytes;
+                if let Some(file) = self.file.as_mut() {
+                    file.push(&payload, disk);
                 }
                 if !last {
                     return Ok(());
                 }
-                let (path, mode, data) = self.file.take().unwrap_or_default();
+                let Some(file) = self.file.take() else {
+                    return port.error("file data without a first part");
+                };
+                if let Some(answer) = file.failed {
+                    return port.send(&answer, &[]);
+                }
                 let Some(sb) = self.sandbox.as_mut() else {
                     return port.error("no sandbox: send create first");
                 };
-                match sb.write_file(&path, mode, &data) {
+                match sb.write_file(&file.path, file.mode, &file.data) {
                     Ok(()) => port.send(&ToHost::Ok, &[]),
-                    Err(e) => port.error(format!("{path}: {e}")),
+                    Err(SandboxError::DiskFull(e)) => port.send(
+                        &ToHost::NoRoom {
+                            free_bytes: e.free_bytes,
+                            memory_bytes: e.memory_bytes,
+                        },
+                        &[],
+                    ),
+                    Err(e) => port.error(format!("{}: {e}", file.path)),
                 }
             }
             ToGuest::Egress => {
@@ -347,6 +396,62 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_larger_than_the_disk_is_refused_once_and_its_parts_dropped() {
+        let mut file = Incoming {
+            path: "big.bin".into(),
+            mode: 0o644,
+            data: Vec::new(),
+            failed: None,
+        };
+        file.push(&[1; 600], 1000);
+        assert_eq!(file.data.len(), 600);
+        file.push(&[2; 600], 1000);
+        file.push(&[3; 10], 1000);
+        assert!(file.data.is_empty());
+        assert_eq!(
+            file.failed,
+            Some(ToHost::NoRoom {
+                free_bytes: None,
+                memory_bytes: None,
+            })
+        );
+    }
+
+    #[test]
+    fn the_parts_of_a_file_without_a_sandbox_get_one_answer() {
+        use std::os::unix::net::UnixStream;
+        // Nothing of the engine is used here (no sandbox is created) but its type.
+        let engine = Engine::new().expect("the engine (tests run as root)");
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let port = Port(File::from(std::os::fd::OwnedFd::from(ours)));
+        let mut state = State::default();
+        for (first, last) in [(true, false), (false, false), (false, true)] {
+            let msg = ToGuest::WriteFile {
+                path: "x".into(),
+                mode: 0o644,
+                first,
+                last,
+            };
+            state.handle(&engine, &port, msg, vec![0; 100]).unwrap();
+        }
+        state
+            .handle(&engine, &port, ToGuest::ListFiles, Vec::new())
+            .unwrap();
+        drop(port);
+        let mut r = io::BufReader::new(theirs);
+        let mut answers = Vec::new();
+        while let Some(f) = proto::read::<ToHost>(&mut r).unwrap() {
+            answers.push(f.msg);
+        }
+        // One answer for the file, one for the listing.
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert!(
+            matches!(&answers[0], ToHost::Error { message } if message.contains("no sandbox")),
+            "{answers:?}"
+        );
+    }
 
     #[test]
     fn network_devices_without_tcp_rules_are_refused() {

@@ -85,6 +85,10 @@ pub enum VmError {
     /// still usable.
     #[error("{0}")]
     File(String),
+    /// A file does not fit the disk of the VM's sandbox (nothing of it was left behind;
+    /// the VM is still usable).
+    #[error("{0}")]
+    DiskFull(airlock_sandbox::DiskFull),
     /// The VM is gone: it stopped, or was killed because it stopped answering.
     #[error("the VM is gone (it stopped, or was killed because it stopped answering)")]
     Gone,

@@ -31,8 +31,9 @@ pub enum ToGuest {
         /// `airlock_sandbox::SandboxConfig::fixed_layout`).
         fixed_layout: bool,
     },
-    /// Part of a file under /workspace; the payload is the bytes. The last part is
-    /// answered by `Ok` or `Error`.
+    /// Part of a file under /workspace; the payload is the bytes. The file is answered
+    /// once, after its last part (also when an earlier part failed: the rest is read and
+    /// dropped): `Ok`, `NoRoom` or `Error`.
     WriteFile {
         /// Path relative to /workspace.
         path: String,
@@ -102,6 +103,17 @@ pub enum ToHost {
     Error {
         /// What went wrong.
         message: String,
+    },
+    /// A file did not fit the sandbox's disk (what was written of it is removed); the
+    /// VM is still usable.
+    NoRoom {
+        /// Bytes free on the disk after the failed write; `None` when the file is larger
+        /// than the whole disk and was not written at all.
+        free_bytes: Option<u64>,
+        /// Set when the sandbox's memory cap is what the file does not fit (see
+        /// `airlock_sandbox::DiskFull::memory_bytes`).
+        #[serde(default)]
+        memory_bytes: Option<u64>,
     },
     /// Program output within the output limit (payload).
     Stdout,

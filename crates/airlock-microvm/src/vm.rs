@@ -955,7 +955,23 @@ impl BootedVm {
 
     /// Writes (creates or replaces) a file under the guest's /workspace, owned by the
     /// sandbox user. The sandbox must exist ([`BootedVm::ensure_sandbox`]).
+    /// A file that does not fit the disk is [`VmError::DiskFull`]: refused unsent when it
+    /// is larger than the whole disk, else when the disk fills up (the guest removes what
+    /// it wrote); the VM stays usable either way.
     pub fn write_file(&mut self, path: &str, mode: u32, content: &[u8]) -> Result<(), VmError> {
+        let disk_bytes = self.sandbox_disk.unwrap_or(0);
+        let no_room = |free_bytes, memory_bytes| {
+            VmError::DiskFull(airlock_sandbox::DiskFull {
+                path: path.to_owned(),
+                bytes: content.len() as u64,
+                disk_bytes,
+                free_bytes,
+                memory_bytes,
+            })
+        };
+        if self.sandbox_disk.is_some_and(|disk| content.len() as u64 > disk) {
+            return Err(no_room(None, None));
+        }
         let mut chunks = content.chunks(CHUNK).peekable();
         let mut first = true;
         loop {
@@ -977,6 +993,10 @@ impl BootedVm {
         match self.channel()?.recv(deadline, &[]) {
             Ok(f) => match f.msg {
                 ToHost::Ok => Ok(()),
+                ToHost::NoRoom {
+                    free_bytes,
+                    memory_bytes,
+                } => Err(no_room(free_bytes, memory_bytes)),
                 ToHost::Error { message } => Err(VmError::File(message)),
                 other => Err(self.desync("writing a file", &other)),
             },

@@ -61,6 +61,9 @@ struct Init {
     cap_last_cap: u32,
     /// SIGCHLD, readable without a handler.
     sigchld: SignalFd,
+    /// The answer to the file write under way, once one of its chunks failed: its other
+    /// chunks are read and dropped, and this is sent once, after the last.
+    failed_write: Option<Reply>,
 }
 
 /// Runs init on the control socket at fd 3; never returns. Called in a fresh exec of
@@ -193,6 +196,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         landlock,
         cap_last_cap,
         sigchld,
+        failed_write: None,
     })
 }
 
@@ -220,16 +224,7 @@ impl Init {
                     mode,
                     first,
                     last,
-                } => match workspace::write_chunk(&path, mode, first, &frame.payload) {
-                    Ok(()) if last => self.reply(&Reply::Ok, &[]),
-                    Ok(()) => {}
-                    Err(e) => self.reply(
-                        &Reply::Error {
-                            message: format!("writing {path}: {e}"),
-                        },
-                        &[],
-                    ),
-                },
+                } => self.write_chunk(&path, mode, first, last, &frame.payload),
                 Request::ReadFile { path, max_bytes } => self.read_file(&path, max_bytes),
                 Request::ListFiles => match workspace::list() {
                     Ok(entries) => self.reply(&Reply::Listing { entries }, &[]),
@@ -258,6 +253,34 @@ impl Init {
                     &[],
                 ),
             }
+        }
+    }
+
+    /// One chunk of a file write. The write is answered once, after its last chunk: a
+    /// chunk that fails is not answered (the supervisor sends every chunk before it
+    /// reads the answer), the rest of the file is read and dropped, and the failure is
+    /// the answer. A write that ran out of room removes what it wrote.
+    fn write_chunk(&mut self, path: &str, mode: u32, first: bool, last: bool, data: &[u8]) {
+        if first {
+            self.failed_write = None;
+        }
+        if self.failed_write.is_none()
+            && let Err(e) = workspace::write_chunk(path, mode, first, data)
+        {
+            self.failed_write = Some(if workspace::is_no_room(&e) {
+                workspace::remove_partial(path);
+                Reply::NoRoom {
+                    free_bytes: workspace::free_bytes().unwrap_or(0),
+                }
+            } else {
+                Reply::Error {
+                    message: format!("writing {path}: {e}"),
+                }
+            });
+        }
+        if last {
+            let reply = self.failed_write.take().unwrap_or(Reply::Ok);
+            self.reply(&reply, &[]);
         }
     }
 

@@ -44,6 +44,7 @@ pub use init::{INIT_ARG, maybe_run_init};
 pub use protocol::FileEntry;
 pub use sandbox::{HOST_UID_BASE, HOST_UID_SLOTS, Sandbox, SandboxConfig};
 pub use supervisor::{Capture, OutputSink};
+pub use workspace::{DiskFull, human_size};
 pub use zygote::ZYGOTE_ARG;
 
 /// Why a sandbox could not be run. Every variant means the program did not run (or was
@@ -78,6 +79,10 @@ pub enum SandboxError {
     /// A file operation failed (the sandbox is still usable).
     #[error("{0}")]
     File(String),
+    /// A file does not fit the sandbox's disk (the sandbox is still usable; nothing of
+    /// the file was left behind).
+    #[error("{0}")]
+    DiskFull(DiskFull),
 }
 
 // The causes are printed in each message, so they are not also `#[source]`s (a chain

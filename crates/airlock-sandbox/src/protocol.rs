@@ -5,8 +5,10 @@
 //!
 //! The conversation: a one-byte "go" (consumed by the cloned child before it execs init),
 //! `Setup` -> `Attached` -> `Ready`, then any number of file
-//! operations and execs, one at a time. Init answers every request; while an exec runs
-//! it accepts only `Kill`.
+//! operations and execs, one at a time. Init answers every request once; a file write
+//! (one `WriteFile` per chunk) is one request, answered after its last chunk, also when
+//! an earlier chunk failed (init then reads and drops the rest), so the two sides never
+//! wait on each other. While an exec runs init accepts only `Kill`.
 
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -47,7 +49,8 @@ pub enum Request {
     },
     /// Init has joined every cgroup: it may now charge memory to the sandbox.
     Attached,
-    /// Write a chunk of a file under /workspace. Payload: the bytes.
+    /// Write a chunk of a file under /workspace. Payload: the bytes. The write is
+    /// answered once, after its last chunk: `Ok`, `NoRoom` or `Error`.
     WriteFile {
         /// Path relative to /workspace.
         path: String,
@@ -55,7 +58,7 @@ pub enum Request {
         mode: u32,
         /// Whether this chunk starts the file (truncate) or extends it.
         first: bool,
-        /// Whether this is the last chunk (init answers `Ok` after it).
+        /// Whether this is the last chunk (init answers after it, and only after it).
         last: bool,
     },
     /// Read a file under /workspace; answered by `FileChunk`s.
@@ -111,6 +114,12 @@ pub enum Reply {
         /// One line a person can act on.
         message: String,
     },
+    /// A file write failed for want of room on the sandbox's disk; what was written of
+    /// the file was removed again. The sandbox is still usable.
+    NoRoom {
+        /// Bytes free on the disk now.
+        free_bytes: u64,
+    },
     /// A chunk of a file being read. Payload: the bytes.
     FileChunk {
         /// Whether this is the last chunk.
@@ -142,13 +151,35 @@ pub enum Reply {
 
 /// Sends one frame with optional fds.
 pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    send_flags(sock, msg, payload, fds, MsgFlags::empty())
+}
+
+/// Like [`send`], but fails with `WouldBlock` instead of waiting when the socket has no
+/// room for the frame (the caller polls for `POLLOUT`, with a deadline).
+pub fn send_nowait<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, payload: &[u8]) -> io::Result<()> {
+    send_flags(sock, msg, payload, &[], MsgFlags::MSG_DONTWAIT)
+}
+
+fn send_flags<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    payload: &[u8],
+    fds: &[RawFd],
+    flags: MsgFlags,
+) -> io::Result<()> {
     let json = serde_json::to_vec(msg).map_err(io::Error::other)?;
     let len = (json.len() as u32).to_le_bytes();
     let iov = [IoSlice::new(&len), IoSlice::new(&json), IoSlice::new(payload)];
     let cmsgs = [ControlMessage::ScmRights(fds)];
     let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsgs };
     loop {
-        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+        match sendmsg::<()>(
+            sock.as_raw_fd(),
+            &iov,
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL | flags,
+            None,
+        ) {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
             Ok(_) => return Ok(()),

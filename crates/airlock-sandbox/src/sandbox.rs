@@ -399,40 +399,138 @@ impl Sandbox {
             // Work done for this request, not ahead of it.
             self.leave_background()?;
         }
+        // A one-shot's files are written under its cancel fds: the sandbox is thrown
+        // away anyway. A session's are not (a write cut short kills the sandbox, and a
+        // client that goes away must cost only its exec): they take what a file write
+        // takes, bounded by FILE_OP_DEADLINE per chunk.
+        let file_cancel = if one_shot { cancel } else { &[] };
         for file in &spec.files {
-            self.write_file(&file.path, file.mode, &file.content)?;
+            self.write_file_cancellable(&file.path, file.mode, &file.content, file_cancel)?;
         }
         supervisor::exec(self, spec, sink, cancel, one_shot, t0)
     }
 
     /// Writes (creates or replaces) a file under /workspace, owned by the sandbox user.
+    /// A file that does not fit the disk is [`SandboxError::DiskFull`]: refused unsent
+    /// when it is larger than the whole disk, else when the disk fills up (what was
+    /// written of it is removed); either way the sandbox stays usable. A sandbox whose
+    /// init stops taking the file or answering is killed ([`SandboxError::Gone`] from
+    /// then on): nothing is left waiting on it.
     pub fn write_file(&mut self, path: &str, mode: u32, content: &[u8]) -> Result<(), SandboxError> {
+        self.write_file_cancellable(path, mode, content, &[])
+    }
+
+    /// [`Sandbox::write_file`] that gives up when any `cancel` fd becomes readable: the
+    /// sandbox is killed then (a write cut short leaves init mid-file) and the error is
+    /// [`SandboxError::Cancelled`].
+    pub fn write_file_cancellable(
+        &mut self,
+        path: &str,
+        mode: u32,
+        content: &[u8],
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), SandboxError> {
+        let disk_bytes = self.disk_bytes;
+        let no_room = |free_bytes, memory_bytes| {
+            SandboxError::DiskFull(crate::DiskFull {
+                path: path.to_owned(),
+                bytes: content.len() as u64,
+                disk_bytes,
+                free_bytes,
+                memory_bytes,
+            })
+        };
+        if content.len() as u64 > self.disk_bytes {
+            return Err(no_room(None, None));
+        }
+        // The tmpfs's pages are charged to the sandbox's cgroup: a file as large as the
+        // memory cap would get init OOM-killed part-way.
+        if content.len() as u64 >= self.limits.memory_bytes {
+            return Err(no_room(None, Some(self.limits.memory_bytes)));
+        }
         let mut chunks = content.chunks(CHUNK).peekable();
         let mut first = true;
         loop {
             let chunk = chunks.next().unwrap_or(&[]);
             let last = chunks.peek().is_none();
-            self.send(
-                &Request::WriteFile {
-                    path: path.to_owned(),
-                    mode,
-                    first,
-                    last,
-                },
-                chunk,
-            )?;
+            let request = Request::WriteFile {
+                path: path.to_owned(),
+                mode,
+                first,
+                last,
+            };
+            if let Err(e) = self.send_by(&request, chunk, Instant::now() + FILE_OP_DEADLINE, cancel) {
+                // Init holds part of the file: no later request could be told apart
+                // from its rest.
+                self.kill();
+                return Err(e);
+            }
             first = false;
             if last {
                 break;
             }
         }
-        match self.recv(Instant::now() + FILE_OP_DEADLINE)?.msg {
+        match self.file_reply()? {
             Reply::Ok => Ok(()),
+            Reply::NoRoom { free_bytes } => Err(no_room(Some(free_bytes), None)),
             Reply::Error { message } => Err(SandboxError::File(message)),
-            other => Err(SandboxError::Setup(format!(
-                "unexpected reply from init: {other:?}"
-            ))),
+            other => Err(self.desync(&other)),
         }
+    }
+
+    /// Sends one frame of a file operation, waiting until `deadline` for room on the
+    /// socket (init reads every frame of a write: only a stuck init is waited out);
+    /// a readable `cancel` fd ends the wait.
+    fn send_by(
+        &self,
+        req: &Request,
+        payload: &[u8],
+        deadline: Instant,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), SandboxError> {
+        loop {
+            match protocol::send_nowait(self.control.as_fd(), req, payload) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return Err(SandboxError::Gone),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(SandboxError::Setup(
+                    "init stopped taking the file (the sandbox was killed)".into(),
+                ));
+            }
+            let ms = left.as_millis().clamp(1, u128::from(u16::MAX)) as u16;
+            let mut fds = vec![PollFd::new(self.control.as_fd(), PollFlags::POLLOUT)];
+            fds.extend(cancel.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)));
+            match poll(&mut fds, ms) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(SandboxError::Spawn(e.into())),
+            }
+            if fds[1..].iter().any(|f| f.any().unwrap_or(false)) {
+                return Err(SandboxError::Cancelled);
+            }
+        }
+    }
+
+    /// Init's answer to a file operation. One that does not come in time (or a closed
+    /// socket) kills the sandbox: an answer that came late would be taken for the
+    /// answer to the next request.
+    fn file_reply(&mut self) -> Result<Reply, SandboxError> {
+        self.file_frame(Instant::now() + FILE_OP_DEADLINE).map(|f| f.msg)
+    }
+
+    fn file_frame(&mut self, deadline: Instant) -> Result<Frame<Reply>, SandboxError> {
+        self.recv(deadline).inspect_err(|_| self.kill())
+    }
+
+    /// The error for an answer that does not fit the request: the two sides disagree
+    /// about where they are, so the sandbox is killed.
+    fn desync(&mut self, reply: &Reply) -> SandboxError {
+        self.kill();
+        SandboxError::Setup(format!(
+            "unexpected reply from init: {reply:?} (the sandbox was killed)"
+        ))
     }
 
     /// Reads a file under /workspace (at most `max_bytes`).
@@ -447,7 +545,7 @@ impl Sandbox {
         let deadline = Instant::now() + FILE_OP_DEADLINE;
         let mut data = Vec::new();
         loop {
-            let frame = self.recv(deadline)?;
+            let frame = self.file_frame(deadline)?;
             match frame.msg {
                 Reply::FileChunk { last } => {
                     data.extend_from_slice(&frame.payload);
@@ -456,11 +554,7 @@ impl Sandbox {
                     }
                 }
                 Reply::Error { message } => return Err(SandboxError::File(message)),
-                other => {
-                    return Err(SandboxError::Setup(format!(
-                        "unexpected reply from init: {other:?}"
-                    )));
-                }
+                other => return Err(self.desync(&other)),
             }
         }
     }
@@ -468,12 +562,10 @@ impl Sandbox {
     /// Lists /workspace recursively.
     pub fn list_files(&mut self) -> Result<Vec<FileEntry>, SandboxError> {
         self.send(&Request::ListFiles, &[])?;
-        match self.recv(Instant::now() + FILE_OP_DEADLINE)?.msg {
+        match self.file_reply()? {
             Reply::Listing { entries } => Ok(entries),
             Reply::Error { message } => Err(SandboxError::File(message)),
-            other => Err(SandboxError::Setup(format!(
-                "unexpected reply from init: {other:?}"
-            ))),
+            other => Err(self.desync(&other)),
         }
     }
 

@@ -8,6 +8,7 @@
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::sys::stat::{FileStat, Mode, fstat};
 use nix::unistd::{Gid, Uid, fchown};
+use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -110,6 +111,112 @@ pub fn write_chunk(path: &str, mode: u32, first: bool, data: &[u8]) -> io::Resul
     file.write_all(data)
 }
 
+/// Whether a write failed for want of room: the tmpfs is full (`ENOSPC`), or the file
+/// would pass a size cap (`EFBIG`, `EDQUOT`).
+pub(crate) fn is_no_room(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC) | Some(libc::EFBIG) | Some(libc::EDQUOT)
+    )
+}
+
+/// Removes what a failed write left at `path`: a regular file only (whatever else is
+/// there was not written by it). Best effort: the failure is reported either way.
+pub(crate) fn remove_partial(path: &str) {
+    let Ok((dirs, name)) = components(path) else {
+        return;
+    };
+    let Ok(mut dir) = root() else { return };
+    for d in dirs {
+        match open_beneath(&dir, Path::new(d), OFlag::O_PATH | OFlag::O_DIRECTORY, 0) {
+            Ok(next) => dir = next,
+            Err(_) => return,
+        }
+    }
+    let Ok(fd) = open_beneath(&dir, Path::new(name), OFlag::O_PATH, 0) else {
+        return;
+    };
+    if fstat(fd.as_fd()).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
+        let _ = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+}
+
+/// Bytes still free on the sandbox's disk (the tmpfs /workspace is on).
+pub(crate) fn free_bytes() -> io::Result<u64> {
+    let st = nix::sys::statvfs::statvfs(ROOT).map_err(io::Error::from)?;
+    Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+}
+
+/// A file that does not fit the sandbox's disk: refused before any of it was sent, or
+/// when the disk filled up part-way (what was written of it is removed again).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskFull {
+    /// The file's path relative to /workspace.
+    pub path: String,
+    /// The file's size.
+    pub bytes: u64,
+    /// The size of the sandbox's disk (the tmpfs /workspace, /tmp and /dev/shm share).
+    pub disk_bytes: u64,
+    /// What was free on the disk when the write failed (and its part was removed);
+    /// `None` when the file is larger than the whole disk and was refused unsent.
+    pub free_bytes: Option<u64>,
+    /// Set when the sandbox's memory cap is what the file does not fit: the disk is a
+    /// tmpfs whose pages count against it, so a file as large as the cap is refused
+    /// unsent (writing it would get the sandbox OOM-killed part-way).
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+}
+
+impl std::fmt::Display for DiskFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(memory) = self.memory_bytes {
+            return write!(
+                f,
+                "the sandbox's memory ({}), which the files on its disk count against, has no room for file '{}' ({}): use a sandbox with more memory (limits.memory_bytes)",
+                human_size(memory),
+                self.path,
+                human_size(self.bytes)
+            );
+        }
+        write!(
+            f,
+            "the sandbox's disk ({}) has no room for file '{}' ({})",
+            human_size(self.disk_bytes),
+            self.path,
+            human_size(self.bytes)
+        )?;
+        match self.free_bytes {
+            Some(free) => write!(
+                f,
+                ": {} of it is free; remove files from /workspace or /tmp, or use a sandbox with a larger disk (limits.disk_bytes)",
+                human_size(free)
+            ),
+            None => write!(f, ": use a sandbox with a larger disk (limits.disk_bytes)"),
+        }
+    }
+}
+
+/// A byte count for a person: in the largest binary unit it reaches, exact when the
+/// unit divides it (`64 MiB`), else to one decimal (`14.3 MiB`); small counts in bytes.
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [(u32, &str); 4] = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+    for (shift, unit) in UNITS {
+        let size = 1u64 << shift;
+        if bytes >= size {
+            return if bytes.is_multiple_of(size) {
+                format!("{} {unit}", bytes >> shift)
+            } else {
+                format!("{:.1} {unit}", bytes as f64 / size as f64)
+            };
+        }
+    }
+    if bytes == 1 {
+        "1 byte".to_owned()
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 /// Opens `path` for reading; returns the file and its size.
 pub fn open_read(path: &str, max_bytes: u64) -> io::Result<(File, u64)> {
     let (dirs, name) = components(path)?;
@@ -164,4 +271,51 @@ pub fn list() -> io::Result<Vec<FileEntry>> {
     }
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_a_person_would_write_them() {
+        assert_eq!(human_size(64 << 20), "64 MiB");
+        assert_eq!(human_size(100 << 20), "100 MiB");
+        assert_eq!(human_size(15_000_000), "14.3 MiB");
+        assert_eq!(human_size(1 << 30), "1 GiB");
+        assert_eq!(human_size(1536), "1.5 KiB");
+        assert_eq!(human_size(1000), "1000 bytes");
+        assert_eq!(human_size(1), "1 byte");
+    }
+
+    #[test]
+    fn a_disk_full_error_names_the_disk_the_file_and_the_room_left() {
+        let e = DiskFull {
+            path: "data/big.bin".into(),
+            bytes: 100 << 20,
+            disk_bytes: 64 << 20,
+            free_bytes: None,
+            memory_bytes: None,
+        };
+        let m = e.to_string();
+        assert!(
+            m.starts_with("the sandbox's disk (64 MiB) has no room for file 'data/big.bin' (100 MiB)"),
+            "{m}"
+        );
+        let e = DiskFull {
+            free_bytes: Some(3 << 20),
+            ..e
+        };
+        assert!(e.to_string().contains("3 MiB of it is free"), "{e}");
+        let e = DiskFull {
+            memory_bytes: Some(64 << 20),
+            ..e
+        };
+        assert!(
+            e.to_string().starts_with(
+                "the sandbox's memory (64 MiB), which the files on its disk count against, has no room for file 'data/big.bin' (100 MiB)"
+            ),
+            "{e}"
+        );
+    }
 }

@@ -76,6 +76,12 @@ impl ApiError {
         )
     }
 
+    /// 507: a file does not fit the sandbox's disk; the message names the disk's size,
+    /// the file and its size. The sandbox stays usable.
+    pub fn disk_full(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", message)
+    }
+
     /// 415.
     pub fn unsupported_media_type() -> Self {
         Self::new(

@@ -373,6 +373,7 @@ pub fn vm_error(e: VmError) -> ApiError {
         VmError::Spec(e) => ApiError::invalid(e.field, e.message),
         VmError::Cancelled => ApiError::shutting_down(),
         VmError::File(m) => ApiError::invalid("path", m),
+        VmError::DiskFull(e) => ApiError::disk_full(e.to_string()),
         VmError::Gone => ApiError::conflict(
             "the sandbox's VM is gone (it stopped, or was killed because it stopped answering)",
         ),

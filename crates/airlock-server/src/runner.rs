@@ -60,6 +60,7 @@ pub fn api_error(e: SandboxError) -> ApiError {
     match e {
         SandboxError::Spec(e) => ApiError::invalid(e.field, e.message),
         SandboxError::File(m) => ApiError::invalid("path", m),
+        SandboxError::DiskFull(e) => ApiError::disk_full(e.to_string()),
         SandboxError::Cancelled => ApiError::shutting_down(),
         SandboxError::Gone => {
             ApiError::conflict("the sandbox is gone (its init was killed, e.g. by the OOM killer)")

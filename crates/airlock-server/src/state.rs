@@ -68,11 +68,19 @@ impl SessionSandbox {
         }
     }
 
-    /// Writes a file under /workspace (blocking).
-    pub fn write_file(&mut self, path: &str, mode: u32, content: &[u8]) -> Result<(), ApiError> {
+    /// Writes a file under /workspace (blocking). A readable `cancel` (the session is
+    /// being purged) ends a namespace sandbox's write at once; a micro-VM's is bounded
+    /// by its per-frame timeout.
+    pub fn write_file(
+        &mut self,
+        path: &str,
+        mode: u32,
+        content: &[u8],
+        cancel: BorrowedFd<'_>,
+    ) -> Result<(), ApiError> {
         match self {
             SessionSandbox::Namespaces(sb) => sb
-                .write_file(path, mode, content)
+                .write_file_cancellable(path, mode, content, &[cancel])
                 .map_err(crate::runner::api_error),
             SessionSandbox::Microvm(vm) => vm
                 .write_file(path, mode, content)

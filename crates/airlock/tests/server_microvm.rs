@@ -335,3 +335,77 @@ fn sigterm_leaves_nothing(d: &mut Daemon, owner: &str, state: &std::path::Path) 
     assert!(dirs.is_empty(), "cgroups left: {dirs:?}");
     assert!(!state.exists(), "state directory left: {}", state.display());
 }
+
+#[test]
+fn microvm_session_upload_beyond_the_disk_fails_once_with_507_and_the_session_still_works() {
+    // Issue 12, item 7: in a micro-VM session one failed upload left every later request
+    // with a stale error (an exec answered 500). Small sizes: the file crosses the
+    // emulated port.
+    const MIB: usize = 1 << 20;
+    let mut d = Daemon::start(&["--pool", "0", "--vm-pool", "0"]);
+    let c = d.client();
+    let id = c.create_session(&json!({
+        "isolation": "microvm", "ttl_s": 600, "limits": {"disk_bytes": 8 * MIB},
+    }));
+    // Larger than the whole disk: refused unsent.
+    let e = c
+        .put(
+            &format!("/v1/sandboxes/{id}/files?path=big.bin"),
+            &vec![7u8; 12 * MIB],
+        )
+        .api_error(507);
+    assert_eq!(e["code"], "disk_full", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("the sandbox's disk (8 MiB) has no room for file 'big.bin' (12 MiB)"),
+        "{e}"
+    );
+    // 6 MiB fit; 3 MiB more do not: the guest's disk fills part-way, once.
+    c.put(
+        &format!("/v1/sandboxes/{id}/files?path=a.bin"),
+        &vec![1u8; 6 * MIB],
+    )
+    .expect(204);
+    let e = c
+        .put(
+            &format!("/v1/sandboxes/{id}/files?path=b.bin"),
+            &vec![2u8; 3 * MIB],
+        )
+        .api_error(507);
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.contains("the sandbox's disk (8 MiB) has no room for file 'b.bin' (3 MiB)")
+            && m.contains("of it is free"),
+        "{m}"
+    );
+    // Every later request gets its own answer.
+    let entries = c.get(&format!("/v1/sandboxes/{id}/files")).expect(200).json();
+    let paths: Vec<&str> = entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["a.bin"], "{entries}");
+    c.put(
+        &format!("/v1/sandboxes/{id}/files?path=note.txt"),
+        b"still here\n",
+    )
+    .expect(204);
+    let got = c
+        .get(&format!("/v1/sandboxes/{id}/files?path=note.txt"))
+        .expect(200);
+    assert_eq!(got.body, b"still here\n");
+    let v = c
+        .session_exec(&id, &sh("cat note.txt; wc -c < a.bin"))
+        .expect(200)
+        .json();
+    assert_eq!(ok_stdout(&v), format!("still here\n{}\n", 6 * MIB), "{v}");
+
+    // SIGTERM with the session live: the daemon exits and nothing of it remains.
+    let state = std::path::Path::new("/run/airlock/vm").join(&d.owner);
+    let owner = d.owner.clone();
+    sigterm_leaves_nothing(&mut d, &owner, &state);
+}

@@ -8,6 +8,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use crate::body::RawBody;
@@ -91,8 +92,9 @@ pub(crate) async fn write_file(
     mode: u32,
     content: impl AsRef<[u8]> + Send + 'static,
 ) -> Result<(), ApiError> {
+    let cancel = Arc::clone(&session.cancel);
     session
-        .with_sandbox(move |sb| sb.write_file(&path, mode, content.as_ref()))
+        .with_sandbox(move |sb| sb.write_file(&path, mode, content.as_ref(), cancel.as_fd()))
         .await?
 }
 

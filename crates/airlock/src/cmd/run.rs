@@ -1,7 +1,7 @@
 //! `airlock run [OPTIONS] [--] COMMAND [ARGS...]`.
 
 use airlock_microvm::{HostOptions, MicroVmHost, VmError};
-use airlock_sandbox::{Engine, OutputSink, SandboxError};
+use airlock_sandbox::{Engine, OutputSink, SandboxError, human_size};
 use airlock_spec::{
     FileSpec, Isolation, Limits, NetworkPolicy, Spec, format_ms, format_size, parse_duration, parse_size,
 };
@@ -103,6 +103,7 @@ impl RunArgs {
             };
             spec.env.push((k.to_owned(), v.to_owned()));
         }
+        let mut files_bytes = 0u64;
         for arg in &self.files {
             let (src, dest) = match arg.split_once(':') {
                 Some((src, dest)) => (PathBuf::from(src), dest.to_owned()),
@@ -119,6 +120,36 @@ impl RunArgs {
                 .with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
             if !meta.is_file() {
                 bail!("--file {arg}: {} is not a regular file", src.display());
+            }
+            // Refused before anything starts (or is read): it could never fit. The disk
+            // is a tmpfs whose pages count against --memory, so the files must fit that
+            // too (with room left for the program).
+            let before = files_bytes;
+            files_bytes = files_bytes.saturating_add(meta.len());
+            let what = || {
+                if before == 0 {
+                    format!("the file ({})", human_size(meta.len()))
+                } else {
+                    format!(
+                        "the file ({}) with the --file before it ({} in all)",
+                        human_size(meta.len()),
+                        human_size(files_bytes)
+                    )
+                }
+            };
+            if files_bytes > self.disk {
+                bail!(
+                    "--file {arg}: {} does not fit the sandbox's disk (--disk {}); give a larger --disk",
+                    what(),
+                    human_size(self.disk)
+                );
+            }
+            if files_bytes >= self.memory {
+                bail!(
+                    "--file {arg}: {} does not fit the sandbox's memory (--memory {}), which the files on its disk count against; give a larger --memory",
+                    what(),
+                    human_size(self.memory)
+                );
             }
             let content = std::fs::read(&src)
                 .with_context(|| format!("--file {arg}: cannot read {}", src.display()))?;
