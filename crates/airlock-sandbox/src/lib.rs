@@ -44,7 +44,7 @@ pub use init::{INIT_ARG, maybe_run_init};
 pub use protocol::FileEntry;
 pub use sandbox::{HOST_UID_BASE, HOST_UID_SLOTS, Sandbox, SandboxConfig};
 pub use supervisor::{Capture, OutputSink};
-pub use workspace::{DiskFull, human_size};
+pub use workspace::DiskFull;
 pub use zygote::ZYGOTE_ARG;
 
 /// Why a sandbox could not be run. Every variant means the program did not run (or was

@@ -15,6 +15,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path};
 
+use airlock_spec::{format_size, human_size};
+
 use crate::mounts::SANDBOX_ID;
 use crate::protocol::FileEntry;
 
@@ -173,7 +175,7 @@ impl std::fmt::Display for DiskFull {
             return write!(
                 f,
                 "the sandbox's memory ({}), which the files on its disk count against, has no room for file '{}' ({}): use a sandbox with more memory (limits.memory_bytes)",
-                human_size(memory),
+                format_size(memory),
                 self.path,
                 human_size(self.bytes)
             );
@@ -181,7 +183,7 @@ impl std::fmt::Display for DiskFull {
         write!(
             f,
             "the sandbox's disk ({}) has no room for file '{}' ({})",
-            human_size(self.disk_bytes),
+            format_size(self.disk_bytes),
             self.path,
             human_size(self.bytes)
         )?;
@@ -193,27 +195,6 @@ impl std::fmt::Display for DiskFull {
             ),
             None => write!(f, ": use a sandbox with a larger disk (limits.disk_bytes)"),
         }
-    }
-}
-
-/// A byte count for a person: in the largest binary unit it reaches, exact when the
-/// unit divides it (`64 MiB`), else to one decimal (`14.3 MiB`); small counts in bytes.
-pub fn human_size(bytes: u64) -> String {
-    const UNITS: [(u32, &str); 4] = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
-    for (shift, unit) in UNITS {
-        let size = 1u64 << shift;
-        if bytes >= size {
-            return if bytes.is_multiple_of(size) {
-                format!("{} {unit}", bytes >> shift)
-            } else {
-                format!("{:.1} {unit}", bytes as f64 / size as f64)
-            };
-        }
-    }
-    if bytes == 1 {
-        "1 byte".to_owned()
-    } else {
-        format!("{bytes} bytes")
     }
 }
 
@@ -276,17 +257,6 @@ pub fn list() -> io::Result<Vec<FileEntry>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_read_as_a_person_would_write_them() {
-        assert_eq!(human_size(64 << 20), "64 MiB");
-        assert_eq!(human_size(100 << 20), "100 MiB");
-        assert_eq!(human_size(15_000_000), "14.3 MiB");
-        assert_eq!(human_size(1 << 30), "1 GiB");
-        assert_eq!(human_size(1536), "1.5 KiB");
-        assert_eq!(human_size(1000), "1000 bytes");
-        assert_eq!(human_size(1), "1 byte");
-    }
 
     #[test]
     fn a_disk_full_error_names_the_disk_the_file_and_the_room_left() {

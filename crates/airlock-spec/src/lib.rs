@@ -16,4 +16,4 @@ mod units;
 
 pub use result::{EgressEntry, ExecResult, Outcome};
 pub use spec::{FileSpec, Isolation, Limits, NetworkPolicy, Spec, SpecError};
-pub use units::{UnitError, format_duration, format_ms, format_size, parse_duration, parse_size};
+pub use units::{UnitError, format_duration, format_ms, format_size, human_size, parse_duration, parse_size};

@@ -151,6 +151,27 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+/// A byte count for a person: in the largest binary unit it reaches, exact when the
+/// unit divides it (`64 MiB`), else to one decimal (`14.3 MiB`); small counts in bytes.
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [(u32, &str); 4] = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+    for (shift, unit) in UNITS {
+        let size = 1u64 << shift;
+        if bytes >= size {
+            return if bytes.is_multiple_of(size) {
+                format!("{} {unit}", bytes >> shift)
+            } else {
+                format!("{:.1} {unit}", bytes as f64 / size as f64)
+            };
+        }
+    }
+    if bytes == 1 {
+        "1 byte".to_owned()
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 /// A duration in the largest unit that divides it exactly: `10 s`, `500 ms`, `2 min`,
 /// `24 h` (below a millisecond: `µs`).
 pub fn format_duration(d: Duration) -> String {
@@ -233,5 +254,16 @@ mod tests {
                 n
             );
         }
+    }
+
+    #[test]
+    fn sizes_read_as_a_person_would_write_them() {
+        assert_eq!(human_size(64 << 20), "64 MiB");
+        assert_eq!(human_size(100 << 20), "100 MiB");
+        assert_eq!(human_size(15_000_000), "14.3 MiB");
+        assert_eq!(human_size(1 << 30), "1 GiB");
+        assert_eq!(human_size(1536), "1.5 KiB");
+        assert_eq!(human_size(1000), "1000 bytes");
+        assert_eq!(human_size(1), "1 byte");
     }
 }

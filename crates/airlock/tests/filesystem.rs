@@ -750,7 +750,7 @@ fn rootfs_replaces_host_system_directories() {
 }
 
 #[test]
-fn rootfs_without_the_command_exits_2_with_a_clear_message() {
+fn rootfs_without_the_command_exits_127_with_a_clear_message() {
     let (dir, cmd) = setup("rootfs-missing");
     let root = tiny_rootfs(dir.path());
     let out = cmd
@@ -759,14 +759,15 @@ fn rootfs_without_the_command_exits_2_with_a_clear_message() {
         .args(["--", "python3", "-c", "print(1)"])
         .output();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // As in a shell: the sandbox ran, and the command was not found in it.
     assert_eq!(
         out.status.code(),
-        Some(2),
+        Some(127),
         "status {:?}, stderr: {stderr}",
         out.status
     );
     assert!(
-        stderr.contains("python3"),
+        stderr.contains("python3: command not found"),
         "the message does not name the command: {stderr}"
     );
     assert_eq!(stderr.trim().lines().count(), 1, "not one clear line: {stderr}");

@@ -1,9 +1,10 @@
 //! `airlock run [OPTIONS] [--] COMMAND [ARGS...]`.
 
 use airlock_microvm::{HostOptions, MicroVmHost, VmError};
-use airlock_sandbox::{Engine, OutputSink, SandboxError, human_size};
+use airlock_sandbox::{Engine, OutputSink, SandboxError};
 use airlock_spec::{
-    FileSpec, Isolation, Limits, NetworkPolicy, Spec, format_ms, format_size, parse_duration, parse_size,
+    FileSpec, Isolation, Limits, NetworkPolicy, Spec, format_ms, format_size, human_size, parse_duration,
+    parse_size,
 };
 use anyhow::{Context, bail};
 use clap::Args;
@@ -141,14 +142,14 @@ impl RunArgs {
                 bail!(
                     "--file {arg}: {} does not fit the sandbox's disk (--disk {}); give a larger --disk",
                     what(),
-                    human_size(self.disk)
+                    format_size(self.disk)
                 );
             }
             if files_bytes >= self.memory {
                 bail!(
                     "--file {arg}: {} does not fit the sandbox's memory (--memory {}), which the files on its disk count against; give a larger --memory",
                     what(),
-                    human_size(self.memory)
+                    format_size(self.memory)
                 );
             }
             let content = std::fs::read(&src)
