@@ -127,6 +127,19 @@ fn deadline_holds_under_a_cpu_throttled_clone_storm_in_a_micro_vm() {
         let v = c.exec_ok(&body);
         assert_killed_promptly(&v, Duration::from_secs(3), t0.elapsed());
     }
+
+    // A session's VM survives its exec's deadline: the guest kills the exec's processes
+    // and reports. The first storm warms the emulator's translation of the program.
+    let id = c.create_session(&json!({"isolation": "microvm"}));
+    let _ = c.session_exec(&id, &body).expect(200);
+    let t0 = Instant::now();
+    let v = c.session_exec(&id, &body).expect(200).json();
+    assert_killed_promptly(&v, Duration::from_secs(3), t0.elapsed());
+    let v = c
+        .session_exec(&id, &json!({"cmd": ["echo", "alive"]}))
+        .expect(200)
+        .json();
+    assert_eq!(v["stdout"], "alive\n", "{v:#}");
 }
 
 // ---------------------------------------------------------------------------------------
