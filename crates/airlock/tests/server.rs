@@ -1454,7 +1454,8 @@ fn a_sessions_ready_child_waits_unprivileged_and_a_killed_one_is_replaced() {
     let ready = poll(Duration::from_secs(5), || {
         let procs = d.sandbox_processes();
         let init = procs.iter().find(|p| p.ppid == d.pid)?.pid;
-        procs.into_iter().find(|p| p.ppid == init)
+        // Freshly forked, it is still init's uid for a moment, until it drops.
+        procs.into_iter().find(|p| p.ppid == init && p.uid != 0)
     })
     .expect("no ready child in the idle session");
     let status = std::fs::read_to_string(format!("/proc/{}/status", ready.pid)).expect("its status");
@@ -1470,6 +1471,17 @@ fn a_sessions_ready_child_waits_unprivileged_and_a_killed_one_is_replaced() {
     );
     // Killed while it waits (as the OOM killer might): the exec forks another.
     kill(Pid::from_raw(ready.pid as i32), Signal::SIGKILL).expect("kill the ready child");
+    // SIGKILL lands asynchronously: an exec sent before the child is dead is handed to it
+    // and ends with its death (a race of the test, not of the sandbox).
+    let dead = poll(Duration::from_secs(5), || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", ready.pid)).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next());
+        matches!(state, None | Some("Z" | "X")).then_some(())
+    });
+    assert!(dead.is_some(), "the ready child did not die");
     let v = c.session_exec(&id, &sh("echo two; id -u")).expect(200).json();
     assert_eq!(ok_stdout(&v), "two\n1000\n", "{v:#}");
 }
