@@ -4,7 +4,8 @@
 
 use airlock_spec::{ExecResult, FileSpec, Isolation, Limits, NetworkPolicy, Spec};
 use base64::Engine as _;
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 
 use crate::config::ServerConfig;
@@ -15,16 +16,21 @@ use crate::error::ApiError;
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     /// Memory cap in bytes.
+    #[serde(default, deserialize_with = "integer")]
     pub memory_bytes: Option<u64>,
     /// CPU quota in cores.
     pub cpus: Option<f64>,
     /// Processes plus threads.
+    #[serde(default, deserialize_with = "integer")]
     pub pids: Option<u32>,
     /// Wall-clock limit in milliseconds.
+    #[serde(default, deserialize_with = "integer")]
     pub timeout_ms: Option<u64>,
     /// Writable tmpfs size in bytes.
+    #[serde(default, deserialize_with = "integer")]
     pub disk_bytes: Option<u64>,
     /// Bytes kept per output stream.
+    #[serde(default, deserialize_with = "integer")]
     pub output_bytes: Option<u64>,
 }
 
@@ -40,6 +46,7 @@ pub struct FileRequest {
     #[serde(default)]
     pub encoding: Encoding,
     /// Permission bits (default 0o644).
+    #[serde(default, deserialize_with = "integer")]
     pub mode: Option<u32>,
 }
 
@@ -98,6 +105,7 @@ pub struct ExecRequest {
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     /// Lifetime in seconds.
+    #[serde(default, deserialize_with = "integer")]
     pub ttl_s: Option<u64>,
     /// Limits for every exec (each exec may lower or raise them within the maxima; disk
     /// is fixed at creation).
@@ -117,6 +125,60 @@ pub struct ExecResponse {
     pub result: ExecResult,
     /// Waiting for admission, in milliseconds.
     pub queue_ms: f64,
+}
+
+/// An optional non-negative integer that JSON may spell `2998` or `2998.0`: JSON Schema
+/// (and so the OpenAPI document) counts an integral number as an integer whatever its
+/// spelling, and clients that compute sizes in floating point send them so.
+fn integer<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let value = n.as_u64().or_else(|| {
+        let f = n.as_f64()?;
+        // 2^64 is exact in f64; anything below it and integral converts exactly.
+        (f.is_finite() && f.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&f))
+            .then_some(f as u64)
+    });
+    let value = value.ok_or_else(|| D::Error::custom(format!("expected a non-negative integer, got {n}")))?;
+    T::try_from(value)
+        .map(Some)
+        .map_err(|_| D::Error::custom(format!("{n} is too large")))
+}
+
+/// A path relative to /workspace as the API accepts it: segments separated by single
+/// slashes, none empty, `.` or `..`, no NUL (the OpenAPI document's pattern says the same).
+pub fn check_relative_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("is empty: give a path relative to /workspace".into());
+    }
+    if path.contains('\0') {
+        return Err("contains a NUL byte".into());
+    }
+    if path.starts_with('/') {
+        return Err(format!(
+            "{path:?} must be relative to /workspace (or start with /workspace/)"
+        ));
+    }
+    if path
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return Err(format!(
+            "{path:?}: each part between slashes must be a name (not empty, `.` or `..`)"
+        ));
+    }
+    Ok(())
+}
+
+/// The request's own name for a spec field: the engine says `command`, a request gives
+/// `cmd` (or `code`, which becomes the command's last argument).
+pub fn request_field(field: &str, from_code: bool) -> String {
+    match field.strip_prefix("command") {
+        Some(_) if from_code => "code".into(),
+        Some(rest) => format!("cmd{rest}"),
+        None => field.to_owned(),
+    }
 }
 
 /// Merges request limits into the server's defaults and checks them against its maxima.
@@ -209,6 +271,7 @@ impl ExecRequest {
         spec.network = self.network.clone().unwrap_or_default();
         spec.isolation = self.isolation.unwrap_or_default();
         for (i, f) in self.files.iter().enumerate() {
+            check_relative_path(&f.path).map_err(|m| ApiError::invalid(format!("files[{i}].path"), m))?;
             let content = match f.encoding {
                 Encoding::Utf8 => f.content.clone().into_bytes(),
                 Encoding::Base64 => base64::engine::general_purpose::STANDARD
@@ -223,8 +286,9 @@ impl ExecRequest {
                 mode: f.mode.unwrap_or(0o644),
             });
         }
+        let from_code = self.cmd.is_none();
         spec.validate()
-            .map_err(|e| ApiError::invalid(e.field, e.message))?;
+            .map_err(|e| ApiError::invalid(request_field(&e.field, from_code), e.message))?;
         Ok(spec)
     }
 }

@@ -58,7 +58,7 @@ pub fn cancel_pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
 /// Maps an engine error to the API's.
 pub fn api_error(e: SandboxError) -> ApiError {
     match e {
-        SandboxError::Spec(e) => ApiError::invalid(e.field, e.message),
+        SandboxError::Spec(e) => ApiError::invalid(crate::api::request_field(&e.field, false), e.message),
         SandboxError::Setup(m) if m.contains("command not found") || m.contains("no such executable") => {
             ApiError::invalid("cmd", m)
         }
