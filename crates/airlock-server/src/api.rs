@@ -86,15 +86,16 @@ pub struct ExecRequest {
     /// What the program reads on stdin.
     pub stdin: Option<String>,
     /// Files to write first.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects")]
     pub files: Vec<FileRequest>,
     /// Extra environment variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Limits.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub limits: LimitsRequest,
     /// Network policy (`{"mode": "none"}`).
+    #[serde(default, deserialize_with = "network")]
     pub network: Option<NetworkPolicy>,
     /// `namespaces` (default) or `microvm`; in a session, the session's.
     pub isolation: Option<Isolation>,
@@ -109,9 +110,10 @@ pub struct CreateSandboxRequest {
     pub ttl_s: Option<u64>,
     /// Limits for every exec (each exec may lower or raise them within the maxima; disk
     /// is fixed at creation).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub limits: LimitsRequest,
     /// Network policy.
+    #[serde(default, deserialize_with = "network")]
     pub network: Option<NetworkPolicy>,
     /// `namespaces` (default) or `microvm`: every exec of the session runs in it.
     pub isolation: Option<Isolation>,
@@ -144,6 +146,59 @@ fn integer<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>
     T::try_from(value)
         .map(Some)
         .map_err(|_| D::Error::custom(format!("{n} is too large")))
+}
+
+/// A struct from a JSON object only: serde's derive also builds one from an array of its
+/// fields in order (`"limits": [null, null]`), which no schema allows.
+fn object<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    struct Fields<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Fields<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_map(Fields(std::marker::PhantomData))
+}
+
+/// A list of structs, each from a JSON object only (see [`object`]).
+fn objects<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    struct Object<T>(T);
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            object(d).map(Object)
+        }
+    }
+    Ok(Vec::<Object<T>>::deserialize(d)?
+        .into_iter()
+        .map(|o| o.0)
+        .collect())
+}
+
+/// An optional network policy, strict about unknown fields in every mode: serde does not
+/// deny unknown fields beside the tag of a unit variant (`{"mode": "none", "x": 1}`).
+fn network<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NetworkPolicy>, D::Error> {
+    let Some(value) = Option::<serde_json::Value>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if !value.is_object() {
+        return Err(D::Error::custom(format!(
+            "invalid type: {value}, expected a JSON object"
+        )));
+    }
+    if value.get("mode").and_then(serde_json::Value::as_str) == Some("none")
+        && let Some(extra) = value
+            .as_object()
+            .and_then(|o| o.keys().find(|k| k.as_str() != "mode"))
+    {
+        return Err(D::Error::custom(format!(
+            "unknown field `{extra}` (mode none takes no other field)"
+        )));
+    }
+    serde_json::from_value(value).map(Some).map_err(D::Error::custom)
 }
 
 /// A path relative to /workspace as the API accepts it: segments separated by single
@@ -311,6 +366,13 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(
     } else {
         body
     };
+    // A request is a JSON object (serde would also build a struct from an array).
+    if let Some(first) = body.iter().find(|b| !b.is_ascii_whitespace())
+        && *first != b'{'
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+    {
+        return Err(ApiError::invalid("body", "the body must be a JSON object"));
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -89,6 +89,18 @@ fn jsonrpc_error(status: StatusCode, id: Option<serde_json::Value>, code: i64, m
 /// status of `/mcp` (406, 415, 404 for an unknown session, 405, 413) gets a JSON-RPC error
 /// body in place of rmcp's text. Valid messages reach rmcp untouched.
 pub async fn jsonrpc_guard(State(max_body): State<usize>, req: Request, next: Next) -> Response {
+    // MCP: a session id is visible ASCII (0x21-0x7E). rmcp reads any other value as no
+    // session at all, which would let an `initialize` through with a header it ignored.
+    if let Some(v) = req.headers().get("mcp-session-id")
+        && (v.is_empty() || !v.as_bytes().iter().all(|b| (0x21..=0x7e).contains(b)))
+    {
+        return jsonrpc_error(
+            StatusCode::BAD_REQUEST,
+            None,
+            crate::mcp::jsonrpc::INVALID_REQUEST,
+            "Invalid Request: Mcp-Session-Id must be visible ASCII characters (0x21 to 0x7E)",
+        );
+    }
     let req = if req.method() == Method::POST && is_json(req.headers()) {
         let (parts, body) = req.into_parts();
         let bytes = match axum::body::to_bytes(body, max_body).await {
