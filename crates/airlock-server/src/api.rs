@@ -201,6 +201,123 @@ fn network<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NetworkPolicy>, D::
     serde_json::from_value(value).map(Some).map_err(D::Error::custom)
 }
 
+/// The network policy's entries in the grammar the OpenAPI document gives (its patterns):
+/// the egress proxy accepts more spellings (`0` for 0.0.0.0, as inet_aton reads it), which
+/// a schema cannot describe and a reader could misread; the API takes these only.
+pub fn check_network(network: Option<&NetworkPolicy>) -> Result<(), ApiError> {
+    let Some(NetworkPolicy::Proxy { allow, allow_cidrs }) = network else {
+        return Ok(());
+    };
+    for (i, entry) in allow.iter().enumerate() {
+        check_allow_entry(entry).map_err(|why| {
+            ApiError::invalid(
+                format!("network.allow[{i}]"),
+                format!(
+                    "{entry:?} is not a host pattern ({why}); expected NAME, *.DOMAIN, an IPv4 address or [IPv6], each optionally with :PORT (1-65535), or a bare IPv6 address"
+                ),
+            )
+        })?;
+    }
+    for (i, entry) in allow_cidrs.iter().enumerate() {
+        check_cidr_entry(entry).map_err(|why| {
+            ApiError::invalid(
+                format!("network.allow_cidrs[{i}]"),
+                format!("{entry:?} is not a CIDR ({why}); expected ADDRESS/PREFIX such as 10.1.2.3/32 or fd00::/8, or a single address"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// An IPv4 address in dotted-quad form (Rust's parser: no leading zeros).
+fn is_ipv4(s: &str) -> bool {
+    s.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
+/// An IPv6 address without an embedded IPv4 part or a zone.
+fn is_ipv6(s: &str) -> bool {
+    !s.contains('.') && s.parse::<std::net::Ipv6Addr>().is_ok()
+}
+
+/// Decimal digits without a leading zero (but `0` itself), at most `max`.
+fn number_up_to(s: &str, max: u32) -> bool {
+    !s.is_empty()
+        && s.len() <= 5
+        && s.bytes().all(|b| b.is_ascii_digit())
+        && (s == "0" || !s.starts_with('0'))
+        && s.parse::<u32>().is_ok_and(|n| n <= max)
+}
+
+fn check_allow_entry(s: &str) -> Result<(), String> {
+    if s.chars().count() > 253 {
+        return Err("longer than 253 characters".into());
+    }
+    if is_ipv6(s) {
+        return Ok(());
+    }
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']').ok_or("unclosed [")?;
+        if !is_ipv6(v6) {
+            return Err(format!("{v6:?} is not an IPv6 address"));
+        }
+        match after {
+            "" => return Ok(()),
+            p => (None, Some(p.strip_prefix(':').ok_or("text after ]")?)),
+        }
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (Some(h), Some(p)),
+            None => (Some(s), None),
+        }
+    };
+    if let Some(p) = port
+        && (p == "0" || !number_up_to(p, 65535))
+    {
+        return Err(format!("port {p:?} is not a number from 1 to 65535"));
+    }
+    let Some(host) = host else { return Ok(()) };
+    if is_ipv4(host) {
+        return Ok(());
+    }
+    let name = host.strip_prefix("*.").unwrap_or(host);
+    let labels: Vec<&str> = name.split('.').collect();
+    let label_ok = |l: &&str| {
+        (1..=63).contains(&l.len())
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if !labels.iter().all(label_ok) {
+        return Err("a name is labels of 1 to 63 letters, digits, - or _ separated by dots".into());
+    }
+    if !labels
+        .last()
+        .is_some_and(|l| l.starts_with(|c: char| c.is_ascii_alphabetic()))
+    {
+        return Err("a name's last label starts with a letter".into());
+    }
+    Ok(())
+}
+
+fn check_cidr_entry(s: &str) -> Result<(), String> {
+    let (addr, prefix) = match s.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (s, None),
+    };
+    let max = if is_ipv4(addr) {
+        32
+    } else if is_ipv6(addr) {
+        128
+    } else {
+        return Err(format!("{addr:?} is not an IP address"));
+    };
+    match prefix {
+        Some(p) if !number_up_to(p, max) => {
+            Err(format!("prefix length {p:?} is not a number from 0 to {max}"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A path relative to /workspace as the API accepts it: segments separated by single
 /// slashes, none empty, `.` or `..`, no NUL (the OpenAPI document's pattern says the same).
 pub fn check_relative_path(path: &str) -> Result<(), String> {
@@ -319,6 +436,7 @@ impl ExecRequest {
                 ));
             }
         };
+        check_network(self.network.as_ref())?;
         let mut spec = Spec::new(command);
         spec.limits = limits(&self.limits, config, base)?;
         spec.env = self.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
