@@ -6,13 +6,14 @@
 # builds sandboxes). Usage: tests/schemathesis/run.sh [path/to/airlock]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+repo=$PWD
 
 SCHEMATHESIS_VERSION=4.32.5
 # Whole run: the examples and coverage phases run to completion, fuzzing and stateful
 # testing repeat until this budget is spent.
 MAX_TIME=${SCHEMATHESIS_MAX_TIME:-150}
-AIRLOCK=${1:-target/debug/airlock}
-VENV=${SCHEMATHESIS_VENV:-target/schemathesis-venv}
+AIRLOCK=$(realpath "${1:-target/debug/airlock}")
+VENV=$(realpath -m "${SCHEMATHESIS_VENV:-target/schemathesis-venv}")
 
 # Its own virtualenv: its dependencies (hypothesis, jsonschema-rs...) stay apart from the
 # SDK's test requirements.
@@ -56,12 +57,14 @@ done
 echo "schemathesis $SCHEMATHESIS_VERSION against $base (budget ${MAX_TIME}s)"
 
 status=0
-"$VENV/bin/schemathesis" --config-file tests/schemathesis/schemathesis.toml run "$base/openapi.json" \
+# From the scratch directory: schemathesis keeps a cache of found failures (replayed on
+# the next run) in the current directory; each run here starts clean.
+(cd "$work" && "$VENV/bin/schemathesis" --config-file "$repo/tests/schemathesis/schemathesis.toml" run "$base/openapi.json" \
     -H "Authorization: Bearer $key" \
     --phases examples,coverage,fuzzing,stateful \
     --max-time "$MAX_TIME" --max-examples 50 \
     --workers 1 --request-timeout 30 \
-    --generation-database none --no-color \
+    --generation-database none --no-color) \
     || status=$?
 if [ "$status" -ne 0 ]; then
     echo "--- airlock serve log (last 40 lines) ---"
