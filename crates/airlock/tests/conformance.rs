@@ -450,3 +450,120 @@ fn malformed_mcp_lines_over_stdio_get_jsonrpc_errors() {
     }
     assert!(status.is_some_and(|s| s.success()), "airlock mcp: {status:?}");
 }
+
+#[test]
+fn network_entries_follow_the_documents_grammar() {
+    let d = Daemon::start(&["--pool", "0"]);
+    let proxy = |allow: Value, cidrs: Value| {
+        json!({"ttl_s": 60, "network": {"mode": "proxy", "allow": allow, "allow_cidrs": cidrs}}).to_string()
+    };
+    let r = post(
+        &d,
+        "/v1/sandboxes",
+        &proxy(
+            json!([
+                "pypi.org",
+                "*.pythonhosted.org",
+                "api.example.com:8443",
+                "10.1.2.3",
+                "[fd00::1]:8080",
+                "fd00::2",
+                "a_b.example"
+            ]),
+            json!(["10.0.0.0/8", "fd00::/8", "127.0.0.1"]),
+        ),
+    );
+    r.expect(201);
+    for (allow, cidrs, field) in [
+        // inet_aton would read `0` as 0.0.0.0: not in the documented grammar.
+        (json!(["0"]), json!([]), "network.allow[0]"),
+        (json!(["ok.example", "a..b"]), json!([]), "network.allow[1]"),
+        (json!(["example.com:0"]), json!([]), "network.allow[0]"),
+        (json!(["example.123"]), json!([]), "network.allow[0]"),
+        (json!([]), json!(["10.0.0.0/08"]), "network.allow_cidrs[0]"),
+        (json!([]), json!(["10.0.0.0/33"]), "network.allow_cidrs[0]"),
+        (json!([]), json!(["::ffff:1.2.3.4"]), "network.allow_cidrs[0]"),
+    ] {
+        let body = proxy(allow, cidrs);
+        for path in ["/v1/sandboxes", "/v1/exec"] {
+            let body = if path == "/v1/exec" {
+                let mut v: Value = serde_json::from_str(&body).unwrap();
+                v.as_object_mut().unwrap().remove("ttl_s");
+                v["cmd"] = json!(["true"]);
+                v.to_string()
+            } else {
+                body.clone()
+            };
+            let e = post(&d, path, &body).api_error(400);
+            assert_eq!(e["field"], field, "{path} {body}: {e}");
+        }
+    }
+}
+
+#[test]
+fn the_sse_response_is_described_as_its_events_and_mcp_statuses_are_documented() {
+    let d = Daemon::start(&["--pool", "0"]);
+    let doc = d.client().get("/openapi.json").expect(200).json();
+    let event = &doc["components"]["schemas"]["ExecEvent"];
+    let names: Vec<&str> = event["properties"]["event"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for path in ["/v1/exec", "/v1/sandboxes/{id}/exec"] {
+        let sse = &doc["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"];
+        assert_eq!(sse["$ref"], "#/components/schemas/ExecEvent", "{path}: {sse}");
+    }
+    // A real stream's events are the documented ones, each `data` JSON of the documented
+    // shape (the closing `result` an ExecResult with every required field).
+    let mut s = d.client().sse(
+        "/v1/exec",
+        &json!({"cmd": ["sh", "-c", "echo out; echo err >&2"]}),
+    );
+    let mut seen = Vec::new();
+    while let Some(ev) = s.next_event() {
+        assert!(
+            names.contains(&ev.event.as_str()),
+            "undocumented event {:?}",
+            ev.event
+        );
+        let data: Value = serde_json::from_str(&ev.data).unwrap_or_else(|e| panic!("{e}: {}", ev.data));
+        if ev.event == "result" {
+            for field in doc["components"]["schemas"]["ExecResult"]["required"]
+                .as_array()
+                .unwrap()
+            {
+                assert!(
+                    data.get(field.as_str().unwrap()).is_some(),
+                    "{field} missing: {data}"
+                );
+            }
+        } else {
+            assert!(data["data"].is_string(), "{data}");
+        }
+        seen.push(ev.event);
+    }
+    assert_eq!(seen.last().map(String::as_str), Some("result"), "{seen:?}");
+    // /mcp lists the statuses it answers, each with a JSON-RPC error body.
+    let post = &doc["paths"]["/mcp"]["post"]["responses"];
+    for status in ["400", "403", "404", "406", "413", "415"] {
+        assert_eq!(
+            post[status]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/JsonRpcError",
+            "POST /mcp {status}: {}",
+            post[status]
+        );
+    }
+    for (method, status) in [
+        ("get", "406"),
+        ("get", "404"),
+        ("delete", "404"),
+        ("delete", "400"),
+    ] {
+        assert!(
+            doc["paths"]["/mcp"][method]["responses"][status].is_object(),
+            "{method} /mcp {status}"
+        );
+    }
+}
