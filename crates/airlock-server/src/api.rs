@@ -340,6 +340,10 @@ pub fn check_relative_path(path: &str) -> Result<(), String> {
             "{path:?}: each part between slashes must be a name (not empty, `.` or `..`)"
         ));
     }
+    // The kernel's NAME_MAX: a longer name is not a file name anywhere.
+    if path.split('/').any(|seg| seg.len() > 255) {
+        return Err(format!("{path:?}: a name between slashes is at most 255 bytes"));
+    }
     Ok(())
 }
 

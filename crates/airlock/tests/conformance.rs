@@ -205,11 +205,21 @@ fn a_put_without_a_body_is_refused_and_an_empty_body_writes_an_empty_file() {
 }
 
 #[test]
-fn file_paths_with_empty_dot_or_dotdot_segments_are_a_400_on_path() {
+fn file_paths_with_empty_dot_or_dotdot_segments_or_overlong_names_are_a_400_on_path() {
     let d = Daemon::start(&["--pool", "0"]);
     let c = d.client();
     let id = c.create_session(&json!({}));
-    for bad in ["a//b", "./a", "a/./b", "a/../b", "/etc/x", "", "/workspace/"] {
+    let long = format!("d/{}", "é".repeat(128));
+    for bad in [
+        "a//b",
+        "./a",
+        "a/./b",
+        "a/../b",
+        "/etc/x",
+        "",
+        "/workspace/",
+        &long,
+    ] {
         let q: String = bad.bytes().map(|b| format!("%{b:02X}")).collect();
         let e = c
             .put(&format!("/v1/sandboxes/{id}/files?path={q}"), b"x")
