@@ -59,7 +59,7 @@ echo "schemathesis $SCHEMATHESIS_VERSION against $base (budget ${MAX_TIME}s)"
 status=0
 # From the scratch directory: schemathesis keeps a cache of found failures (replayed on
 # the next run) in the current directory; each run here starts clean.
-(cd "$work" && "$VENV/bin/schemathesis" --config-file "$repo/tests/schemathesis/schemathesis.toml" run "$base/openapi.json" \
+(cd "$work" && SCHEMATHESIS_HOOKS=hooks PYTHONPATH="$repo/tests/schemathesis" "$VENV/bin/schemathesis" --config-file "$repo/tests/schemathesis/schemathesis.toml" run "$base/openapi.json" \
     -H "Authorization: Bearer $key" \
     --phases examples,coverage,fuzzing,stateful \
     --max-time "$MAX_TIME" --max-examples 50 \

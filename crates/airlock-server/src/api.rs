@@ -447,8 +447,20 @@ impl ExecRequest {
         spec.stdin = self.stdin.clone().unwrap_or_default().into_bytes();
         spec.network = self.network.clone().unwrap_or_default();
         spec.isolation = self.isolation.unwrap_or_default();
+        // No file may be a directory of another: `d/f` and `d` cannot both be written.
+        let dirs: std::collections::HashSet<&str> = self
+            .files
+            .iter()
+            .flat_map(|f| f.path.match_indices('/').map(|(at, _)| &f.path[..at]))
+            .collect();
         for (i, f) in self.files.iter().enumerate() {
             check_relative_path(&f.path).map_err(|m| ApiError::invalid(format!("files[{i}].path"), m))?;
+            if dirs.contains(f.path.as_str()) {
+                return Err(ApiError::invalid(
+                    format!("files[{i}].path"),
+                    format!("{:?} is also the directory of another file in `files`", f.path),
+                ));
+            }
             let content = match f.encoding {
                 Encoding::Utf8 => f.content.clone().into_bytes(),
                 Encoding::Base64 => base64::engine::general_purpose::STANDARD

@@ -233,6 +233,14 @@ fn file_paths_with_empty_dot_or_dotdot_segments_or_overlong_names_are_a_400_on_p
     )
     .api_error(400);
     assert_eq!(e["field"], "files[0].path", "{e}");
+    // One file may not be the directory of another in the same request.
+    let e = post(
+        &d,
+        "/v1/exec",
+        r#"{"cmd": ["true"], "files": [{"path": "d/f", "content": ""}, {"path": "d", "content": ""}]}"#,
+    )
+    .api_error(400);
+    assert_eq!(e["field"], "files[1].path", "{e}");
     c.put(
         &format!("/v1/sandboxes/{id}/files?path=/workspace/d/.x/..y"),
         b"x",
@@ -576,4 +584,23 @@ fn the_sse_response_is_described_as_its_events_and_mcp_statuses_are_documented()
             "{method} /mcp {status}"
         );
     }
+}
+
+#[test]
+fn base64_file_content_is_checked_as_the_document_says() {
+    let d = Daemon::start(&["--pool", "0"]);
+    let file = |content: &str| {
+        json!({"cmd": ["cat", "f"], "files": [{"path": "f", "content": content, "encoding": "base64"}]})
+            .to_string()
+    };
+    let v = post(&d, "/v1/exec", &file("QUI=")).expect(200).json();
+    assert_eq!(v["stdout"], "AB", "{v}");
+    // Unused bits set, no padding, whitespace, a symbol outside the alphabet.
+    for bad in ["QUJ=", "QUI", "QUI=\n", "QU}="] {
+        let e = post(&d, "/v1/exec", &file(bad)).api_error(400);
+        assert_eq!(e["field"], "files[0].content", "{bad:?}: {e}");
+    }
+    let doc = d.client().get("/openapi.json").expect(200).json();
+    let then = &doc["components"]["schemas"]["FileInput"]["then"]["properties"]["content"]["pattern"];
+    assert!(then.is_string(), "{then}");
 }
