@@ -4,7 +4,8 @@
 
 use airlock_spec::{ExecResult, FileSpec, Isolation, Limits, NetworkPolicy, Spec};
 use base64::Engine as _;
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 
 use crate::config::ServerConfig;
@@ -15,16 +16,21 @@ use crate::error::ApiError;
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     /// Memory cap in bytes.
+    #[serde(default, deserialize_with = "integer")]
     pub memory_bytes: Option<u64>,
     /// CPU quota in cores.
     pub cpus: Option<f64>,
     /// Processes plus threads.
+    #[serde(default, deserialize_with = "integer")]
     pub pids: Option<u32>,
     /// Wall-clock limit in milliseconds.
+    #[serde(default, deserialize_with = "integer")]
     pub timeout_ms: Option<u64>,
     /// Writable tmpfs size in bytes.
+    #[serde(default, deserialize_with = "integer")]
     pub disk_bytes: Option<u64>,
     /// Bytes kept per output stream.
+    #[serde(default, deserialize_with = "integer")]
     pub output_bytes: Option<u64>,
 }
 
@@ -40,6 +46,7 @@ pub struct FileRequest {
     #[serde(default)]
     pub encoding: Encoding,
     /// Permission bits (default 0o644).
+    #[serde(default, deserialize_with = "integer")]
     pub mode: Option<u32>,
 }
 
@@ -79,15 +86,16 @@ pub struct ExecRequest {
     /// What the program reads on stdin.
     pub stdin: Option<String>,
     /// Files to write first.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects")]
     pub files: Vec<FileRequest>,
     /// Extra environment variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Limits.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub limits: LimitsRequest,
     /// Network policy (`{"mode": "none"}`).
+    #[serde(default, deserialize_with = "network")]
     pub network: Option<NetworkPolicy>,
     /// `namespaces` (default) or `microvm`; in a session, the session's.
     pub isolation: Option<Isolation>,
@@ -98,12 +106,14 @@ pub struct ExecRequest {
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     /// Lifetime in seconds.
+    #[serde(default, deserialize_with = "integer")]
     pub ttl_s: Option<u64>,
     /// Limits for every exec (each exec may lower or raise them within the maxima; disk
     /// is fixed at creation).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub limits: LimitsRequest,
     /// Network policy.
+    #[serde(default, deserialize_with = "network")]
     pub network: Option<NetworkPolicy>,
     /// `namespaces` (default) or `microvm`: every exec of the session runs in it.
     pub isolation: Option<Isolation>,
@@ -127,6 +137,234 @@ fn exact(show: fn(u64) -> String, n: u64) -> String {
         human
     } else {
         format!("{n} ({human})")
+    }
+}
+
+/// An optional non-negative integer that JSON may spell `2998` or `2998.0`: JSON Schema
+/// (and so the OpenAPI document) counts an integral number as an integer whatever its
+/// spelling, and clients that compute sizes in floating point send them so.
+fn integer<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let value = n.as_u64().or_else(|| {
+        let f = n.as_f64()?;
+        // 2^64 is exact in f64; anything below it and integral converts exactly.
+        (f.is_finite() && f.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&f))
+            .then_some(f as u64)
+    });
+    let value = value.ok_or_else(|| D::Error::custom(format!("expected a non-negative integer, got {n}")))?;
+    T::try_from(value)
+        .map(Some)
+        .map_err(|_| D::Error::custom(format!("{n} is too large")))
+}
+
+/// A struct from a JSON object only: serde's derive also builds one from an array of its
+/// fields in order (`"limits": [null, null]`), which no schema allows.
+fn object<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    struct Fields<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Fields<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_map(Fields(std::marker::PhantomData))
+}
+
+/// A list of structs, each from a JSON object only (see [`object`]).
+fn objects<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    struct Object<T>(T);
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            object(d).map(Object)
+        }
+    }
+    Ok(Vec::<Object<T>>::deserialize(d)?
+        .into_iter()
+        .map(|o| o.0)
+        .collect())
+}
+
+/// An optional network policy, strict about unknown fields in every mode: serde does not
+/// deny unknown fields beside the tag of a unit variant (`{"mode": "none", "x": 1}`).
+fn network<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NetworkPolicy>, D::Error> {
+    let Some(value) = Option::<serde_json::Value>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if !value.is_object() {
+        return Err(D::Error::custom(format!(
+            "invalid type: {value}, expected a JSON object"
+        )));
+    }
+    if value.get("mode").and_then(serde_json::Value::as_str) == Some("none")
+        && let Some(extra) = value
+            .as_object()
+            .and_then(|o| o.keys().find(|k| k.as_str() != "mode"))
+    {
+        return Err(D::Error::custom(format!(
+            "unknown field `{extra}` (mode none takes no other field)"
+        )));
+    }
+    serde_json::from_value(value).map(Some).map_err(D::Error::custom)
+}
+
+/// The network policy's entries in the grammar the OpenAPI document gives (its patterns):
+/// the egress proxy accepts more spellings (`0` for 0.0.0.0, as inet_aton reads it), which
+/// a schema cannot describe and a reader could misread; the API takes these only.
+pub fn check_network(network: Option<&NetworkPolicy>) -> Result<(), ApiError> {
+    let Some(NetworkPolicy::Proxy { allow, allow_cidrs }) = network else {
+        return Ok(());
+    };
+    for (i, entry) in allow.iter().enumerate() {
+        check_allow_entry(entry).map_err(|why| {
+            ApiError::invalid(
+                format!("network.allow[{i}]"),
+                format!(
+                    "{entry:?} is not a host pattern ({why}); expected NAME, *.DOMAIN, an IPv4 address or [IPv6], each optionally with :PORT (1-65535), or a bare IPv6 address"
+                ),
+            )
+        })?;
+    }
+    for (i, entry) in allow_cidrs.iter().enumerate() {
+        check_cidr_entry(entry).map_err(|why| {
+            ApiError::invalid(
+                format!("network.allow_cidrs[{i}]"),
+                format!("{entry:?} is not a CIDR ({why}); expected ADDRESS/PREFIX such as 10.1.2.3/32 or fd00::/8, or a single address"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// An IPv4 address in dotted-quad form (Rust's parser: no leading zeros).
+fn is_ipv4(s: &str) -> bool {
+    s.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
+/// An IPv6 address without an embedded IPv4 part or a zone.
+fn is_ipv6(s: &str) -> bool {
+    !s.contains('.') && s.parse::<std::net::Ipv6Addr>().is_ok()
+}
+
+/// Decimal digits without a leading zero (but `0` itself), at most `max`.
+fn number_up_to(s: &str, max: u32) -> bool {
+    !s.is_empty()
+        && s.len() <= 5
+        && s.bytes().all(|b| b.is_ascii_digit())
+        && (s == "0" || !s.starts_with('0'))
+        && s.parse::<u32>().is_ok_and(|n| n <= max)
+}
+
+fn check_allow_entry(s: &str) -> Result<(), String> {
+    if s.chars().count() > 253 {
+        return Err("longer than 253 characters".into());
+    }
+    if is_ipv6(s) {
+        return Ok(());
+    }
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']').ok_or("unclosed [")?;
+        if !is_ipv6(v6) {
+            return Err(format!("{v6:?} is not an IPv6 address"));
+        }
+        match after {
+            "" => return Ok(()),
+            p => (None, Some(p.strip_prefix(':').ok_or("text after ]")?)),
+        }
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (Some(h), Some(p)),
+            None => (Some(s), None),
+        }
+    };
+    if let Some(p) = port
+        && (p == "0" || !number_up_to(p, 65535))
+    {
+        return Err(format!("port {p:?} is not a number from 1 to 65535"));
+    }
+    let Some(host) = host else { return Ok(()) };
+    if is_ipv4(host) {
+        return Ok(());
+    }
+    let name = host.strip_prefix("*.").unwrap_or(host);
+    let labels: Vec<&str> = name.split('.').collect();
+    let label_ok = |l: &&str| {
+        (1..=63).contains(&l.len())
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if !labels.iter().all(label_ok) {
+        return Err("a name is labels of 1 to 63 letters, digits, - or _ separated by dots".into());
+    }
+    if !labels
+        .last()
+        .is_some_and(|l| l.starts_with(|c: char| c.is_ascii_alphabetic()))
+    {
+        return Err("a name's last label starts with a letter".into());
+    }
+    Ok(())
+}
+
+fn check_cidr_entry(s: &str) -> Result<(), String> {
+    let (addr, prefix) = match s.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (s, None),
+    };
+    let max = if is_ipv4(addr) {
+        32
+    } else if is_ipv6(addr) {
+        128
+    } else {
+        return Err(format!("{addr:?} is not an IP address"));
+    };
+    match prefix {
+        Some(p) if !number_up_to(p, max) => {
+            Err(format!("prefix length {p:?} is not a number from 0 to {max}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A path relative to /workspace as the API accepts it: segments separated by single
+/// slashes, none empty, `.` or `..`, no NUL (the OpenAPI document's pattern says the same).
+pub fn check_relative_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("is empty: give a path relative to /workspace".into());
+    }
+    if path.contains('\0') {
+        return Err("contains a NUL byte".into());
+    }
+    if path.starts_with('/') {
+        return Err(format!(
+            "{path:?} must be relative to /workspace (or start with /workspace/)"
+        ));
+    }
+    if path
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return Err(format!(
+            "{path:?}: each part between slashes must be a name (not empty, `.` or `..`)"
+        ));
+    }
+    // The kernel's NAME_MAX: a longer name is not a file name anywhere.
+    if path.split('/').any(|seg| seg.len() > 255) {
+        return Err(format!("{path:?}: a name between slashes is at most 255 bytes"));
+    }
+    Ok(())
+}
+
+/// The request's own name for a spec field: the engine says `command`, a request gives
+/// `cmd` (or `code`, which becomes the command's last argument).
+pub fn request_field(field: &str, from_code: bool) -> String {
+    match field.strip_prefix("command") {
+        Some(_) if from_code => "code".into(),
+        Some(rest) => format!("cmd{rest}"),
+        None => field.to_owned(),
     }
 }
 
@@ -213,13 +451,27 @@ impl ExecRequest {
                 ));
             }
         };
+        check_network(self.network.as_ref())?;
         let mut spec = Spec::new(command);
         spec.limits = limits(&self.limits, config, base)?;
         spec.env = self.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         spec.stdin = self.stdin.clone().unwrap_or_default().into_bytes();
         spec.network = self.network.clone().unwrap_or_default();
         spec.isolation = self.isolation.unwrap_or_default();
+        // No file may be a directory of another: `d/f` and `d` cannot both be written.
+        let dirs: std::collections::HashSet<&str> = self
+            .files
+            .iter()
+            .flat_map(|f| f.path.match_indices('/').map(|(at, _)| &f.path[..at]))
+            .collect();
         for (i, f) in self.files.iter().enumerate() {
+            check_relative_path(&f.path).map_err(|m| ApiError::invalid(format!("files[{i}].path"), m))?;
+            if dirs.contains(f.path.as_str()) {
+                return Err(ApiError::invalid(
+                    format!("files[{i}].path"),
+                    format!("{:?} is also the directory of another file in `files`", f.path),
+                ));
+            }
             let content = match f.encoding {
                 Encoding::Utf8 => f.content.clone().into_bytes(),
                 Encoding::Base64 => base64::engine::general_purpose::STANDARD
@@ -234,8 +486,9 @@ impl ExecRequest {
                 mode: f.mode.unwrap_or(0o644),
             });
         }
+        let from_code = self.cmd.is_none();
         spec.validate()
-            .map_err(|e| ApiError::invalid(e.field, e.message))?;
+            .map_err(|e| ApiError::invalid(request_field(&e.field, from_code), e.message))?;
         Ok(spec)
     }
 }
@@ -258,6 +511,13 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(
     } else {
         body
     };
+    // A request is a JSON object (serde would also build a struct from an array).
+    if let Some(first) = body.iter().find(|b| !b.is_ascii_whitespace())
+        && *first != b'{'
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+    {
+        return Err(ApiError::invalid("body", "the body must be a JSON object"));
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -2,8 +2,9 @@
 //! 400 with the position when malformed), and raw bytes for file uploads.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use crate::api::parse_json;
@@ -74,5 +75,24 @@ impl FromRequest<Arc<AppState>> for RawBody {
 
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
         bytes(req, state).await.map(RawBody)
+    }
+}
+
+/// Query parameters parsed into `T`; a query that does not parse (a repeated or
+/// malformed parameter) is a 400 in the API's error envelope naming the parameter.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or_default();
+        serde_urlencoded::from_str(query).map(ApiQuery).map_err(|e| {
+            let text = e.to_string();
+            // serde names the parameter in backquotes (duplicate field `mode`).
+            let field = text.split('`').nth(1).unwrap_or("query").to_owned();
+            ApiError::invalid(field, format!("the query string does not parse: {text}"))
+        })
     }
 }

@@ -107,6 +107,26 @@ impl ApiError {
         )
     }
 
+    /// 503: micro-VMs cannot run on this host (a host condition, not the client's fault).
+    pub fn microvm_unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "microvm_unavailable", message)
+    }
+
+    /// Any other error status (405 from the router, a rejection of a framework
+    /// extractor), in the envelope: `message` is what the framework said.
+    pub fn from_status(status: StatusCode, message: impl Into<String>) -> Self {
+        let code = match status.as_u16() {
+            400 => "invalid_request",
+            404 => "not_found",
+            405 => "method_not_allowed",
+            413 => "body_too_large",
+            415 => "unsupported_media_type",
+            s if s >= 500 => "internal",
+            _ => "error",
+        };
+        Self::new(status, code, message)
+    }
+
     /// 500: the sandbox could not be built (a host problem, logged).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error", message)

@@ -220,11 +220,11 @@ impl VmService {
                 prepared.map(Arc::new)
             })
             .await;
+        // A host condition, not the client's fault: 503 with its own code.
         host.clone().map_err(|e| {
-            ApiError::invalid(
-                "isolation",
-                format!("isolation microvm is not available on this host: {e} (see `airlock doctor`)"),
-            )
+            ApiError::microvm_unavailable(format!(
+                "isolation microvm is not available on this host: {e} (see `airlock doctor`)"
+            ))
         })
     }
 
@@ -370,7 +370,7 @@ pub fn run_blocking(
 /// Maps a micro-VM error to the API's.
 pub fn vm_error(e: VmError) -> ApiError {
     match e {
-        VmError::Spec(e) => ApiError::invalid(e.field, e.message),
+        VmError::Spec(e) => ApiError::invalid(crate::api::request_field(&e.field, false), e.message),
         VmError::Cancelled => ApiError::shutting_down(),
         VmError::File(m) => ApiError::invalid("path", m),
         VmError::DiskFull(e) => ApiError::disk_full(e.to_string()),

@@ -58,7 +58,7 @@ pub fn cancel_pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
 /// Maps an engine error to the API's.
 pub fn api_error(e: SandboxError) -> ApiError {
     match e {
-        SandboxError::Spec(e) => ApiError::invalid(e.field, e.message),
+        SandboxError::Spec(e) => ApiError::invalid(crate::api::request_field(&e.field, false), e.message),
         SandboxError::File(m) => ApiError::invalid("path", m),
         SandboxError::DiskFull(e) => ApiError::disk_full(e.to_string()),
         SandboxError::Cancelled => ApiError::shutting_down(),

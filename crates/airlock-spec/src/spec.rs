@@ -120,7 +120,7 @@ impl NetworkPolicy {
             }
             for (i, entry) in list.iter().enumerate() {
                 if entry.is_empty()
-                    || entry.len() > 260
+                    || entry.chars().count() > 260
                     || entry.chars().any(|c| c.is_whitespace() || c.is_control())
                 {
                     return Err(SpecError::new(

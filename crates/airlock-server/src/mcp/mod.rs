@@ -19,6 +19,7 @@
 mod close_sandbox;
 mod create_sandbox;
 mod exec;
+pub mod jsonrpc;
 mod read_file;
 mod result;
 mod run_code;
@@ -324,10 +325,20 @@ impl ServerHandler for AirlockMcp {
 /// The caller then shuts `service` down, which purges every sandbox.
 pub async fn serve_stdio(service: &Service, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
     let server = AirlockMcp::new(Arc::clone(service.state()));
+    // Non-blocking pipes when the client launched us with pipes (the usual case), so
+    // a pending read does not hold the runtime's shutdown.
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    // rmcp reads the lines that pass `jsonrpc::check` from one in-process pipe and writes
+    // to another; what fails the check is answered here, on the same stdout, a whole
+    // line at a time.
+    let (to_rmcp, rmcp_in) = tokio::io::duplex(1 << 16);
+    let (rmcp_out, from_rmcp) = tokio::io::duplex(1 << 16);
+    let (refusals, refused) = tokio::sync::mpsc::channel::<String>(64);
+    let max_line = service.state().config.max_body;
+    let reader = tokio::spawn(filter_lines(stdin, to_rmcp, refusals, max_line));
+    let writer = tokio::spawn(merge_output(from_rmcp, refused, stdout));
     let served = async move {
-        // Non-blocking pipes when the client launched us with pipes (the usual case), so
-        // a pending read does not hold the runtime's shutdown.
-        let running = match server.serve(rmcp::transport::stdio_pipes()).await {
+        let running = match server.serve((rmcp_in, rmcp_out)).await {
             Ok(running) => running,
             // stdin closed before the client's first message: nothing to serve.
             Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
@@ -340,11 +351,127 @@ pub async fn serve_stdio(service: &Service, shutdown: impl Future<Output = ()>) 
         tracing::info!(reason = ?quit, "MCP client gone");
         Ok::<_, std::io::Error>(())
     };
-    tokio::select! {
+    let result = tokio::select! {
         r = served => r,
         () = shutdown => {
             tracing::info!("shutting down");
             Ok(())
+        }
+    };
+    // rmcp's side of its pipes is dropped by now: the writer ends once it has written
+    // what rmcp and the filter left (bounded, should stdout be stuck).
+    reader.abort();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
+    result
+}
+
+/// Reads stdin line by line: a line that passes [`jsonrpc::check`] goes on to rmcp, one
+/// that does not is answered with a JSON-RPC error; blank lines are skipped. A line longer
+/// than `max_line` is refused (-32600) and skipped to its end. At end of input rmcp's
+/// input ends too.
+async fn filter_lines(
+    stdin: impl tokio::io::AsyncRead + Unpin,
+    mut to_rmcp: impl tokio::io::AsyncWrite + Unpin,
+    refusals: tokio::sync::mpsc::Sender<String>,
+    max_line: usize,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let mut input = tokio::io::BufReader::new(stdin);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let limit = (max_line + 1) as u64;
+        let n = match (&mut input).take(limit).read_until(b'\n', &mut line).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::info!(error = %e, "reading stdin");
+                return;
+            }
+        };
+        if n == 0 {
+            return;
+        }
+        if !line.ends_with(b"\n") && line.len() > max_line {
+            // Too long: refuse it, then skip the rest of it.
+            let _ = refusals
+                .send(
+                    jsonrpc::error(
+                        None,
+                        jsonrpc::INVALID_REQUEST,
+                        &format!("Invalid Request: a message is at most {max_line} bytes"),
+                    )
+                    .to_string(),
+                )
+                .await;
+            let mut rest = Vec::new();
+            loop {
+                rest.clear();
+                match (&mut input).take(limit).read_until(b'\n', &mut rest).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) if rest.ends_with(b"\n") => break,
+                    Ok(_) => {}
+                }
+            }
+            continue;
+        }
+        let message = line.trim_ascii();
+        if message.is_empty() {
+            continue;
+        }
+        match jsonrpc::check(message) {
+            Ok(()) => {
+                let sent = async {
+                    to_rmcp.write_all(message).await?;
+                    to_rmcp.write_all(b"\n").await?;
+                    to_rmcp.flush().await
+                };
+                if sent.await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(code = e.code, message = %e.message, "refused a malformed MCP message");
+                let reply = jsonrpc::error(e.id, e.code, &e.message).to_string();
+                if refusals.send(reply).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Writes rmcp's output and the filter's refusals to stdout, whole lines only, until
+/// both are done.
+async fn merge_output(
+    from_rmcp: impl tokio::io::AsyncRead + Unpin,
+    mut refused: tokio::sync::mpsc::Receiver<String>,
+    mut stdout: impl tokio::io::AsyncWrite + Unpin,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut rmcp = tokio::io::BufReader::new(from_rmcp);
+    // rmcp's line so far: read_until may be cut short by the other branch, and carries on
+    // appending to the same buffer.
+    let mut line = Vec::new();
+    let (mut rmcp_open, mut refusals_open) = (true, true);
+    while rmcp_open || refusals_open {
+        let out = tokio::select! {
+            r = rmcp.read_until(b'\n', &mut line), if rmcp_open => match r {
+                Ok(n) if n > 0 => std::mem::take(&mut line),
+                _ => {
+                    rmcp_open = false;
+                    continue;
+                }
+            },
+            m = refused.recv(), if refusals_open => match m {
+                Some(text) => format!("{text}\n").into_bytes(),
+                None => {
+                    refusals_open = false;
+                    continue;
+                }
+            },
+        };
+        if stdout.write_all(&out).await.is_err() || stdout.flush().await.is_err() {
+            return;
         }
     }
 }

@@ -3,15 +3,15 @@
 //! micro-VM session, the guest's), resolving beneath /workspace without following
 //! symlinks: the daemon never touches a path the program could have planted.
 
-use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use crate::body::RawBody;
+use crate::body::{ApiQuery, RawBody};
 use crate::error::ApiError;
 use crate::state::{AppState, KeyName, Session};
 
@@ -30,6 +30,7 @@ pub(crate) fn check_path(path: &str) -> Result<String, ApiError> {
             format!("{path:?} names a directory, not a file"),
         ));
     }
+    crate::api::check_relative_path(rel).map_err(|m| ApiError::invalid("path", m))?;
     let spec_file = airlock_spec::FileSpec {
         path: rel.to_owned(),
         content: Vec::new(),
@@ -46,9 +47,18 @@ pub async fn put(
     State(state): State<Arc<AppState>>,
     Extension(key): Extension<KeyName>,
     Path(id): Path<String>,
-    Query(q): Query<FileQuery>,
+    ApiQuery(q): ApiQuery<FileQuery>,
+    headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<StatusCode, ApiError> {
+    // A PUT without any body (no Content-Length, no chunked encoding) is a client that
+    // forgot the content; an empty file is written with an explicit `Content-Length: 0`.
+    if !headers.contains_key(header::CONTENT_LENGTH) && !headers.contains_key(header::TRANSFER_ENCODING) {
+        return Err(ApiError::invalid(
+            "body",
+            "the request has no body: send the file's bytes (for an empty file, an empty body with Content-Length: 0)",
+        ));
+    }
     let session = state.session(&id, &key)?;
     let path = check_path(
         q.path
@@ -70,7 +80,7 @@ pub async fn get(
     State(state): State<Arc<AppState>>,
     Extension(key): Extension<KeyName>,
     Path(id): Path<String>,
-    Query(q): Query<FileQuery>,
+    ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
     match q.path.as_deref().map(check_path).transpose()? {

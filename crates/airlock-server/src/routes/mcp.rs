@@ -3,8 +3,9 @@
 //! needs: a web page's script can reach 127.0.0.1 under a name its own DNS points there,
 //! so on loopback only a loopback `Host` (with our port) and a loopback `Origin` pass.
 
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -62,9 +63,107 @@ pub async fn loopback_only(State(addr): State<SocketAddr>, req: Request, next: N
         && let Err(why) = check_loopback(req.headers(), req.uri().authority().map(|a| a.as_str()), addr)
     {
         tracing::warn!(reason = why, "refused an /mcp request (DNS rebinding defence)");
-        return (StatusCode::FORBIDDEN, why).into_response();
+        return jsonrpc_error(
+            StatusCode::FORBIDDEN,
+            None,
+            crate::mcp::jsonrpc::INVALID_REQUEST,
+            why,
+        );
     }
     next.run(req).await
+}
+
+/// A JSON-RPC error response with an HTTP status (MCP's streamable HTTP: a message the
+/// server cannot accept gets an HTTP error whose body may be a JSON-RPC error without id).
+fn jsonrpc_error(status: StatusCode, id: Option<serde_json::Value>, code: i64, message: &str) -> Response {
+    let body = crate::mcp::jsonrpc::error(id, code, message);
+    let mut resp = (status, body.to_string()).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// JSON-RPC errors for what rmcp would answer with a text body or not at all: a POST
+/// whose body is not JSON (-32700), a batch, or not a JSON-RPC 2.0 message (-32600), or a
+/// request whose params do not fit its method (-32602), each a 400; and every other error
+/// status of `/mcp` (406, 415, 404 for an unknown session, 405, 413) gets a JSON-RPC error
+/// body in place of rmcp's text. Valid messages reach rmcp untouched.
+pub async fn jsonrpc_guard(State(max_body): State<usize>, req: Request, next: Next) -> Response {
+    // MCP: a session id is visible ASCII (0x21-0x7E). rmcp reads any other value as no
+    // session at all, which would let an `initialize` through with a header it ignored.
+    if let Some(v) = req.headers().get("mcp-session-id")
+        && (v.is_empty() || !v.as_bytes().iter().all(|b| (0x21..=0x7e).contains(b)))
+    {
+        return jsonrpc_error(
+            StatusCode::BAD_REQUEST,
+            None,
+            crate::mcp::jsonrpc::INVALID_REQUEST,
+            "Invalid Request: Mcp-Session-Id must be visible ASCII characters (0x21 to 0x7E)",
+        );
+    }
+    let req = if req.method() == Method::POST && is_json(req.headers()) {
+        let (parts, body) = req.into_parts();
+        let bytes = match axum::body::to_bytes(body, max_body).await {
+            Ok(b) => b,
+            Err(_) => {
+                let mut resp = jsonrpc_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    None,
+                    crate::mcp::jsonrpc::INVALID_REQUEST,
+                    &format!("the body exceeds {max_body} bytes (--max-body)"),
+                );
+                resp.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return resp;
+            }
+        };
+        if let Err(e) = crate::mcp::jsonrpc::check(&bytes) {
+            tracing::debug!(code = e.code, message = %e.message, "refused a malformed MCP message");
+            return jsonrpc_error(StatusCode::BAD_REQUEST, e.id, e.code, &e.message);
+        }
+        Request::from_parts(parts, Body::from(bytes))
+    } else {
+        req
+    };
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let said = axum::body::to_bytes(body, 64 << 10).await.unwrap_or_default();
+    let said = String::from_utf8_lossy(&said).trim().to_owned();
+    let code = if status.is_server_error() {
+        crate::mcp::jsonrpc::INTERNAL_ERROR
+    } else {
+        crate::mcp::jsonrpc::INVALID_REQUEST
+    };
+    let mut out = jsonrpc_error(status, None, code, &said);
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name, value.clone());
+        }
+    }
+    out
+}
+
+/// Whether the request says its body is JSON (rmcp answers 415 otherwise).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("application/json")
+        })
 }
 
 /// Why a request to a loopback listener on `addr` is refused, if it is.

@@ -10,6 +10,10 @@ pub(crate) mod sandbox_exec;
 pub(crate) mod sandboxes;
 
 use axum::Router;
+use axum::extract::Request;
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{any_service, get, post};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +24,7 @@ use crate::state::AppState;
 /// The API's routes, for a listener on `addr`.
 pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
     let mcp = mcp::service(Arc::clone(&state), addr);
+    let document = openapi::document(&state.config);
     Router::new()
         .route("/v1/exec", post(exec::handle))
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
@@ -32,17 +37,62 @@ pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::handle))
-        .route("/openapi.json", get(openapi::handle))
+        .route("/openapi.json", get(move || openapi::handle(document.clone())))
         .route(
             "/mcp",
-            any_service(mcp).layer(axum::middleware::from_fn_with_state(addr, mcp::loopback_only)),
+            any_service(mcp)
+                .layer(axum::middleware::from_fn_with_state(
+                    state.config.max_body,
+                    mcp::jsonrpc_guard,
+                ))
+                .layer(axum::middleware::from_fn_with_state(addr, mcp::loopback_only)),
         )
         .fallback(|| async { crate::error::ApiError::not_found("no such route") })
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             auth::require_key,
         ))
+        .layer(axum::middleware::from_fn(envelope))
         .with_state(state)
+}
+
+/// Every error status answers the API's error envelope: what the framework answers by
+/// itself (405 with an empty body, a path that does not decode) is rewritten here, its
+/// headers (`Allow`) kept. `/mcp` answers JSON-RPC errors of its own (see `mcp.rs`).
+async fn envelope(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if path == "/mcp" || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    if json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let said = axum::body::to_bytes(body, 64 << 10).await.unwrap_or_default();
+    let said = String::from_utf8_lossy(&said).trim().to_owned();
+    let message = if status == axum::http::StatusCode::METHOD_NOT_ALLOWED {
+        // The router adds the Allow header after this layer.
+        format!("{method} is not allowed on {path} (the Allow header lists the methods that are)")
+    } else if said.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        said
+    };
+    let mut out = crate::error::ApiError::from_status(status, message).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name, value.clone());
+        }
+    }
+    out
 }
 
 /// Whether the client asked for a Server-Sent Events stream.

@@ -101,6 +101,7 @@ pub(crate) async fn create_session(
         ));
     }
     let limits = limits(&req.limits, &state.config, &state.config.defaults)?;
+    crate::api::check_network(req.network.as_ref())?;
     let mut spec = Spec::new(vec!["true".into()]);
     spec.limits = limits.clone();
     spec.network = req.network.clone().unwrap_or_default();
