@@ -71,9 +71,10 @@ pub struct ServeArgs {
     /// At shutdown, how long running execs get to finish before they are killed.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     grace: std::time::Duration,
-    /// Session TTL when a request gives none.
-    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration, allow_hyphen_values = true)]
-    default_ttl: std::time::Duration,
+    /// Session TTL when a request gives none [default: 10m, or --max-session-ttl if that
+    /// is shorter].
+    #[arg(long, value_name = "DURATION", value_parser = duration, allow_hyphen_values = true)]
+    default_ttl: Option<std::time::Duration>,
     /// Longest session TTL a request may ask for (more gets a 400 naming `ttl_s`).
     #[arg(long, visible_alias = "max-ttl", value_name = "DURATION", default_value = "24h", value_parser = duration, allow_hyphen_values = true)]
     max_session_ttl: std::time::Duration,
@@ -124,7 +125,11 @@ impl ServeArgs {
         c.max_body = self.max_body.try_into().unwrap_or(usize::MAX);
         c.per_key_concurrency = self.per_key_concurrency.max(1);
         c.grace = self.grace;
-        c.default_ttl = self.default_ttl;
+        // A shorter cap lowers the default with it; a default given above the cap is
+        // refused (see ServerConfig::validate).
+        c.default_ttl = self
+            .default_ttl
+            .unwrap_or(c.default_ttl.min(self.max_session_ttl));
         c.max_ttl = self.max_session_ttl;
         c.max_sessions_per_key = match self.max_sessions_per_key {
             Some(0) => bail!("--max-sessions-per-key must be at least 1"),
