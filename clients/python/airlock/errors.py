@@ -160,6 +160,12 @@ class ServiceUnavailable(AirlockError):
     status = 503
 
 
+class MicroVmUnavailable(ServiceUnavailable):
+    """503 ``microvm_unavailable``: this host cannot run micro-VMs (``airlock doctor``
+    says why). A condition of the host, not of the request, and not retried: ask for
+    another isolation or another host."""
+
+
 class DiskFull(AirlockError):
     """507: a file does not fit the sandbox's disk (``limits.disk_bytes``); the message
     names the disk's size, the file and its size, and what is free. Nothing of the file
@@ -207,6 +213,7 @@ _BY_CODE: dict[str, type[AirlockError]] = {
     "key_concurrency": RateLimited,
     "session_quota": SessionQuotaExceeded,
     "shutting_down": ServiceUnavailable,
+    "microvm_unavailable": MicroVmUnavailable,
     "sandbox_error": ServerError,
     "internal": ServerError,
 }
@@ -259,6 +266,8 @@ def from_response(
     cls = _BY_STATUS.get(status)
     if status == 429 and code == "session_quota":
         cls = SessionQuotaExceeded
+    if status == 503 and code == "microvm_unavailable":
+        cls = MicroVmUnavailable
     if cls is NotFound:
         cls = not_found
         if not_found is not SandboxNotFound and message.startswith("no sandbox"):

@@ -59,8 +59,15 @@ class Daemon:
         return self.proc.returncode
 
 
-def start_daemon(tmp: Path, *args: str, api_key: str | None = None, ready_timeout: float = 60.0) -> Daemon:
-    """Starts ``airlock serve --listen 127.0.0.1:0 ARGS`` and waits until it is ready."""
+def start_daemon(
+    tmp: Path,
+    *args: str,
+    api_key: str | None = None,
+    ready_timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> Daemon:
+    """Starts ``airlock serve --listen 127.0.0.1:0 ARGS`` (with ``env`` added to its
+    environment) and waits until it is ready."""
     binary = airlock_bin()
     if not binary.exists():
         pytest.fail(
@@ -71,9 +78,9 @@ def start_daemon(tmp: Path, *args: str, api_key: str | None = None, ready_timeou
     out = tmp / "stdout"
     log = tmp / "stderr"
     argv = [str(binary), "serve", "--listen", "127.0.0.1:0", *args]
-    env = {k: v for k, v in os.environ.items() if k != "AIRLOCK_API_KEYS"}
+    environ = {k: v for k, v in os.environ.items() if k != "AIRLOCK_API_KEYS"} | (env or {})
     with open(out, "wb") as o, open(log, "wb") as e:
-        proc = subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=environ)
     deadline = time.monotonic() + ready_timeout
     url = None
     while time.monotonic() < deadline:

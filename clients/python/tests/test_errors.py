@@ -18,6 +18,7 @@ from airlock import (
     AsyncAirlock,
     InvalidRequest,
     Limits,
+    MicroVmUnavailable,
     NotFound,
     PayloadTooLarge,
     RateLimited,
@@ -348,5 +349,30 @@ async def test_async_session_quota(tmp_path) -> None:
             assert ei.value.code == "session_quota"
             assert [s.id for s in await al.list_sandboxes()] == [sb.id]
             await sb.delete()
+    finally:
+        d.stop()
+
+
+# --- 503 microvm_unavailable ---------------------------------------------------------------
+
+
+def test_a_host_without_micro_vms_raises_microvm_unavailable_at_once(tmp_path) -> None:
+    # Micro-VMs cannot run here: their state directory would be beneath a regular file.
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    d = start_daemon(tmp_path / "d", "--pool", "0", env={"AIRLOCK_VM_STATE": str(blocker / "vm")})
+    try:
+        with Airlock(d.url, max_retries=3) as al:
+            for call in (lambda: al.sandbox(isolation="microvm"), lambda: al.exec(["true"], isolation="microvm")):
+                t0 = time.monotonic()
+                with pytest.raises(MicroVmUnavailable) as ei:
+                    call()
+                # A condition of the host: raised at once, not retried.
+                assert time.monotonic() - t0 < 5, "retried"
+                e = ei.value
+                assert isinstance(e, ServiceUnavailable)
+                assert e.status == 503 and e.code == "microvm_unavailable", e
+            # The namespace tier still serves.
+            assert al.exec(["echo", "ok"]).stdout == "ok\n"
     finally:
         d.stop()
