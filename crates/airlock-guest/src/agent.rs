@@ -6,9 +6,9 @@
 //! `Cancel`) its processes are killed and the sandbox with its /workspace and /tmp
 //! stays for the next one. A one-shot VM is simply destroyed after its one exec.
 
-use airlock_microvm::proto::{self, CHUNK, GuestInfo, ToGuest, ToHost};
 use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig, SandboxError};
 use airlock_spec::{Limits, Spec};
+use airlock_vmwire::frame::{self as proto, CHUNK, GuestInfo, ToGuest, ToHost};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;

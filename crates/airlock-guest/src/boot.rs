@@ -28,7 +28,7 @@ const ROOT_DEVICE: &str = "/dev/vda";
 /// How long a device may take to appear after its driver loads.
 const DEVICE_WAIT: Duration = Duration::from_secs(10);
 /// Name of the agent's port.
-const PORT_NAME: &str = airlock_microvm::qemu::AGENT_PORT;
+const PORT_NAME: &str = airlock_vmwire::frame::AGENT_PORT;
 
 fn mnt(
     src: &str,

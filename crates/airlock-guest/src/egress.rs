@@ -1,14 +1,14 @@
 //! Proxy mode, the guest's half. The VM has no network device; the program reaches the
 //! host's egress proxy through the sandbox's own loopback: a listener on 127.0.0.1:3128
 //! in the sandbox's network namespace (where the namespace backend's init binds it), whose
-//! connections are relayed over the egress port ([`airlock_microvm::mux`]).
+//! connections are relayed over the egress port ([`airlock_vmwire::mux`]).
 //!
 //! Threads, not an event loop: one accepts, one reads the port and dispatches, and each
 //! connection has one thread per direction. No thread ever blocks the port on one
 //! connection: what the host sends is queued per connection (at most a window, which the
 //! host respects) and written to the socket by that connection's own thread.
 
-use airlock_microvm::mux::{self, EGRESS_PORT, MAX_CONNECTIONS, MUX_CHUNK, MuxFrame, WINDOW};
+use airlock_vmwire::mux::{self, EGRESS_PORT, MAX_CONNECTIONS, MUX_CHUNK, MuxFrame, WINDOW};
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};

@@ -17,9 +17,10 @@
 //!   other, keeping /workspace and /tmp between them. Inside, the agent runs the program with
 //!   airlock-sandbox's engine: namespaces, seccomp, landlock and a cgroup v2 of the
 //!   guest's, which is where `memory_peak_bytes`, `cpu_ms` and `oom` come from.
-//! - [`proto`] is the frame protocol both sides speak over the VM's virtio-serial port;
-//!   [`mux`] the framing of its second port, which carries a proxy-mode program's
-//!   connections to the egress proxy, served on the host (the VM has no network device).
+//! - The frame protocol both sides speak over the VM's virtio-serial port, and the
+//!   framing of its second port, which carries a proxy-mode program's connections to the
+//!   egress proxy served on the host (the VM has no network device), live in the
+//!   `airlock-vmwire` crate, which the guest agent shares.
 //!
 //! ```no_run
 //! use airlock_microvm::{HostOptions, MicroVmHost, VmSize};
@@ -42,8 +43,6 @@ pub mod cpio;
 pub mod doctor;
 pub mod image;
 pub mod kmod;
-pub mod mux;
-pub mod proto;
 pub mod qemu;
 pub mod qmp;
 mod sys;

@@ -6,7 +6,7 @@
 //! - one virtio-serial port, `airlock.agent`, backed by a socket whose other end stays
 //!   with airlock (passed as an inherited fd: no socket file exists anywhere);
 //! - a second one, `airlock.egress`, backed the same way, which carries a proxy-mode
-//!   program's connections to the host's egress proxy ([`crate::mux`]). Every VM has it
+//!   program's connections to the host's egress proxy ([`airlock_vmwire::mux`]). Every VM has it
 //!   (unused, nothing in the guest opens it, unless an exec asks for the proxy): a clone
 //!   must have its template's devices, so proxy-mode VMs come from the pool too;
 //! - QMP on a second inherited socket;
@@ -35,8 +35,6 @@ const EGRESS_FD: i32 = 6;
 pub const RAM_FD: i32 = 5;
 /// Our copies are moved above this first, so the dup2s into 3 and 4 never clobber.
 const HIGH_FD: i32 = 10;
-/// Name of the agent's virtio-serial port (the guest finds it in /sys/class/virtio-ports).
-pub const AGENT_PORT: &str = "airlock.agent";
 /// Translated-code cache under TCG, in MiB. QEMU's default (1 GiB) is mapped lazily but
 /// can grow that far; 256 MiB holds what a guest and its programs run and bounds the
 /// host memory one VM can take beyond its RAM.
@@ -126,13 +124,16 @@ impl Qemu {
         push("-chardev");
         push(&format!("socket,id=agent,fd={AGENT_FD}"));
         push("-device");
-        push(&format!("virtserialport,chardev=agent,name={AGENT_PORT}"));
+        push(&format!(
+            "virtserialport,chardev=agent,name={}",
+            airlock_vmwire::frame::AGENT_PORT
+        ));
         push("-chardev");
         push(&format!("socket,id=egress,fd={EGRESS_FD}"));
         push("-device");
         push(&format!(
             "virtserialport,chardev=egress,name={}",
-            crate::mux::EGRESS_PORT
+            airlock_vmwire::mux::EGRESS_PORT
         ));
         push("-chardev");
         push(&format!("socket,id=qmp,fd={QMP_FD}"));

@@ -13,9 +13,9 @@
 //! and the next airlock start purges the cgroup and the state directory
 //! ([`MicroVmHost::new`]).
 
+use airlock_sandbox::OutputSink;
 use airlock_sandbox::cgroup::{Cgroup, CgroupHost, CgroupLimits};
-use airlock_sandbox::{FileEntry, OutputSink};
-use airlock_spec::{ExecResult, Limits, NetworkPolicy, Outcome, Spec, SpecError};
+use airlock_spec::{ExecResult, FileEntry, Limits, NetworkPolicy, Outcome, Spec, SpecError};
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read, Write};
@@ -30,10 +30,10 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::image::{GuestImage, ImageBuilder, PrepareTimes};
-use crate::proto::{self, CHUNK, Decoder, GuestInfo, ToGuest, ToHost};
 use crate::qemu::Qemu;
 use crate::vmm::{Accel, Launch, RamFile, VmControl, Vmm};
 use crate::{VmError, sys};
+use airlock_vmwire::frame::{self as proto, CHUNK, Decoder, GuestInfo, ToGuest, ToHost};
 
 mod egress;
 mod template;

@@ -86,7 +86,7 @@ pub struct Launched {
     pub child: Child,
     /// The host's end of the agent's byte stream.
     pub agent: UnixStream,
-    /// The host's end of the egress port's byte stream ([`crate::mux`]).
+    /// The host's end of the egress port's byte stream ([`airlock_vmwire::mux`]).
     pub egress: UnixStream,
     /// The VMM's control channel, connected and ready for commands.
     pub control: Box<dyn VmControl>,

@@ -10,6 +10,7 @@
 //! an earlier chunk failed (init then reads and drops the rest), so the two sides never
 //! wait on each other. While an exec runs init accepts only `Kill`.
 
+use airlock_spec::FileEntry;
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use std::io::{self, IoSlice, IoSliceMut};
@@ -85,19 +86,6 @@ pub enum Request {
     },
     /// Kill every process of the running exec.
     Kill,
-}
-
-/// One entry of a `Listing`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileEntry {
-    /// Path relative to /workspace.
-    pub path: String,
-    /// Size in bytes (0 for directories).
-    pub size: u64,
-    /// Permission bits.
-    pub mode: u32,
-    /// Whether it is a directory.
-    pub dir: bool,
 }
 
 /// Init -> supervisor.

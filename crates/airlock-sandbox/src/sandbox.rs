@@ -5,7 +5,7 @@
 //! the cgroup, on every path, which purges everything the sandbox owned (its tmpfs dies
 //! with its mount namespace).
 
-use airlock_spec::{ExecResult, NetworkPolicy, Spec};
+use airlock_spec::{ExecResult, FileEntry, NetworkPolicy, Spec};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -18,7 +18,7 @@ use nix::sys::wait::WaitStatus;
 
 use crate::cgroup::{Cgroup, CgroupLimits, Usage};
 use crate::egress::{self, EgressProxy};
-use crate::protocol::{self, CHUNK, FileEntry, Frame, Reply, Request};
+use crate::protocol::{self, CHUNK, Frame, Reply, Request};
 use crate::supervisor::{self, OutputSink};
 use crate::{Engine, SandboxError, init::INIT_ARG, sys};
 

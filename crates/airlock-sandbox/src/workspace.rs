@@ -15,10 +15,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path};
 
-use airlock_spec::{format_size, human_size};
+use airlock_spec::{FileEntry, format_size, human_size};
 
 use crate::mounts::SANDBOX_ID;
-use crate::protocol::FileEntry;
 
 /// The work directory every path is relative to.
 pub const ROOT: &str = "/workspace";

@@ -2,8 +2,8 @@
 //! sessions, the admission gate, metrics, keys, and the shutdown switches.
 
 use airlock_microvm::BootedVm;
-use airlock_sandbox::{Engine, FileEntry, OutputSink, Sandbox};
-use airlock_spec::{ExecResult, Isolation, Limits, Spec};
+use airlock_sandbox::{Engine, OutputSink, Sandbox};
+use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, Spec};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,5 @@
 //! The data airlock passes around: a validated run request ([`Spec`]) and what a run
-//! produced ([`ExecResult`]). No syscalls live here, so every front end (CLI, HTTP, MCP)
+//! produced ([`ExecResult`], [`FileEntry`]). No syscalls live here, so every front end (CLI, HTTP, MCP)
 //! and every backend shares one definition and one set of error messages.
 //!
 //! ```
@@ -14,6 +14,6 @@ mod result;
 mod spec;
 mod units;
 
-pub use result::{EgressEntry, ExecResult, Outcome};
+pub use result::{EgressEntry, ExecResult, FileEntry, Outcome};
 pub use spec::{FileSpec, Isolation, Limits, NetworkPolicy, Spec, SpecError};
 pub use units::{UnitError, format_duration, format_ms, format_size, human_size, parse_duration, parse_size};

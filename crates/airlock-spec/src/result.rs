@@ -101,6 +101,19 @@ pub struct EgressEntry {
     pub ms: f64,
 }
 
+/// One entry of a sandbox's /workspace listing (every tier lists the same way).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Path relative to /workspace.
+    pub path: String,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Whether it is a directory.
+    pub dir: bool,
+}
+
 impl ExecResult {
     /// The exit status `airlock run` uses without `--json`: the program's code,
     /// 128+N for signal N, 124 on timeout, 137 when the memory cap killed it.

@@ -1,5 +1,5 @@
 //! Proxy mode in a micro-VM, the host's half: the VM's egress port carries the program's
-//! connections to its proxy ([`crate::mux`]); here each is handed to an airlock-egress
+//! connections to its proxy ([`airlock_vmwire::mux`]); here each is handed to an airlock-egress
 //! [`Proxy`] with the run's policy, as the namespace backend serves the connections of
 //! its sandbox's loopback listener. The guest has no network device: this relay is its
 //! only way out. It runs on a thread of its own with its own small runtime, so one VM
@@ -19,7 +19,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::VmError;
-use crate::mux::{MAX_CONNECTIONS, MUX_CHUNK, MuxDecoder, MuxFrame, WINDOW};
+use airlock_vmwire::mux::{MAX_CONNECTIONS, MUX_CHUNK, MuxDecoder, MuxFrame, WINDOW};
 
 /// How long the log may take to settle after a program ends: its connections are closed
 /// in the guest, and the closes cross the port (emulated, under TCG) before the proxy

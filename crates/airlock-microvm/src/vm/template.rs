@@ -34,10 +34,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{BOOT_TIMEOUT, BootParams, BootedVm, MicroVmHost, Recv, VmSize, boot};
-use crate::proto::{GuestInfo, RESUME_SEED, ToGuest, ToHost};
 use crate::vmm::{Accel, RamFile};
 use crate::{VmError, sys};
 use airlock_spec::Limits;
+use airlock_vmwire::frame::{GuestInfo, RESUME_SEED, ToGuest, ToHost};
 
 /// Saving a template's device state takes a few milliseconds; this allows for a loaded
 /// host.

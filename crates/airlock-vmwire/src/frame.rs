@@ -5,11 +5,13 @@
 //! content, stdin, output) so they are never JSON-escaped. Both directions are bounded
 //! by [`MAX_FRAME`] so neither side can be made to allocate without limit.
 
-use airlock_sandbox::FileEntry;
-use airlock_spec::{ExecResult, Limits};
+use airlock_spec::{ExecResult, FileEntry, Limits};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
+
+/// Name of the agent's virtio-serial port (the guest finds it in /sys/class/virtio-ports).
+pub const AGENT_PORT: &str = "airlock.agent";
 
 /// Payload bytes per data frame (stdin, files, output).
 pub const CHUNK: usize = 64 * 1024;
