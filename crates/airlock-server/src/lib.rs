@@ -39,7 +39,7 @@ mod microvm;
 mod pool;
 mod purge;
 mod routes;
-mod runner;
+mod service;
 mod spawner;
 mod state;
 mod stream;

@@ -63,7 +63,9 @@ impl SessionSandbox {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, ApiError> {
         match self {
-            SessionSandbox::Namespaces(sb) => sb.exec(spec, sink, cancel).map_err(crate::runner::api_error),
+            SessionSandbox::Namespaces(sb) => sb
+                .exec(spec, sink, cancel)
+                .map_err(crate::service::runner::api_error),
             SessionSandbox::Microvm(vm) => vm.exec(spec, sink, cancel).map_err(crate::microvm::vm_error),
         }
     }
@@ -81,7 +83,7 @@ impl SessionSandbox {
         match self {
             SessionSandbox::Namespaces(sb) => sb
                 .write_file_cancellable(path, mode, content, &[cancel])
-                .map_err(crate::runner::api_error),
+                .map_err(crate::service::runner::api_error),
             SessionSandbox::Microvm(vm) => vm
                 .write_file(path, mode, content)
                 .map_err(crate::microvm::vm_error),
@@ -95,7 +97,7 @@ impl SessionSandbox {
         match self {
             SessionSandbox::Namespaces(sb) => sb.read_file(path, max_bytes).map_err(|e| match e {
                 airlock_sandbox::SandboxError::File(m) if not_found(&m) => ApiError::not_found(m),
-                e => crate::runner::api_error(e),
+                e => crate::service::runner::api_error(e),
             }),
             SessionSandbox::Microvm(vm) => vm.read_file(path, max_bytes).map_err(|e| match e {
                 airlock_microvm::VmError::File(m) if not_found(&m) => ApiError::not_found(m),
@@ -107,7 +109,7 @@ impl SessionSandbox {
     /// Lists /workspace recursively (blocking).
     pub fn list_files(&mut self) -> Result<Vec<FileEntry>, ApiError> {
         match self {
-            SessionSandbox::Namespaces(sb) => sb.list_files().map_err(crate::runner::api_error),
+            SessionSandbox::Namespaces(sb) => sb.list_files().map_err(crate::service::runner::api_error),
             SessionSandbox::Microvm(vm) => vm.list_files().map_err(crate::microvm::vm_error),
         }
     }

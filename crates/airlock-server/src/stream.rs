@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::api::ExecResponse;
 use crate::error::ApiError;
-use crate::runner::StreamEvent;
+use crate::service::runner::StreamEvent;
 
 /// Output chunks buffered between the exec and a slow client.
 const BUFFER: usize = 64;

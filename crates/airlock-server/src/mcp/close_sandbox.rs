@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::result::{no_sandbox, structured};
 use super::{AirlockMcp, caller};
-use crate::routes::sandboxes::delete_session;
+use crate::service::sessions::delete_session;
 
 /// `close_sandbox`'s arguments.
 #[derive(Debug, Deserialize, JsonSchema)]

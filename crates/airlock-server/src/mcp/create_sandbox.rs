@@ -15,7 +15,7 @@ use super::result::{refused, structured};
 use super::{AirlockMcp, caller, unless_cancelled};
 use crate::api::CreateSandboxRequest;
 use crate::config::ServerConfig;
-use crate::routes::sandboxes::{create_session, epoch};
+use crate::service::sessions::{create_session, epoch};
 
 /// The sandbox's network.
 #[derive(Debug, Deserialize, JsonSchema)]

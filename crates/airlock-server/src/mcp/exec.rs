@@ -14,8 +14,8 @@ use std::sync::Arc;
 use super::result::{ExecOutput, exec_result, no_sandbox, refused};
 use super::{AirlockMcp, caller, timeout_ms, unless_cancelled};
 use crate::api::{ExecRequest, Language, LimitsRequest};
-use crate::routes::sandbox_exec::session_spec;
-use crate::runner;
+use crate::service::runner;
+use crate::service::sessions::session_spec;
 
 /// `exec`'s arguments: `cmd`, or `language` and `code`.
 #[derive(Debug, Deserialize, JsonSchema)]

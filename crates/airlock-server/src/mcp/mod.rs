@@ -279,7 +279,7 @@ fn timeout_ms(state: &AppState, timeout_s: Option<NonZeroU64>) -> Result<Option<
 }
 
 /// Runs a tool's work unless the client cancels the call first (`notifications/cancelled`):
-/// then the work's future is dropped, which cancels a running exec (see `runner.rs`).
+/// then the work's future is dropped, which cancels a running exec (see `service/runner.rs`).
 async fn unless_cancelled<T>(
     ctx: &RequestContext<RoleServer>,
     work: impl Future<Output = T>,

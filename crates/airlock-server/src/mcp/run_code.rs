@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::result::{ExecOutput, exec_result, refused};
 use super::{AirlockMcp, FileInput, IsolationInput, caller, timeout_ms, unless_cancelled};
 use crate::api::{ExecRequest, FileRequest, Language, LimitsRequest};
-use crate::runner;
+use crate::service::runner;
 
 /// `run_code`'s arguments.
 #[derive(Debug, Deserialize, JsonSchema)]

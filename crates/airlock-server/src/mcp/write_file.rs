@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::result::{no_sandbox, refused, structured};
 use super::{AirlockMcp, caller, unless_cancelled};
-use crate::routes::files::{check_path, write_file};
+use crate::service::files::{check_path, write_file};
 
 /// `write_file`'s arguments.
 #[derive(Debug, Deserialize, JsonSchema)]

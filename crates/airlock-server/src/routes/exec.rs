@@ -9,8 +9,9 @@ use std::sync::Arc;
 use crate::api::ExecRequest;
 use crate::body::JsonBody;
 use crate::error::ApiError;
+use crate::service::runner;
 use crate::state::{AppState, KeyName};
-use crate::{runner, stream};
+use crate::stream;
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,

@@ -8,39 +8,17 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
-use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use crate::body::{ApiQuery, RawBody};
 use crate::error::ApiError;
-use crate::state::{AppState, KeyName, Session};
+use crate::service::files::{check_path, read_file, write_file};
+use crate::state::{AppState, KeyName};
 
 #[derive(Deserialize)]
 pub struct FileQuery {
     path: Option<String>,
     mode: Option<String>,
-}
-
-/// The path relative to /workspace, checked like a spec's file (REST and MCP share it).
-pub(crate) fn check_path(path: &str) -> Result<String, ApiError> {
-    let rel = path.strip_prefix("/workspace/").unwrap_or(path);
-    if rel.ends_with('/') {
-        return Err(ApiError::invalid(
-            "path",
-            format!("{path:?} names a directory, not a file"),
-        ));
-    }
-    crate::api::check_relative_path(rel).map_err(|m| ApiError::invalid("path", m))?;
-    let spec_file = airlock_spec::FileSpec {
-        path: rel.to_owned(),
-        content: Vec::new(),
-        mode: 0o644,
-    };
-    let mut spec = airlock_spec::Spec::new(vec!["true".into()]);
-    spec.files.push(spec_file);
-    spec.validate()
-        .map_err(|e| ApiError::invalid("path", e.message))?;
-    Ok(rel.to_owned())
 }
 
 pub async fn put(
@@ -93,23 +71,4 @@ pub async fn get(
             Ok(Json(entries).into_response())
         }
     }
-}
-
-/// Writes `content` at `path` (checked by [`check_path`]) in the session's /workspace.
-pub(crate) async fn write_file(
-    session: &Arc<Session>,
-    path: String,
-    mode: u32,
-    content: impl AsRef<[u8]> + Send + 'static,
-) -> Result<(), ApiError> {
-    let cancel = Arc::clone(&session.cancel);
-    session
-        .with_sandbox(move |sb| sb.write_file(&path, mode, content.as_ref(), cancel.as_fd()))
-        .await?
-}
-
-/// Reads the file at `path` (checked by [`check_path`]), at most `max` bytes; 404 when it
-/// does not exist.
-pub(crate) async fn read_file(session: &Arc<Session>, path: String, max: u64) -> Result<Vec<u8>, ApiError> {
-    session.with_sandbox(move |sb| sb.read_file(&path, max)).await?
 }
