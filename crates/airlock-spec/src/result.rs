@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// How the program ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
     /// It exited by itself; `exit_code` says how.
@@ -38,6 +39,7 @@ impl Outcome {
 
 /// The structured result of one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecResult {
     /// The sandbox's id.
     pub id: String,
@@ -45,10 +47,10 @@ pub struct ExecResult {
     pub outcome: Outcome,
     /// How the program's own top process ended, whatever the outcome: its exit status
     /// if it exited (a shell that carried on after its child was OOM-killed and exited 0
-    /// reports `oom` with `exit_code` 0), else `None`.
+    /// reports `oom` with `exit_code` 0), else null.
     pub exit_code: Option<i32>,
     /// The signal that ended the top process (SIGKILL when the deadline or the memory
-    /// cap killed it), else `None`. Exactly one of `exit_code` and `signal` is set.
+    /// cap killed it), else null. Exactly one of `exit_code` and `signal` is set.
     pub signal: Option<i32>,
     /// Whether the deadline killed it.
     pub timed_out: bool,
@@ -82,6 +84,7 @@ pub struct ExecResult {
 
 /// One connection or request through the egress proxy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct EgressEntry {
     /// The host asked for (a name or an address literal, as the program wrote it).
     pub host: String,

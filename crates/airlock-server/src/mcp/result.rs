@@ -13,150 +13,26 @@ use crate::error::ApiError;
 /// Longest stderr line quoted in a failure message; the whole stderr is in the result.
 const QUOTED_STDERR_CHARS: usize = 200;
 
-/// How the program ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum OutcomeOutput {
-    /// It exited by itself; `exit_code` says how.
-    Exited,
-    /// A signal ended it (not the deadline, not the memory cap).
-    Signaled,
-    /// The wall-clock limit passed and the sandbox was killed.
-    Timeout,
-    /// It exceeded its memory limit and the kernel's OOM killer acted.
-    Oom,
-}
-
-/// One connection or request through the egress proxy (sandboxes with a proxy network).
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
-pub(crate) struct EgressOutput {
-    /// The host asked for.
-    pub host: String,
-    /// The port asked for.
-    pub port: u16,
-    /// The address connected to (or the denied one), when resolution got that far.
-    pub addr: Option<String>,
-    /// Whether the proxy let it through.
-    pub allowed: bool,
-    /// Why.
-    pub reason: String,
-    /// Bytes from the program to the remote host.
-    pub bytes_up: u64,
-    /// Bytes from the remote host to the program.
-    pub bytes_down: u64,
-    /// From the request to the end of the connection, in milliseconds.
-    pub ms: f64,
-}
-
-/// The result of `run_code` and `exec`: the REST API's `ExecResult` (and `queue_ms`), plus
+/// The result of `run_code` and `exec`: the REST API's `ExecResult` and `queue_ms`, plus
 /// `error`, the sentence the call's `isError` stands for.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub(crate) struct ExecOutput {
     /// Why the call is an error, e.g. "exited with code 1", "timed out after 10 s",
     /// "killed: exceeded 256 MiB memory limit"; null when the program exited with 0.
     pub error: Option<String>,
-    /// The sandbox it ran in.
-    pub id: String,
-    /// How the program ended.
-    pub outcome: OutcomeOutput,
-    /// The exit status; null unless `outcome` is `exited`.
-    pub exit_code: Option<i32>,
-    /// The signal that ended the program, if one did.
-    pub signal: Option<i32>,
-    /// Whether the wall-clock limit killed it.
-    pub timed_out: bool,
-    /// Whether the OOM killer acted in the sandbox.
-    pub oom_killed: bool,
-    /// Captured stdout (UTF-8, invalid bytes replaced), at most the output limit.
-    pub stdout: String,
-    /// Captured stderr, likewise.
-    pub stderr: String,
-    /// Whether stdout was cut at the output limit.
-    pub stdout_truncated: bool,
-    /// Whether stderr was cut at the output limit.
-    pub stderr_truncated: bool,
-    /// Every byte the program wrote to stdout, kept or not.
-    pub stdout_bytes: u64,
-    /// Every byte the program wrote to stderr, kept or not.
-    pub stderr_bytes: u64,
-    /// From the program's start to its end, in milliseconds.
-    pub wall_ms: f64,
-    /// Provisioning before the program started, in milliseconds.
-    pub setup_ms: f64,
-    /// Waiting for capacity before that, in milliseconds.
+    /// Everything `airlock run --json` reports.
+    #[serde(flatten)]
+    pub result: ExecResult,
+    /// Waiting for capacity before the program, in milliseconds.
     pub queue_ms: f64,
-    /// CPU time of everything in the sandbox, in milliseconds.
-    pub cpu_ms: f64,
-    /// Peak memory of the sandbox, in bytes.
-    pub memory_peak_bytes: u64,
-    /// Connections through the egress proxy (empty without network).
-    pub egress: Vec<EgressOutput>,
 }
 
 impl ExecOutput {
     fn new(resp: ExecResponse, error: Option<String>) -> ExecOutput {
-        // Destructured in full: a field added to ExecResult fails to compile here until
-        // the MCP output (and its schema) says what to do with it.
-        let ExecResponse {
-            result:
-                ExecResult {
-                    id,
-                    outcome,
-                    exit_code,
-                    signal,
-                    timed_out,
-                    oom_killed,
-                    stdout,
-                    stderr,
-                    stdout_truncated,
-                    stderr_truncated,
-                    stdout_bytes,
-                    stderr_bytes,
-                    wall_ms,
-                    setup_ms,
-                    cpu_ms,
-                    memory_peak_bytes,
-                    egress,
-                },
-            queue_ms,
-        } = resp;
         ExecOutput {
             error,
-            id,
-            outcome: match outcome {
-                Outcome::Exited => OutcomeOutput::Exited,
-                Outcome::Signaled => OutcomeOutput::Signaled,
-                Outcome::Timeout => OutcomeOutput::Timeout,
-                Outcome::Oom => OutcomeOutput::Oom,
-            },
-            exit_code,
-            signal,
-            timed_out,
-            oom_killed,
-            stdout,
-            stderr,
-            stdout_truncated,
-            stderr_truncated,
-            stdout_bytes,
-            stderr_bytes,
-            wall_ms,
-            setup_ms,
-            queue_ms,
-            cpu_ms,
-            memory_peak_bytes,
-            egress: egress
-                .into_iter()
-                .map(|e| EgressOutput {
-                    host: e.host,
-                    port: e.port,
-                    addr: e.addr,
-                    allowed: e.allowed,
-                    reason: e.reason,
-                    bytes_up: e.bytes_up,
-                    bytes_down: e.bytes_down,
-                    ms: e.ms,
-                })
-                .collect(),
+            result: resp.result,
+            queue_ms: resp.queue_ms,
         }
     }
 }
