@@ -134,14 +134,7 @@ fn cli_file_larger_than_the_disk_is_refused_before_anything_starts() {
 fn session_with_failed_uploads(c: &Client, body: &Value) -> String {
     let id = c.create_session(body);
     // Larger than the whole 64 MiB disk: refused unsent.
-    let e = c
-        .put(
-            &format!("/v1/sandboxes/{id}/files?path=big.bin"),
-            &vec![7u8; 100 * MIB],
-        )
-        .api_error(507);
-    assert_eq!(e["code"], "disk_full", "{e}");
-    let m = e["message"].as_str().unwrap();
+    let m = c.put_disk_full(&id, "big.bin", 100 * MIB);
     assert!(
         m.contains("the sandbox's disk (64 MiB) has no room for file 'big.bin' (100 MiB)"),
         "{m}"
@@ -152,14 +145,7 @@ fn session_with_failed_uploads(c: &Client, body: &Value) -> String {
         &vec![1u8; 60 * MIB],
     )
     .expect(204);
-    let e = c
-        .put(
-            &format!("/v1/sandboxes/{id}/files?path=data/b.bin"),
-            &vec![2u8; 15 * MIB],
-        )
-        .api_error(507);
-    assert_eq!(e["code"], "disk_full", "{e}");
-    let m = e["message"].as_str().unwrap();
+    let m = c.put_disk_full(&id, "data/b.bin", 15 * MIB);
     assert!(
         m.contains("the sandbox's disk (64 MiB) has no room for file 'data/b.bin' (15 MiB)")
             && m.contains("of it is free"),

@@ -348,19 +348,10 @@ fn microvm_session_upload_beyond_the_disk_fails_once_with_507_and_the_session_st
         "isolation": "microvm", "ttl_s": 600, "limits": {"disk_bytes": 8 * MIB},
     }));
     // Larger than the whole disk: refused unsent.
-    let e = c
-        .put(
-            &format!("/v1/sandboxes/{id}/files?path=big.bin"),
-            &vec![7u8; 12 * MIB],
-        )
-        .api_error(507);
-    assert_eq!(e["code"], "disk_full", "{e}");
+    let m = c.put_disk_full(&id, "big.bin", 12 * MIB);
     assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains("the sandbox's disk (8 MiB) has no room for file 'big.bin' (12 MiB)"),
-        "{e}"
+        m.contains("the sandbox's disk (8 MiB) has no room for file 'big.bin' (12 MiB)"),
+        "{m}"
     );
     // 6 MiB fit; 3 MiB more do not: the guest's disk fills part-way, once.
     c.put(
@@ -368,13 +359,7 @@ fn microvm_session_upload_beyond_the_disk_fails_once_with_507_and_the_session_st
         &vec![1u8; 6 * MIB],
     )
     .expect(204);
-    let e = c
-        .put(
-            &format!("/v1/sandboxes/{id}/files?path=b.bin"),
-            &vec![2u8; 3 * MIB],
-        )
-        .api_error(507);
-    let m = e["message"].as_str().unwrap();
+    let m = c.put_disk_full(&id, "b.bin", 3 * MIB);
     assert!(
         m.contains("the sandbox's disk (8 MiB) has no room for file 'b.bin' (3 MiB)")
             && m.contains("of it is free"),

@@ -163,14 +163,25 @@ pub async fn one_shot(
     (permit, queued): (Permit, Duration),
     stream: Option<mpsc::Sender<StreamEvent>>,
 ) -> Result<(ExecResponse, Purge), ApiError> {
+    // Nobody to answer when the client left: the purge runs as the result drops.
+    detached(move |gone| async move { one_shot_task(&state, &key, spec, permit, queued, gone, stream).await })
+        .await
+}
+
+/// Runs `task` on a task of its own, handing it the read end of a cancel pipe whose write
+/// end this future holds: when the client goes away (this future is dropped), the end
+/// turns readable and the exec is cancelled, while the task still finishes its clean-up.
+async fn detached<T, F>(task: impl FnOnce(OwnedFd) -> F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+{
     let (gone_r, gone_w) = cancel_pipe()?;
-    // Held by the request: dropped when the client goes away, which cancels the exec.
     let _client = gone_w;
     let (tx, rx) = oneshot::channel();
+    let work = task(gone_r);
     tokio::spawn(async move {
-        let r = one_shot_task(&state, &key, spec, permit, queued, gone_r, stream).await;
-        // Nobody to answer (the client left): the purge runs as `r` drops.
-        let _ = tx.send(r);
+        let _ = tx.send(work.await);
     });
     rx.await
         .unwrap_or_else(|_| Err(ApiError::internal("exec task lost")))
@@ -292,16 +303,8 @@ pub async fn in_session(
     if *state.stopping.borrow() {
         return Err(ApiError::shutting_down());
     }
-    let (gone_r, gone_w) = cancel_pipe()?;
-    // Held by the request: dropped when the client goes away, which cancels the exec.
-    let _client = gone_w;
-    let (tx, rx) = oneshot::channel();
-    tokio::spawn(async move {
-        let r = in_session_task(&state, &key, session, spec, gone_r, stream).await;
-        let _ = tx.send(r);
-    });
-    rx.await
-        .unwrap_or_else(|_| Err(ApiError::internal("exec task lost")))
+    detached(move |gone| async move { in_session_task(&state, &key, session, spec, gone, stream).await })
+        .await
 }
 
 async fn in_session_task(

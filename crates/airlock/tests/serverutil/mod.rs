@@ -463,6 +463,16 @@ impl Client {
         )
     }
 
+    /// PUT of `len` bytes at `path` in session `id`, asserting 507 `disk_full`; its message.
+    #[track_caller]
+    pub fn put_disk_full(&self, id: &str, path: &str, len: usize) -> String {
+        let e = self
+            .put(&format!("/v1/sandboxes/{id}/files?path={path}"), &vec![7u8; len])
+            .api_error(507);
+        assert_eq!(e["code"], "disk_full", "{e}");
+        e["message"].as_str().unwrap().to_owned()
+    }
+
     /// POST of a JSON body.
     #[track_caller]
     pub fn post_json(&self, path: &str, body: &Value) -> Resp {
