@@ -144,6 +144,9 @@ pub enum Isolation {
     /// Linux namespaces, cgroup, seccomp and landlock on the host's kernel.
     #[default]
     Namespaces,
+    /// A user-space kernel: gVisor's Sentry serves the program's system calls, so the
+    /// host kernel sees only the Sentry's own, narrow set.
+    Gvisor,
     /// The same sandbox inside a micro-VM of its own: a guest kernel between the program
     /// and the host's.
     Microvm,
@@ -154,6 +157,7 @@ impl Isolation {
     pub fn as_str(self) -> &'static str {
         match self {
             Isolation::Namespaces => "namespaces",
+            Isolation::Gvisor => "gvisor",
             Isolation::Microvm => "microvm",
         }
     }
@@ -164,10 +168,11 @@ impl std::str::FromStr for Isolation {
     fn from_str(s: &str) -> Result<Self, SpecError> {
         match s {
             "namespaces" => Ok(Isolation::Namespaces),
+            "gvisor" => Ok(Isolation::Gvisor),
             "microvm" => Ok(Isolation::Microvm),
             _ => Err(SpecError::new(
                 "isolation",
-                format!("{s:?} is not an isolation; use namespaces or microvm"),
+                format!("{s:?} is not an isolation; use namespaces, gvisor or microvm"),
             )),
         }
     }

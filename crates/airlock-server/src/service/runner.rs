@@ -108,7 +108,7 @@ fn ms(d: Duration) -> f64 {
 /// overhead in a micro-VM.
 pub fn admitted_bytes(spec: &Spec) -> u64 {
     match spec.isolation {
-        Isolation::Namespaces => spec.limits.memory_bytes,
+        Isolation::Namespaces | Isolation::Gvisor => spec.limits.memory_bytes,
         Isolation::Microvm => spec.limits.memory_bytes + crate::microvm::VM_OVERHEAD_BYTES,
     }
 }
@@ -196,6 +196,12 @@ async fn one_shot_task(
     gone: OwnedFd,
     stream: Option<mpsc::Sender<StreamEvent>>,
 ) -> Result<(ExecResponse, Purge), ApiError> {
+    if spec.isolation == Isolation::Gvisor {
+        return Err(ApiError::invalid(
+            "isolation",
+            "gvisor is not available in this build yet",
+        ));
+    }
     if spec.isolation == Isolation::Microvm {
         return one_shot_vm(state, key, spec, permit, queued, gone, stream).await;
     }

@@ -92,6 +92,12 @@ pub(crate) async fn create_session(
             }
             (SessionSandbox::Microvm(vm), permit)
         }
+        Isolation::Gvisor => {
+            return Err(ApiError::invalid(
+                "isolation",
+                "gvisor is not available in this build yet",
+            ));
+        }
     };
     let session = Arc::new(
         Session::new(sandbox, ttl, key.0.clone(), limits, permit, slot)

@@ -270,6 +270,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 Err(e) => return Err(e.into()),
             }
         }
+        Isolation::Gvisor => bail!("--isolation gvisor: not available in this build yet"),
         Isolation::Microvm => {
             let host = MicroVmHost::new(&HostOptions::from_env())?;
             match host.run(&spec, sink, &[cancel.as_fd()]) {

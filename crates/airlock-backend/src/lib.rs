@@ -1,0 +1,192 @@
+//! The one interface every isolation tier of airlock implements, and the one error they
+//! all return.
+//!
+//! A tier is a [`Backend`]: it builds a [`Sandbox`] for a [`Shape`] (what is fixed when a
+//! sandbox is built: its limits, disk, root filesystem and network) and for a [`Purpose`]
+//! (one program, a session, or a pool's stock). A sandbox runs programs
+//! ([`Sandbox::exec`], [`Sandbox::exec_once`]), streaming their output to an
+//! [`OutputSink`] and cancellable by any readable fd; writes, reads and lists files under
+//! /workspace; says whether it is still alive; and is purged when dropped: every process,
+//! mount, cgroup, VM or state directory it owns is gone once `drop` returns.
+//!
+//! Every failure is an [`Error`] whose kind a caller can act on ([`ErrorKind`]): the
+//! server maps kinds to HTTP statuses, the CLI to messages and exit codes, and a tier
+//! whose sandbox lives behind a wire (the micro-VM's guest agent) sends the kind across
+//! it. Nothing is classified by the text of a message.
+//!
+//! The server and the CLI pick a backend once, by [`airlock_spec::Isolation`], and never
+//! branch on the tier after that. This crate knows no tier: each tier's crate implements
+//! the traits, and only the binary knows them all.
+#![deny(missing_docs)]
+
+mod error;
+mod sink;
+
+use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, NetworkPolicy, Spec};
+use std::os::fd::BorrowedFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use error::{DiskFull, Error, ErrorKind};
+pub use sink::{Capture, OutputSink};
+
+/// What is fixed when a sandbox is built. Memory, CPU, pids and the timeout are also
+/// applied per exec (a session's execs and a pooled sandbox's one exec may ask for less
+/// or more than it was built with, within what the tier can serve: see
+/// [`Backend::serves`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    /// The limits it is built with (a micro-VM's size, a cgroup's first settings, the
+    /// disk's size).
+    pub limits: Limits,
+    /// Where system directories come from (`None`: the host's).
+    pub rootfs: Option<PathBuf>,
+    /// Its network.
+    pub network: NetworkPolicy,
+}
+
+impl Shape {
+    /// The sandbox-wide part of `spec`.
+    pub fn of(spec: &Spec) -> Shape {
+        Shape {
+            limits: spec.limits.clone(),
+            rootfs: spec.rootfs.clone(),
+            network: spec.network.clone(),
+        }
+    }
+}
+
+/// What a sandbox is built for: a tier may prepare each differently (a micro-VM pool's
+/// stock is cloned from a template and warmed up; a session's is ready for files before
+/// its first exec).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// One program, now ([`Sandbox::exec_once`]).
+    OneShot,
+    /// A session: files and any number of execs until it is dropped.
+    Session,
+    /// A pool's stock, built before anyone asked for it: served later to one program.
+    /// With `behind`, nothing is waiting for it (the pool has others ready): the tier
+    /// may build it on CPU time nothing else wants.
+    Pool {
+        /// Whether the pool has other sandboxes ready.
+        behind: bool,
+    },
+}
+
+/// One isolation tier: builds sandboxes. Shared by every request of a service, so
+/// `Send + Sync`; blocking calls are made off the async threads.
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// Which tier it is.
+    fn isolation(&self) -> Isolation;
+
+    /// Host memory a sandbox of this tier costs beyond its program's memory cap (a
+    /// micro-VM's guest kernel and VMM, gVisor's Sentry): what admission counts on top
+    /// of the cap.
+    fn overhead_bytes(&self) -> u64 {
+        0
+    }
+
+    /// Gets ready to build sandboxes (blocking; may take long the first time on a host,
+    /// e.g. building a guest image). Called once before the first [`Backend::create`];
+    /// an error means the tier is unavailable here ([`ErrorKind::Unavailable`]).
+    fn prepare(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Builds a sandbox of `shape` for `purpose` (blocking). A sandbox's processes may
+    /// be tied to the thread that creates it (they die when it exits): long-lived
+    /// sandboxes (sessions, pools) must be created on threads that live as long as the
+    /// service.
+    fn create(&self, shape: &Shape, purpose: Purpose) -> Result<Box<dyn Sandbox>, Error>;
+
+    /// Whether a sandbox built with `pooled` can serve a program of `wanted`: the same
+    /// disk, root filesystem and network, and whatever else the tier fixes at build
+    /// time (a micro-VM's size).
+    fn serves(&self, pooled: &Shape, wanted: &Shape) -> bool {
+        pooled.limits.disk_bytes == wanted.limits.disk_bytes
+            && pooled.rootfs == wanted.rootfs
+            && pooled.network == wanted.network
+    }
+
+    /// How many sandboxes a pool of this tier builds at once: a few for cheap sandboxes
+    /// that a burst drains fast, one for those that take a core for long (an emulated
+    /// VM's clone).
+    fn pool_builders(&self) -> usize {
+        1
+    }
+
+    /// Runs `spec` in a sandbox built for it and purged after: the CLI's one-shot.
+    /// The result's `setup_ms` includes building the sandbox.
+    fn run(
+        &self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, Error> {
+        spec.validate()?;
+        self.prepare()?;
+        let mut sandbox = self.create(&Shape::of(spec), Purpose::OneShot)?;
+        let mut result = sandbox.exec_once(spec, sink, cancel)?;
+        result.setup_ms = ((result.setup_ms + sandbox.setup_time().as_secs_f64() * 1e3) * 1e3).round() / 1e3;
+        Ok(result)
+    }
+}
+
+/// One built sandbox. Dropping it purges it (blocking: drop it off the async threads).
+pub trait Sandbox: Send + std::fmt::Debug {
+    /// Its id (a result's `id`, a session's id).
+    fn id(&self) -> &str;
+
+    /// How long building it took.
+    fn setup_time(&self) -> Duration;
+
+    /// Runs one program of a session (blocking); the files stay for the next, and every
+    /// process of this one is gone when it returns. Output within the spec's limit also
+    /// goes to `sink` as it arrives. When any `cancel` fd turns readable, the program's
+    /// processes are killed and [`ErrorKind::Cancelled`] is returned (the fds are polled,
+    /// never read). A program that fails is an `Ok` result; an `Err` means no result
+    /// exists.
+    fn exec(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, Error>;
+
+    /// Runs the sandbox's only program (blocking): like [`Sandbox::exec`], but nothing
+    /// runs after it, so a tier may skip what keeping the sandbox needs. The sandbox is
+    /// dropped after.
+    fn exec_once(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, Error> {
+        self.exec(spec, sink, cancel)
+    }
+
+    /// Writes a file at `path` under /workspace with permission bits `mode` (blocking);
+    /// a readable `cancel` fd ends the write ([`ErrorKind::Cancelled`]).
+    fn write_file(
+        &mut self,
+        path: &str,
+        mode: u32,
+        content: &[u8],
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), Error>;
+
+    /// Reads the file at `path` under /workspace, at most `max_bytes` (blocking);
+    /// [`ErrorKind::NotFound`] when it does not exist.
+    fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, Error>;
+
+    /// Lists /workspace recursively (blocking).
+    fn list_files(&mut self) -> Result<Vec<FileEntry>, Error>;
+
+    /// Whether it can still run programs (its init, guest or Sentry is alive).
+    fn is_alive(&mut self) -> bool;
+
+    /// Says nobody waits for its purge any more (its answer is out): the tier may purge
+    /// it on CPU time nothing else wants.
+    fn enter_background(&mut self) {}
+}
