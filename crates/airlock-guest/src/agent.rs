@@ -6,6 +6,7 @@
 //! `Cancel`) its processes are killed and the sandbox with its /workspace and /tmp
 //! stays for the next one. A one-shot VM is simply destroyed after its one exec.
 
+use airlock_backend::ErrorKind;
 use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig, SandboxError};
 use airlock_spec::{Limits, Spec};
 use airlock_vmwire::frame::{self as proto, CHUNK, GuestInfo, ToGuest, ToHost};
@@ -27,13 +28,24 @@ impl Port {
         proto::write(&mut &self.0, msg, payload).map_err(io::Error::other)
     }
 
+    /// Answers with a host failure: the agent's own trouble, or a request out of order.
     fn error(&self, message: impl Into<String>) -> io::Result<()> {
-        self.send(
-            &ToHost::Error {
-                message: message.into(),
-            },
-            &[],
-        )
+        self.send(&failure(ErrorKind::Host, message), &[])
+    }
+
+    /// Answers with `e`, its kind (and field) kept for the host to act on.
+    fn fail(&self, e: impl Into<airlock_backend::Error>) -> io::Result<()> {
+        let (kind, field, message) = e.into().to_wire();
+        self.send(&ToHost::Error { kind, field, message }, &[])
+    }
+}
+
+/// An error answer of `kind`.
+fn failure(kind: ErrorKind, message: impl Into<String>) -> ToHost {
+    ToHost::Error {
+        kind,
+        field: None,
+        message: message.into(),
     }
 }
 
@@ -217,7 +229,7 @@ impl State {
                 let mut spec = Spec::new(vec!["true".into()]);
                 spec.limits = limits.clone();
                 if let Err(e) = spec.validate() {
-                    return port.error(e.to_string());
+                    return port.fail(e);
                 }
                 let config = SandboxConfig {
                     fixed_layout,
@@ -252,7 +264,7 @@ impl State {
                         path,
                         mode,
                         data: Vec::new(),
-                        failed: failed.map(|m| ToHost::Error { message: m.into() }),
+                        failed: failed.map(|m| failure(ErrorKind::Host, m)),
                     });
                 }
                 let disk = self.limits.disk_bytes;
@@ -280,7 +292,7 @@ impl State {
                         },
                         &[],
                     ),
-                    Err(e) => port.error(format!("{}: {e}", file.path)),
+                    Err(e) => port.fail(e),
                 }
             }
             ToGuest::Egress => {
@@ -350,7 +362,7 @@ impl State {
                         r.stderr.clear();
                         port.send(&ToHost::Exited { result: Box::new(r) }, &[])
                     }
-                    Err(e) => port.error(e.to_string()),
+                    Err(e) => port.fail(e),
                 }
             }
             ToGuest::ReadFile { path, max_bytes } => {
@@ -369,7 +381,7 @@ impl State {
                             }
                         }
                     }
-                    Err(e) => port.error(format!("{path}: {e}")),
+                    Err(e) => port.fail(e),
                 }
             }
             ToGuest::ListFiles => {
@@ -384,7 +396,7 @@ impl State {
                         Err(proto::FrameError::Malformed(m)) => port.error(format!("listing: {m}")),
                         Err(proto::FrameError::Io(e)) => Err(e),
                     },
-                    Err(e) => port.error(format!("listing: {e}")),
+                    Err(e) => port.fail(e),
                 }
             }
             // The exec it was meant for has answered already.
@@ -448,7 +460,7 @@ mod tests {
         // One answer for the file, one for the listing.
         assert_eq!(answers.len(), 2, "{answers:?}");
         assert!(
-            matches!(&answers[0], ToHost::Error { message } if message.contains("no sandbox")),
+            matches!(&answers[0], ToHost::Error { kind: ErrorKind::Host, message, .. } if message.contains("no sandbox")),
             "{answers:?}"
         );
     }

@@ -80,15 +80,60 @@ pub enum VmError {
     /// exec's processes).
     #[error("cancelled")]
     Cancelled,
-    /// The guest refused a file request (a bad or missing path, a full disk); the VM is
-    /// still usable.
+    /// The guest agent refused a request, with the kind of failure it reported (a bad or
+    /// missing path; its sandbox gone); the VM is still usable unless the kind is `gone`.
     #[error("{0}")]
-    File(String),
+    Agent(airlock_backend::Error),
     /// A file does not fit the disk of the VM's sandbox (nothing of it was left behind;
     /// the VM is still usable).
     #[error("{0}")]
-    DiskFull(airlock_sandbox::DiskFull),
+    DiskFull(airlock_backend::DiskFull),
     /// The VM is gone: it stopped, or was killed because it stopped answering.
     #[error("the VM is gone (it stopped, or was killed because it stopped answering)")]
     Gone,
+}
+
+impl From<VmError> for airlock_backend::Error {
+    fn from(e: VmError) -> Self {
+        use airlock_backend::Error;
+        use airlock_spec::Isolation::Microvm;
+        match e {
+            VmError::Spec(e) => Error::Invalid(e),
+            VmError::Host(reason) => Error::Unavailable {
+                tier: Microvm,
+                reason,
+            },
+            VmError::Image(e) => Error::Unavailable {
+                tier: Microvm,
+                reason: format!("guest image: {e}"),
+            },
+            VmError::Cancelled => Error::Cancelled,
+            VmError::Agent(e) => e,
+            VmError::DiskFull(e) => Error::DiskFull(e),
+            e @ VmError::Gone => Error::Gone(e.to_string()),
+            e @ (VmError::Vmm(_) | VmError::Control(_) | VmError::Boot(_) | VmError::Guest(_)) => {
+                Error::host("the micro-VM", e.to_string())
+            }
+        }
+    }
+}
+
+/// The error the guest agent answered with: its kind and field kept, `what` the host
+/// asked for put before its message.
+pub(crate) fn agent_error(
+    what: Option<&str>,
+    kind: airlock_backend::ErrorKind,
+    field: Option<String>,
+    message: String,
+) -> VmError {
+    let message = match what {
+        Some(what) => format!("{what}: {message}"),
+        None => message,
+    };
+    VmError::Agent(airlock_backend::Error::from_wire(
+        kind,
+        field,
+        message,
+        airlock_spec::Isolation::Microvm,
+    ))
 }

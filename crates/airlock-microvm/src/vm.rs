@@ -681,7 +681,9 @@ impl BootedVm {
         match self.channel()?.recv(deadline, &[]) {
             Ok(f) => match f.msg {
                 ToHost::Ok => Ok(()),
-                ToHost::Error { message } => Err(VmError::Guest(format!("{what}: {message}"))),
+                ToHost::Error { kind, field, message } => {
+                    Err(crate::agent_error(Some(what), kind, field, message))
+                }
                 other => Err(self.desync(what, &other)),
             },
             Err(e) => Err(self.lost(what, e)),
@@ -907,7 +909,9 @@ impl BootedVm {
                     result.egress = self.take_egress();
                     return Ok(result);
                 }
-                ToHost::Error { message } => return Err(VmError::Guest(message)),
+                ToHost::Error { kind, field, message } => {
+                    return Err(crate::agent_error(None, kind, field, message));
+                }
                 other => return Err(self.desync("running the program", &other)),
             }
         }
@@ -961,7 +965,7 @@ impl BootedVm {
     pub fn write_file(&mut self, path: &str, mode: u32, content: &[u8]) -> Result<(), VmError> {
         let disk_bytes = self.sandbox_disk.unwrap_or(0);
         let no_room = |free_bytes, memory_bytes| {
-            VmError::DiskFull(airlock_sandbox::DiskFull {
+            VmError::DiskFull(airlock_backend::DiskFull {
                 path: path.to_owned(),
                 bytes: content.len() as u64,
                 disk_bytes,
@@ -997,7 +1001,7 @@ impl BootedVm {
                     free_bytes,
                     memory_bytes,
                 } => Err(no_room(free_bytes, memory_bytes)),
-                ToHost::Error { message } => Err(VmError::File(message)),
+                ToHost::Error { kind, field, message } => Err(crate::agent_error(None, kind, field, message)),
                 other => Err(self.desync("writing a file", &other)),
             },
             Err(e) => Err(self.lost("writing a file", e)),
@@ -1030,7 +1034,9 @@ impl BootedVm {
                         return Ok(data);
                     }
                 }
-                ToHost::Error { message } => return Err(VmError::File(message)),
+                ToHost::Error { kind, field, message } => {
+                    return Err(crate::agent_error(None, kind, field, message));
+                }
                 other => return Err(self.desync("reading a file", &other)),
             }
         }
@@ -1043,7 +1049,7 @@ impl BootedVm {
         match self.channel()?.recv(deadline, &[]) {
             Ok(f) => match f.msg {
                 ToHost::Listing { entries } => Ok(entries),
-                ToHost::Error { message } => Err(VmError::File(message)),
+                ToHost::Error { kind, field, message } => Err(crate::agent_error(None, kind, field, message)),
                 other => Err(self.desync("listing files", &other)),
             },
             Err(e) => Err(self.lost("listing files", e)),

@@ -230,6 +230,7 @@ impl Init {
                     Ok(entries) => self.reply(&Reply::Listing { entries }, &[]),
                     Err(e) => self.reply(
                         &Reply::Error {
+                            failure: airlock_backend::ErrorKind::Host,
                             message: format!("listing /workspace: {e}"),
                         },
                         &[],
@@ -242,12 +243,14 @@ impl Init {
                 }
                 Request::Kill => self.reply(
                     &Reply::Error {
+                        failure: airlock_backend::ErrorKind::Invalid,
                         message: "nothing is running".into(),
                     },
                     &[],
                 ),
                 Request::Setup { .. } | Request::Attached => self.reply(
                     &Reply::Error {
+                        failure: airlock_backend::ErrorKind::Invalid,
                         message: "the sandbox is already set up".into(),
                     },
                     &[],
@@ -274,6 +277,7 @@ impl Init {
                 }
             } else {
                 Reply::Error {
+                    failure: workspace::error_kind(&e),
                     message: format!("writing {path}: {e}"),
                 }
             });
@@ -290,6 +294,7 @@ impl Init {
             Err(e) => {
                 return self.reply(
                     &Reply::Error {
+                        failure: workspace::error_kind(&e),
                         message: format!("reading {path}: {e}"),
                     },
                     &[],
@@ -304,6 +309,7 @@ impl Init {
                 Err(e) => {
                     return self.reply(
                         &Reply::Error {
+                            failure: workspace::error_kind(&e),
                             message: format!("reading {path}: {e}"),
                         },
                         &[],
@@ -431,6 +437,7 @@ impl Init {
                 })) => self.kill_all(),
                 Ok(Some(_)) => self.reply(
                     &Reply::Error {
+                        failure: airlock_backend::ErrorKind::Invalid,
                         message: "busy: an exec is running".into(),
                     },
                     &[],

@@ -75,9 +75,15 @@ pub enum SandboxError {
     /// run in it.
     #[error("the sandbox is gone")]
     Gone,
-    /// A file operation failed (the sandbox is still usable).
-    #[error("{0}")]
-    File(String),
+    /// A file operation failed (the sandbox is still usable): a path that does not
+    /// exist or is refused.
+    #[error("{message}")]
+    File {
+        /// What kind of failure, as init reported it.
+        kind: airlock_backend::ErrorKind,
+        /// What init said.
+        message: String,
+    },
     /// A file does not fit the sandbox's disk (the sandbox is still usable; nothing of
     /// the file was left behind).
     #[error("{0}")]
@@ -101,6 +107,34 @@ impl From<cgroup::CgroupError> for SandboxError {
 impl From<airlock_seccomp::SeccompError> for SandboxError {
     fn from(e: airlock_seccomp::SeccompError) -> Self {
         SandboxError::Seccomp(e)
+    }
+}
+
+impl From<SandboxError> for airlock_backend::Error {
+    fn from(e: SandboxError) -> Self {
+        use airlock_backend::Error;
+        match e {
+            SandboxError::Spec(e) => Error::Invalid(e),
+            SandboxError::Host(reason) => Error::Unavailable {
+                tier: airlock_spec::Isolation::Namespaces,
+                reason,
+            },
+            SandboxError::Cgroup(e) => Error::host("the sandbox's cgroup", e),
+            SandboxError::Seccomp(e) => Error::host("the seccomp filter", e),
+            SandboxError::Spawn(e) => Error::host("spawning the sandbox", e),
+            SandboxError::Setup(m) => Error::host("building the sandbox", m),
+            SandboxError::Cancelled => Error::Cancelled,
+            SandboxError::Gone => {
+                Error::Gone("the sandbox is gone (its init was killed, e.g. by the OOM killer)".into())
+            }
+            SandboxError::File { kind, message } => Error::from_wire(
+                kind,
+                Some("path".into()),
+                message,
+                airlock_spec::Isolation::Namespaces,
+            ),
+            SandboxError::DiskFull(e) => Error::DiskFull(e),
+        }
     }
 }
 

@@ -99,6 +99,8 @@ pub enum Reply {
     Ok,
     /// A request failed; the sandbox is still usable.
     Error {
+        /// What kind of failure (a missing file, a bad path, a host failure).
+        failure: airlock_backend::ErrorKind,
         /// One line a person can act on.
         message: String,
     },

@@ -473,7 +473,10 @@ impl Sandbox {
         match self.file_reply()? {
             Reply::Ok => Ok(()),
             Reply::NoRoom { free_bytes } => Err(no_room(Some(free_bytes), None)),
-            Reply::Error { message } => Err(SandboxError::File(message)),
+            Reply::Error {
+                failure: kind,
+                message,
+            } => Err(SandboxError::File { kind, message }),
             other => Err(self.desync(&other)),
         }
     }
@@ -553,7 +556,10 @@ impl Sandbox {
                         return Ok(data);
                     }
                 }
-                Reply::Error { message } => return Err(SandboxError::File(message)),
+                Reply::Error {
+                    failure: kind,
+                    message,
+                } => return Err(SandboxError::File { kind, message }),
                 other => return Err(self.desync(&other)),
             }
         }
@@ -564,7 +570,10 @@ impl Sandbox {
         self.send(&Request::ListFiles, &[])?;
         match self.file_reply()? {
             Reply::Listing { entries } => Ok(entries),
-            Reply::Error { message } => Err(SandboxError::File(message)),
+            Reply::Error {
+                failure: kind,
+                message,
+            } => Err(SandboxError::File { kind, message }),
             other => Err(self.desync(&other)),
         }
     }

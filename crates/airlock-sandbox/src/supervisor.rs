@@ -23,18 +23,7 @@ const KILL_GRACE: Duration = Duration::from_secs(1);
 /// Read size per wake-up: large enough to drain a flood in few syscalls.
 const CHUNK: usize = 64 * 1024;
 
-/// Where live output goes while it is captured (the CLI streams it to its own stdio).
-pub trait OutputSink {
-    /// Bytes the program wrote to stdout, within the output limit.
-    fn stdout(&mut self, _data: &[u8]) {}
-    /// Bytes the program wrote to stderr, within the output limit.
-    fn stderr(&mut self, _data: &[u8]) {}
-}
-
-/// An [`OutputSink`] that only captures.
-#[derive(Debug, Default)]
-pub struct Capture;
-impl OutputSink for Capture {}
+pub use airlock_backend::{Capture, OutputSink};
 
 /// One stream's capture: keeps up to `limit` bytes, counts everything.
 #[derive(Debug)]

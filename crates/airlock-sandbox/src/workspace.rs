@@ -8,14 +8,13 @@
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::sys::stat::{FileStat, Mode, fstat};
 use nix::unistd::{Gid, Uid, fchown};
-use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path};
 
-use airlock_spec::{FileEntry, format_size, human_size};
+use airlock_spec::FileEntry;
 
 use crate::mounts::SANDBOX_ID;
 
@@ -148,52 +147,14 @@ pub(crate) fn free_bytes() -> io::Result<u64> {
     Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
 }
 
-/// A file that does not fit the sandbox's disk: refused before any of it was sent, or
-/// when the disk filled up part-way (what was written of it is removed again).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DiskFull {
-    /// The file's path relative to /workspace.
-    pub path: String,
-    /// The file's size.
-    pub bytes: u64,
-    /// The size of the sandbox's disk (the tmpfs /workspace, /tmp and /dev/shm share).
-    pub disk_bytes: u64,
-    /// What was free on the disk when the write failed (and its part was removed);
-    /// `None` when the file is larger than the whole disk and was refused unsent.
-    pub free_bytes: Option<u64>,
-    /// Set when the sandbox's memory cap is what the file does not fit: the disk is a
-    /// tmpfs whose pages count against it, so a file as large as the cap is refused
-    /// unsent (writing it would get the sandbox OOM-killed part-way).
-    #[serde(default)]
-    pub memory_bytes: Option<u64>,
-}
+pub use airlock_backend::DiskFull;
 
-impl std::fmt::Display for DiskFull {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(memory) = self.memory_bytes {
-            return write!(
-                f,
-                "the sandbox's memory ({}), which the files on its disk count against, has no room for file '{}' ({}): use a sandbox with more memory (limits.memory_bytes)",
-                format_size(memory),
-                self.path,
-                human_size(self.bytes)
-            );
-        }
-        write!(
-            f,
-            "the sandbox's disk ({}) has no room for file '{}' ({})",
-            format_size(self.disk_bytes),
-            self.path,
-            human_size(self.bytes)
-        )?;
-        match self.free_bytes {
-            Some(free) => write!(
-                f,
-                ": {} of it is free; remove files from /workspace or /tmp, or use a sandbox with a larger disk (limits.disk_bytes)",
-                human_size(free)
-            ),
-            None => write!(f, ": use a sandbox with a larger disk (limits.disk_bytes)"),
-        }
+/// What a file operation's failure is to its caller: a path that does not exist, or one
+/// it must change (outside /workspace, through a symlink, not a regular file).
+pub(crate) fn error_kind(e: &io::Error) -> airlock_backend::ErrorKind {
+    match e.kind() {
+        io::ErrorKind::NotFound => airlock_backend::ErrorKind::NotFound,
+        _ => airlock_backend::ErrorKind::Invalid,
     }
 }
 
@@ -251,40 +212,4 @@ pub fn list() -> io::Result<Vec<FileEntry>> {
     }
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(entries)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_disk_full_error_names_the_disk_the_file_and_the_room_left() {
-        let e = DiskFull {
-            path: "data/big.bin".into(),
-            bytes: 100 << 20,
-            disk_bytes: 64 << 20,
-            free_bytes: None,
-            memory_bytes: None,
-        };
-        let m = e.to_string();
-        assert!(
-            m.starts_with("the sandbox's disk (64 MiB) has no room for file 'data/big.bin' (100 MiB)"),
-            "{m}"
-        );
-        let e = DiskFull {
-            free_bytes: Some(3 << 20),
-            ..e
-        };
-        assert!(e.to_string().contains("3 MiB of it is free"), "{e}");
-        let e = DiskFull {
-            memory_bytes: Some(64 << 20),
-            ..e
-        };
-        assert!(
-            e.to_string().starts_with(
-                "the sandbox's memory (64 MiB), which the files on its disk count against, has no room for file 'data/big.bin' (100 MiB)"
-            ),
-            "{e}"
-        );
-    }
 }

@@ -107,9 +107,16 @@ impl ApiError {
         )
     }
 
-    /// 503: micro-VMs cannot run on this host (a host condition, not the client's fault).
-    pub fn microvm_unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "microvm_unavailable", message)
+    /// 503: the isolation tier asked for cannot run on this host (a host condition, not
+    /// the client's fault): `microvm_unavailable`, `gvisor_unavailable`,
+    /// `namespaces_unavailable`.
+    pub fn tier_unavailable(tier: airlock_spec::Isolation, message: impl Into<String>) -> Self {
+        let code = match tier {
+            airlock_spec::Isolation::Namespaces => "namespaces_unavailable",
+            airlock_spec::Isolation::Gvisor => "gvisor_unavailable",
+            airlock_spec::Isolation::Microvm => "microvm_unavailable",
+        };
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
     }
 
     /// Any other error status (405 from the router, a rejection of a framework
@@ -130,6 +137,31 @@ impl ApiError {
     /// 500: the sandbox could not be built (a host problem, logged).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error", message)
+    }
+}
+
+/// A tier's error as the API's: the kind decides the status, never the message.
+impl From<airlock_backend::Error> for ApiError {
+    fn from(e: airlock_backend::Error) -> Self {
+        use airlock_backend::Error;
+        match e {
+            Error::Invalid(e) => ApiError::invalid(crate::api::request_field(&e.field, false), e.message),
+            Error::NotFound(m) => ApiError::not_found(m),
+            Error::DiskFull(e) => ApiError::disk_full(e.to_string()),
+            Error::Gone(m) => ApiError::conflict(m),
+            Error::Cancelled => ApiError::shutting_down(),
+            e @ Error::Unavailable { .. } => {
+                let Error::Unavailable { tier, .. } = &e else {
+                    unreachable!()
+                };
+                ApiError::tier_unavailable(*tier, format!("{e} (see `airlock doctor`)"))
+            }
+            Error::OverCapacity(m) => ApiError::rate_limited("over_capacity", m, 1),
+            e @ Error::Host { .. } => {
+                tracing::error!(error = %e, "sandbox failure");
+                ApiError::internal(e.to_string())
+            }
+        }
     }
 }
 

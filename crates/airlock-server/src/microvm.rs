@@ -221,10 +221,11 @@ impl VmService {
             })
             .await;
         // A host condition, not the client's fault: 503 with its own code.
-        host.clone().map_err(|e| {
-            ApiError::microvm_unavailable(format!(
-                "isolation microvm is not available on this host: {e} (see `airlock doctor`)"
-            ))
+        host.clone().map_err(|reason| {
+            ApiError::from(airlock_backend::Error::Unavailable {
+                tier: airlock_spec::Isolation::Microvm,
+                reason,
+            })
         })
     }
 
@@ -369,21 +370,5 @@ pub fn run_blocking(
 
 /// Maps a micro-VM error to the API's.
 pub fn vm_error(e: VmError) -> ApiError {
-    match e {
-        VmError::Spec(e) => ApiError::invalid(crate::api::request_field(&e.field, false), e.message),
-        VmError::Cancelled => ApiError::shutting_down(),
-        VmError::File(m) => ApiError::invalid("path", m),
-        VmError::DiskFull(e) => ApiError::disk_full(e.to_string()),
-        VmError::Gone => ApiError::conflict(
-            "the sandbox's VM is gone (it stopped, or was killed because it stopped answering)",
-        ),
-        // The guest's own sandbox died (its init was killed): the VM serves nothing more.
-        VmError::Guest(m) if m == airlock_sandbox::SandboxError::Gone.to_string() => {
-            ApiError::conflict("the sandbox in the VM is gone (its init was killed, e.g. by the OOM killer)")
-        }
-        other => {
-            tracing::error!(error = %other, "micro-VM failure");
-            ApiError::internal(other.to_string())
-        }
-    }
+    ApiError::from(airlock_backend::Error::from(e))
 }

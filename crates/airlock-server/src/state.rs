@@ -93,16 +93,11 @@ impl SessionSandbox {
     /// Reads a file under /workspace, at most `max_bytes` (blocking); 404 when it does
     /// not exist.
     pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, ApiError> {
-        let not_found = |m: &str| m.contains("No such file");
         match self {
-            SessionSandbox::Namespaces(sb) => sb.read_file(path, max_bytes).map_err(|e| match e {
-                airlock_sandbox::SandboxError::File(m) if not_found(&m) => ApiError::not_found(m),
-                e => crate::service::runner::api_error(e),
-            }),
-            SessionSandbox::Microvm(vm) => vm.read_file(path, max_bytes).map_err(|e| match e {
-                airlock_microvm::VmError::File(m) if not_found(&m) => ApiError::not_found(m),
-                e => crate::microvm::vm_error(e),
-            }),
+            SessionSandbox::Namespaces(sb) => sb
+                .read_file(path, max_bytes)
+                .map_err(crate::service::runner::api_error),
+            SessionSandbox::Microvm(vm) => vm.read_file(path, max_bytes).map_err(crate::microvm::vm_error),
         }
     }
 

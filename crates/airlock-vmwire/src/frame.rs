@@ -101,8 +101,13 @@ pub enum ToHost {
     Ready(GuestInfo),
     /// The request succeeded.
     Ok,
-    /// The request failed; the VM is still usable unless the message says otherwise.
+    /// The request failed; the VM is still usable unless `kind` is `gone`.
     Error {
+        /// What kind of failure: the host acts on this, never on the message.
+        kind: airlock_backend::ErrorKind,
+        /// For `invalid`: the request's field at fault.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        field: Option<String>,
         /// What went wrong.
         message: String,
     },

@@ -231,7 +231,7 @@ impl Template {
         match vm.channel()?.recv(deadline, &[]) {
             Ok(frame) => match frame.msg {
                 ToHost::Ok => {}
-                ToHost::Error { message } => return Err(vm.boot_failed(&format!("resuming: {message}"))),
+                ToHost::Error { message, .. } => return Err(vm.boot_failed(&format!("resuming: {message}"))),
                 other => return Err(vm.boot_failed(&format!("resuming: unexpected reply {other:?}"))),
             },
             Err(Recv::Timeout) => return Err(vm.boot_failed("resuming: the guest did not answer")),

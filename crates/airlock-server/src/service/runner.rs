@@ -57,19 +57,7 @@ pub fn cancel_pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
 
 /// Maps an engine error to the API's.
 pub fn api_error(e: SandboxError) -> ApiError {
-    match e {
-        SandboxError::Spec(e) => ApiError::invalid(crate::api::request_field(&e.field, false), e.message),
-        SandboxError::File(m) => ApiError::invalid("path", m),
-        SandboxError::DiskFull(e) => ApiError::disk_full(e.to_string()),
-        SandboxError::Cancelled => ApiError::shutting_down(),
-        SandboxError::Gone => {
-            ApiError::conflict("the sandbox is gone (its init was killed, e.g. by the OOM killer)")
-        }
-        other => {
-            tracing::error!(error = %other, "sandbox failure");
-            ApiError::internal(other.to_string())
-        }
-    }
+    ApiError::from(airlock_backend::Error::from(e))
 }
 
 fn outcome_label(r: &ExecResult) -> &'static str {
