@@ -2108,14 +2108,14 @@ fn metrics_export_the_documented_series() {
         text.contains("airlock_exec_duration_seconds_bucket{le="),
         "{text}"
     );
-    assert!(m("airlock_provision_seconds_count{pool=\"warm\"}") >= 1.0);
-    assert!(m("airlock_provision_seconds_count{pool=\"cold\"}") >= 1.0);
+    assert!(m("airlock_provision_seconds_count{isolation=\"namespaces\",pool=\"warm\"}") >= 1.0);
+    assert!(m("airlock_provision_seconds_count{isolation=\"namespaces\",pool=\"cold\"}") >= 1.0);
     assert_eq!(
         m("airlock_sandboxes_active"),
         1.0,
         "the session is the one live sandbox"
     );
-    let pool = m("airlock_pool_ready");
+    let pool = m("airlock_pool_ready{isolation=\"namespaces\"}");
     assert!((0.0..=1.0).contains(&pool), "pool_ready {pool}");
     assert!(
         m("airlock_rejected_total{reason=\"queue_timeout\"}") >= 1.0,

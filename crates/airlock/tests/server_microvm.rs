@@ -25,7 +25,7 @@ fn metric_of(d: &Daemon, name: &str) -> f64 {
 fn a_pooled_vm_runs_a_one_shot_exec_in_the_guest_kernel_and_an_oversized_request_boots_its_own() {
     let d = Daemon::start(&["--pool", "1", "--vm-pool", "1"]);
     poll(POOL_FILL, || {
-        (metric_of(&d, "airlock_vm_pool_ready") >= 1.0).then_some(())
+        (metric_of(&d, "airlock_pool_ready{isolation=\"microvm\"}") >= 1.0).then_some(())
     })
     .unwrap_or_else(|| panic!("the VM pool never filled; log:\n{}", d.log()));
     let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
@@ -52,7 +52,12 @@ fn a_pooled_vm_runs_a_one_shot_exec_in_the_guest_kernel_and_an_oversized_request
     assert!(v["id"].as_str().unwrap().starts_with("vm-"), "{v}");
     let text = d.client().get("/metrics").expect(200).text();
     assert!(
-        metric(&text, "airlock_vm_provision_seconds_count{pool=\"warm\"}").unwrap_or(0.0) >= 1.0,
+        metric(
+            &text,
+            "airlock_provision_seconds_count{isolation=\"microvm\",pool=\"warm\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
         "{text}"
     );
 
@@ -67,7 +72,12 @@ fn a_pooled_vm_runs_a_one_shot_exec_in_the_guest_kernel_and_an_oversized_request
     assert_eq!(v["stdout"], "42\n", "{v}");
     let text = d.client().get("/metrics").expect(200).text();
     assert!(
-        metric(&text, "airlock_vm_provision_seconds_count{pool=\"cold\"}").unwrap_or(0.0) >= 1.0,
+        metric(
+            &text,
+            "airlock_provision_seconds_count{isolation=\"microvm\",pool=\"cold\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
         "{text}"
     );
     let v = d
@@ -104,7 +114,7 @@ fn a_bad_isolation_is_a_400_naming_the_field() {
 fn sigterm_with_pooled_vms_leaves_no_vmm_cgroup_or_state() {
     let mut d = Daemon::start(&["--pool", "0", "--vm-pool", "1"]);
     poll(POOL_FILL, || {
-        (metric_of(&d, "airlock_vm_pool_ready") >= 1.0).then_some(())
+        (metric_of(&d, "airlock_pool_ready{isolation=\"microvm\"}") >= 1.0).then_some(())
     })
     .unwrap_or_else(|| panic!("the VM pool never filled; log:\n{}", d.log()));
     let owner = d.owner.clone();
@@ -271,7 +281,7 @@ fn microvm_sessions_expire_and_sigterm_purges_the_rest() {
     let mut d = Daemon::start(&["--pool", "0", "--vm-pool", "1"]);
     let c = d.client();
     poll(POOL_FILL, || {
-        (metric_of(&d, "airlock_vm_pool_ready") >= 1.0).then_some(())
+        (metric_of(&d, "airlock_pool_ready{isolation=\"microvm\"}") >= 1.0).then_some(())
     })
     .unwrap_or_else(|| panic!("the VM pool never filled; log:\n{}", d.log()));
     // The first takes the pooled VM (its guest sandbox built ahead), the second a clone

@@ -1,6 +1,5 @@
 //! `airlock serve`: the execution service (HTTP API, warm pool, sessions).
 
-use airlock_sandbox::Engine;
 use airlock_server::ServerConfig;
 use airlock_server::config::parse_api_keys;
 use airlock_spec::{parse_duration, parse_size};
@@ -9,7 +8,6 @@ use clap::{Args, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum LogFormat {
@@ -189,19 +187,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting tokio")?;
     runtime.block_on(async move {
-        let engine = Arc::new(Engine::new()?);
-        if engine.purged_at_start() > 0 {
-            tracing::warn!(
-                sandboxes = engine.purged_at_start(),
-                "purged sandboxes a previous airlock left behind"
-            );
-        }
+        let tiers = crate::tiers::all(&config.defaults, config.vm_pool)?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
         let addr = listener.local_addr()?;
         println!("airlock: listening on http://{addr}");
-        airlock_server::run(listener, engine, config, shutdown_signal()).await?;
+        airlock_server::run(listener, tiers, config, shutdown_signal()).await?;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
