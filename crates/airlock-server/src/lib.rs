@@ -41,6 +41,7 @@ mod routes;
 mod service;
 mod spawner;
 mod state;
+mod stop;
 mod stream;
 mod tier;
 
@@ -52,7 +53,8 @@ use std::time::Duration;
 pub use config::ServerConfig;
 pub use error::ApiError;
 
-use state::{AppState, purge_session, stopped};
+use state::{AppState, purge_session};
+use stop::stopped;
 
 /// How often expired sessions are looked for.
 const REAP_EVERY: Duration = Duration::from_millis(250);

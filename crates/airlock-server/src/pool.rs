@@ -12,7 +12,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::metrics::Metrics;
 use crate::spawner::Spawner;
-use crate::state::stopped;
+use crate::stop::stopped;
 
 /// The pool's sandboxes and the builds under way, under one lock.
 #[derive(Debug, Default)]

@@ -170,18 +170,6 @@ pub struct AppState {
     pub stopping: watch::Sender<bool>,
 }
 
-/// Resolves when `rx` is (or becomes) true, or its sender is gone.
-pub async fn stopped(rx: &mut watch::Receiver<bool>) {
-    loop {
-        if *rx.borrow_and_update() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
 impl AppState {
     /// Builds the state around the tiers' `backends`; their spawner threads start here.
     /// Each tier's pool keeps the number of sandboxes the config asks of it, of the
