@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// boots its own VM, and the guest image is prepared on the first one).
     #[arg(long, value_name = "N", default_value_t = 0)]
     vm_pool: usize,
+    /// gVisor sandboxes kept started, their agent holding a ready child, for
+    /// `"isolation": "gvisor"` requests (0: each such request starts its own).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    gvisor_pool: usize,
     /// Live sandboxes at most [default: memory budget / default memory cap].
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
@@ -100,6 +104,7 @@ impl ServeArgs {
             c.pool = n;
         }
         c.vm_pool = self.vm_pool;
+        c.gvisor_pool = self.gvisor_pool;
         if let Some(b) = self.memory_budget {
             c.memory_budget = b;
             c.max_sandboxes = ((b / c.defaults.memory_bytes) as usize).clamp(1, 1024);
