@@ -319,12 +319,19 @@ fn daemon(t: Tier, extra: &[&str]) -> Daemon {
     d
 }
 
-/// A session of tier `t` with `body`'s other fields; checks its listing names the tier.
-fn session(t: Tier, c: &Client, mut body: Value) -> String {
+/// A session of tier `t` on daemon `d` with `body`'s other fields; checks that it shows
+/// the tier and that the host has something of it (what [`delete_session`] then finds
+/// gone: the check sees what it looks for).
+fn session(t: Tier, d: &Daemon, mut body: Value) -> String {
     body["isolation"] = json!(t.name);
+    let c = d.client();
     let id = c.create_session(&body);
     let shown = c.get(&format!("/v1/sandboxes/{id}")).expect(200).json();
     assert_eq!(shown["isolation"], t.name, "{shown}");
+    assert!(
+        !sandbox_leftovers(&d.owner, &id).is_empty(),
+        "nothing on the host for session {id}"
+    );
     id
 }
 
@@ -335,6 +342,8 @@ fn delete_session(d: &Daemon, id: &str) {
     c.get(&format!("/v1/sandboxes/{id}")).api_error(404);
     c.session_exec(id, &sh("true")).api_error(404);
     c.get(&format!("/v1/sandboxes/{id}/files")).api_error(404);
+    let all = c.get("/v1/sandboxes").expect(200).json();
+    assert!(!all.to_string().contains(id), "deleted session still listed: {all}");
     let gone = poll(Duration::from_secs(30), || {
         sandbox_leftovers(&d.owner, id).is_empty().then_some(())
     });
@@ -347,6 +356,10 @@ fn delete_session(d: &Daemon, id: &str) {
 
 /// SIGTERM: the daemon exits 0 and nothing of it remains on the host.
 fn stop_daemon(mut d: Daemon) {
+    assert!(
+        !daemon_leftovers(&d.owner).is_empty(),
+        "nothing on the host for the running daemon"
+    );
     let _g = serverutil::start_lock();
     d.signal(Signal::SIGTERM);
     let status = d
@@ -378,7 +391,7 @@ fn files_api_writes_reads_lists_and_reports_missing_and_full(t: Tier) {
     const DISK: usize = 8 << 20;
     let d = daemon(t, &[]);
     let c = d.client();
-    let id = session(t, &c, json!({"ttl_s": 600, "limits": {"disk_bytes": DISK}}));
+    let id = session(t, &d, json!({"ttl_s": 600, "limits": {"disk_bytes": DISK}}));
     let file = |path: &str| format!("/v1/sandboxes/{id}/files?path={path}");
 
     // In: a file in a new directory, and an executable.
@@ -451,7 +464,7 @@ fn files_api_writes_reads_lists_and_reports_missing_and_full(t: Tier) {
 fn session_keeps_files_and_ends_each_execs_processes(t: Tier) {
     let d = daemon(t, &[]);
     let c = d.client();
-    let id = session(t, &c, json!({"ttl_s": 600}));
+    let id = session(t, &d, json!({"ttl_s": 600}));
 
     // Exec 1 writes to /workspace and /tmp and leaves writers running in the background.
     let v = c
@@ -525,6 +538,15 @@ fn session_keeps_files_and_ends_each_execs_processes(t: Tier) {
     assert_eq!(e["field"], "isolation", "{e}");
     let info = c.get(&format!("/v1/sandboxes/{id}")).expect(200).json();
     assert_eq!(info["usage"]["execs"], 4, "{info}");
+    assert!(info["expires_at"].as_f64().is_some(), "{info}");
+    let all = c.get("/v1/sandboxes").expect(200).json();
+    let listed = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{id} not listed: {all}"));
+    assert_eq!(listed["isolation"], t.name, "{listed}");
 
     delete_session(&d, &id);
     stop_daemon(d);
@@ -736,9 +758,11 @@ out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
         assert_eq!(log.len(), 2, "{v:#}");
         let allowed = log.iter().find(|e| e["allowed"] == true).expect("an allowed entry");
         assert_eq!(allowed["host"], ALLOWED, "{v:#}");
+        assert_eq!((&allowed["port"], &allowed["addr"]), (&json!(80), &json!(ALLOWED)), "{v:#}");
         assert_eq!(allowed["reason"], "allowed by allow_cidrs 10.9.9.9/32", "{v:#}");
         let denied = log.iter().find(|e| e["allowed"] == false).expect("a denied entry");
         assert_eq!(denied["host"], METADATA, "{v:#}");
+        assert_eq!((&denied["port"], &denied["addr"]), (&json!(80), &json!(METADATA)), "{v:#}");
         assert_eq!(denied["reason"], "link-local address 169.254.169.254", "{v:#}");
         assert_eq!((&denied["bytes_up"], &denied["bytes_down"]), (&json!(0), &json!(0)));
     }
@@ -748,6 +772,7 @@ out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
     assert_eq!(count("denied"), Some(3.0), "{metrics}");
     assert_eq!(net.connections_to("allowed"), 3, "{:?}", net.connections());
     net.assert_no_forbidden_connections();
+    assert!(!daemon_leftovers(&owner).is_empty(), "nothing on the host for the daemon");
     daemon.stop();
     let left = daemon_leftovers(&owner);
     assert!(left.is_empty(), "left after SIGTERM: {left:?}");
