@@ -98,7 +98,8 @@ fn sh(script: &str) -> Value {
 
 /// The comm of every process the program can see, space-separated (a shell loop: no `ps`
 /// needed in the sandbox).
-const LIST_PROCESSES: &str = "for p in /proc/[0-9]*; do printf '%s ' \"$(cat $p/comm 2>/dev/null)\"; done; echo";
+const LIST_PROCESSES: &str =
+    "for p in /proc/[0-9]*; do printf '%s ' \"$(cat $p/comm 2>/dev/null)\"; done; echo";
 
 // ---------------------------------------------------------------------------------------
 // Output, exit statuses, inputs.
@@ -113,9 +114,21 @@ fn output_and_exit_statuses(t: Tier) {
     assert_eq!(v["outcome"], "exited", "{v:#}");
     assert_eq!(v["exit_code"], 3, "{v:#}");
     assert!(v["signal"].is_null(), "{v:#}");
-    assert_eq!((&v["stdout"], &v["stderr"]), (&json!("42\n"), &json!("warn\n")), "{v:#}");
-    assert_eq!((&v["stdout_bytes"], &v["stderr_bytes"]), (&json!(3), &json!(5)), "{v:#}");
-    assert_eq!((&v["timed_out"], &v["oom_killed"]), (&json!(false), &json!(false)), "{v:#}");
+    assert_eq!(
+        (&v["stdout"], &v["stderr"]),
+        (&json!("42\n"), &json!("warn\n")),
+        "{v:#}"
+    );
+    assert_eq!(
+        (&v["stdout_bytes"], &v["stderr_bytes"]),
+        (&json!(3), &json!(5)),
+        "{v:#}"
+    );
+    assert_eq!(
+        (&v["timed_out"], &v["oom_killed"]),
+        (&json!(false), &json!(false)),
+        "{v:#}"
+    );
     assert!(v["cpu_ms"].as_f64().unwrap() > 0.0, "{v:#}");
     assert!(v["memory_peak_bytes"].as_u64().unwrap() > 0, "{v:#}");
     assert_eq!(v["egress"], json!([]), "{v:#}");
@@ -132,7 +145,11 @@ fn output_and_exit_statuses(t: Tier) {
     assert_eq!(v["outcome"], "signaled", "{v:#}");
     assert_eq!(v["signal"], 9, "{v:#}");
     assert!(v["exit_code"].is_null(), "{v:#}");
-    assert_eq!((&v["timed_out"], &v["oom_killed"]), (&json!(false), &json!(false)), "{v:#}");
+    assert_eq!(
+        (&v["timed_out"], &v["oom_killed"]),
+        (&json!(false), &json!(false)),
+        "{v:#}"
+    );
 }
 
 fn command_not_found_exits_127(t: Tier) {
@@ -229,8 +246,14 @@ fn oom_is_reported(t: Tier) {
     assert_eq!(v["timed_out"], false, "{v:#}");
     assert!(v["exit_code"].is_null(), "{v:#}");
     let peak = v["memory_peak_bytes"].as_u64().unwrap();
-    assert!(peak <= 64 * MIB + MEMORY_SLACK, "peak {peak} above the 64M cap: {v:#}");
-    assert!(peak > 32 * MIB, "peak {peak} too low for a bomb that filled 64M: {v:#}");
+    assert!(
+        peak <= 64 * MIB + MEMORY_SLACK,
+        "peak {peak} above the 64M cap: {v:#}"
+    );
+    assert!(
+        peak > 32 * MIB,
+        "peak {peak} too low for a bomb that filled 64M: {v:#}"
+    );
     // Without --json: 137, as a shell reports SIGKILL.
     let run = t.run(&["--memory", "64M", "--timeout", "60s", "--", "python3", "-c", bomb]);
     assert_eq!(run.code(), Some(137), "{}", run.stderr());
@@ -256,7 +279,10 @@ fn memfds_over_the_memory_cap_end_as_oom(t: Tier) {
     assert_eq!(v["timed_out"], false, "{v:#}");
     assert_eq!(v["stdout"], "", "{v:#}");
     let peak = v["memory_peak_bytes"].as_u64().unwrap();
-    assert!(peak <= 96 * MIB + MEMORY_SLACK, "peak {peak} above the 96M cap: {v:#}");
+    assert!(
+        peak <= 96 * MIB + MEMORY_SLACK,
+        "peak {peak} above the 96M cap: {v:#}"
+    );
 }
 
 fn pids_limit_holds_a_fork_bomb(t: Tier) {
@@ -282,20 +308,33 @@ fn pids_limit_holds_a_fork_bomb(t: Tier) {
     assert_eq!(err, "EAGAIN", "{v:#}");
     // 20 tasks: the program and 19 children; a little less where the sandbox's own
     // processes count.
-    assert!((12..20).contains(&n), "{n} children forked under --pids 20: {v:#}");
+    assert!(
+        (12..20).contains(&n),
+        "{n} children forked under --pids 20: {v:#}"
+    );
 }
 
 fn output_cap_truncates_and_counts(t: Tier) {
     let v = t.json(
         &["--output-limit", "1K", "--timeout", "60s"],
-        &["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x; head -c 2000 /dev/zero | tr '\\0' y >&2"],
+        &[
+            "sh",
+            "-c",
+            "head -c 300000 /dev/zero | tr '\\0' x; head -c 2000 /dev/zero | tr '\\0' y >&2",
+        ],
     );
     assert_eq!(v["outcome"], "exited", "{v:#}");
     assert_eq!(v["exit_code"], 0, "{v:#}");
     assert_eq!(v["stdout"].as_str().unwrap(), "x".repeat(1024), "{v:#}");
     assert_eq!(v["stderr"].as_str().unwrap(), "y".repeat(1024), "{v:#}");
-    assert_eq!((&v["stdout_truncated"], &v["stderr_truncated"]), (&json!(true), &json!(true)));
-    assert_eq!((&v["stdout_bytes"], &v["stderr_bytes"]), (&json!(300000), &json!(2000)));
+    assert_eq!(
+        (&v["stdout_truncated"], &v["stderr_truncated"]),
+        (&json!(true), &json!(true))
+    );
+    assert_eq!(
+        (&v["stdout_bytes"], &v["stderr_bytes"]),
+        (&json!(300000), &json!(2000))
+    );
     // Under the cap, nothing is cut.
     let v = t.json(&["--output-limit", "1K"], &["sh", "-c", "echo short"]);
     assert_eq!(v["stdout"], "short\n", "{v:#}");
@@ -343,7 +382,10 @@ fn delete_session(d: &Daemon, id: &str) {
     c.session_exec(id, &sh("true")).api_error(404);
     c.get(&format!("/v1/sandboxes/{id}/files")).api_error(404);
     let all = c.get("/v1/sandboxes").expect(200).json();
-    assert!(!all.to_string().contains(id), "deleted session still listed: {all}");
+    assert!(
+        !all.to_string().contains(id),
+        "deleted session still listed: {all}"
+    );
     let gone = poll(Duration::from_secs(30), || {
         sandbox_leftovers(&d.owner, id).is_empty().then_some(())
     });
@@ -383,7 +425,12 @@ fn listing(c: &Client, id: &str) -> Vec<(String, u64)> {
         .as_array()
         .unwrap_or_else(|| panic!("not an array: {entries}"))
         .iter()
-        .map(|e| (e["path"].as_str().unwrap().to_owned(), e["size"].as_u64().unwrap()))
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap().to_owned(),
+                e["size"].as_u64().unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -396,8 +443,11 @@ fn files_api_writes_reads_lists_and_reports_missing_and_full(t: Tier) {
 
     // In: a file in a new directory, and an executable.
     c.put(&file("data/in.txt"), b"uploaded\n").expect(204);
-    c.put(&format!("{}&mode=755", file("tool.sh")), b"#!/bin/sh\necho tool ran\n")
-        .expect(204);
+    c.put(
+        &format!("{}&mode=755", file("tool.sh")),
+        b"#!/bin/sh\necho tool ran\n",
+    )
+    .expect(204);
     let v = c
         .session_exec(
             &id,
@@ -516,7 +566,11 @@ fn session_keeps_files_and_ends_each_execs_processes(t: Tier) {
     let out = common::ok_stdout(&v);
     let mut lines = out.lines();
     assert_eq!(lines.next(), Some("made"), "{v:#}");
-    assert_eq!(lines.next(), Some("still"), "the writer outlived the deadline: {v:#}");
+    assert_eq!(
+        lines.next(),
+        Some("still"),
+        "the writer outlived the deadline: {v:#}"
+    );
     let comms = lines.next().unwrap_or_default();
     assert!(
         !comms.split_whitespace().any(|c| c == "sleep"),
@@ -531,7 +585,11 @@ fn session_keeps_files_and_ends_each_execs_processes(t: Tier) {
     assert!(host.is_empty(), "sleep still on the host: {host:?}");
 
     // An exec may not switch tiers; the session counts its execs.
-    let other = if t.name == "namespaces" { "microvm" } else { "namespaces" };
+    let other = if t.name == "namespaces" {
+        "microvm"
+    } else {
+        "namespaces"
+    };
     let e = c
         .session_exec(&id, &json!({"cmd": ["true"], "isolation": other}))
         .api_error(400);
@@ -659,15 +717,28 @@ out["direct"] = direct("10.9.9.9", 80)
 
     // The log has each request, allowed or refused, with its reason and bytes.
     let log = egress(&v);
-    let of = |host: &str| log.iter().filter(|e| e["host"] == host).cloned().collect::<Vec<_>>();
+    let of = |host: &str| {
+        log.iter()
+            .filter(|e| e["host"] == host)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
     let allowed = of(ALLOWED);
     assert_eq!(allowed.len(), 3, "{log:#?}");
     for e in &allowed {
         assert_eq!(e["allowed"], true, "{e:#}");
         assert_eq!(e["reason"], "allowed by allow_cidrs 10.9.9.9/32", "{e:#}");
     }
-    assert!(allowed.iter().any(|e| e["bytes_down"].as_u64().unwrap() >= 1_000_000), "{log:#?}");
-    assert!(allowed.iter().any(|e| e["bytes_up"].as_u64().unwrap() >= 600_000), "{log:#?}");
+    assert!(
+        allowed
+            .iter()
+            .any(|e| e["bytes_down"].as_u64().unwrap() >= 1_000_000),
+        "{log:#?}"
+    );
+    assert!(
+        allowed.iter().any(|e| e["bytes_up"].as_u64().unwrap() >= 600_000),
+        "{log:#?}"
+    );
     let api = of(egressutil::API);
     assert_eq!(api.len(), 1, "{log:#?}");
     assert_eq!(api[0]["allowed"], false, "{log:#?}");
@@ -677,7 +748,10 @@ out["direct"] = direct("10.9.9.9", 80)
     let metadata = of(METADATA);
     assert_eq!(metadata.len(), 1, "{log:#?}");
     assert_eq!(metadata[0]["allowed"], false, "{log:#?}");
-    assert_eq!(metadata[0]["reason"], "link-local address 169.254.169.254", "{log:#?}");
+    assert_eq!(
+        metadata[0]["reason"], "link-local address 169.254.169.254",
+        "{log:#?}"
+    );
     // What the fake hosts saw: the allowed one three connections, the refused none.
     assert_eq!(net.connections_to("allowed"), 3, "{:?}", net.connections());
     assert_eq!(net.connections_to("api"), 0, "{:?}", net.connections());
@@ -707,7 +781,10 @@ fn egress_proxy_through_the_service_logs_every_exec(t: Tier) {
     let net = Net::start();
     let mut daemon = Serve::start(&net, t.serve_args(), Duration::from_secs(120));
     let pid = daemon.pid();
-    let owner = format!("{pid}-{}", common::host::start_time(pid).expect("daemon start time"));
+    let owner = format!(
+        "{pid}-{}",
+        common::host::start_time(pid).expect("daemon start time")
+    );
     let base = format!("http://127.0.0.1:{}", daemon.port);
     let program = format!(
         "{PRELUDE}\n{}\nprint(json.dumps(out))\n",
@@ -756,15 +833,32 @@ out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
         // Each exec's own log: one allowed entry, one refused.
         let log = egress(v);
         assert_eq!(log.len(), 2, "{v:#}");
-        let allowed = log.iter().find(|e| e["allowed"] == true).expect("an allowed entry");
+        let allowed = log
+            .iter()
+            .find(|e| e["allowed"] == true)
+            .expect("an allowed entry");
         assert_eq!(allowed["host"], ALLOWED, "{v:#}");
-        assert_eq!((&allowed["port"], &allowed["addr"]), (&json!(80), &json!(ALLOWED)), "{v:#}");
+        assert_eq!(
+            (&allowed["port"], &allowed["addr"]),
+            (&json!(80), &json!(ALLOWED)),
+            "{v:#}"
+        );
         assert_eq!(allowed["reason"], "allowed by allow_cidrs 10.9.9.9/32", "{v:#}");
-        let denied = log.iter().find(|e| e["allowed"] == false).expect("a denied entry");
+        let denied = log
+            .iter()
+            .find(|e| e["allowed"] == false)
+            .expect("a denied entry");
         assert_eq!(denied["host"], METADATA, "{v:#}");
-        assert_eq!((&denied["port"], &denied["addr"]), (&json!(80), &json!(METADATA)), "{v:#}");
+        assert_eq!(
+            (&denied["port"], &denied["addr"]),
+            (&json!(80), &json!(METADATA)),
+            "{v:#}"
+        );
         assert_eq!(denied["reason"], "link-local address 169.254.169.254", "{v:#}");
-        assert_eq!((&denied["bytes_up"], &denied["bytes_down"]), (&json!(0), &json!(0)));
+        assert_eq!(
+            (&denied["bytes_up"], &denied["bytes_down"]),
+            (&json!(0), &json!(0))
+        );
     }
     // The metrics count them by decision.
     let count = |d: &str| metric(&metrics, &format!("airlock_egress_total{{decision=\"{d}\"}}"));
@@ -772,7 +866,10 @@ out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
     assert_eq!(count("denied"), Some(3.0), "{metrics}");
     assert_eq!(net.connections_to("allowed"), 3, "{:?}", net.connections());
     net.assert_no_forbidden_connections();
-    assert!(!daemon_leftovers(&owner).is_empty(), "nothing on the host for the daemon");
+    assert!(
+        !daemon_leftovers(&owner).is_empty(),
+        "nothing on the host for the daemon"
+    );
     daemon.stop();
     let left = daemon_leftovers(&owner);
     assert!(left.is_empty(), "left after SIGTERM: {left:?}");

@@ -38,13 +38,12 @@ impl Tier {
         let Ok(list) = std::env::var(TIERS_ENV) else {
             return Some(Tier { name });
         };
-        let wanted: Vec<&str> = list
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .collect();
+        let wanted: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
         for w in &wanted {
-            assert!(known.contains(w), "{TIERS_ENV}={list}: no tier {w:?} (tiers: {known:?})");
+            assert!(
+                known.contains(w),
+                "{TIERS_ENV}={list}: no tier {w:?} (tiers: {known:?})"
+            );
         }
         if wanted.contains(&name) {
             Some(Tier { name })
@@ -87,8 +86,7 @@ impl Tier {
             self.name,
             run.stderr()
         );
-        serde_json::from_slice(&run.out.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", run.stdout()))
+        serde_json::from_slice(&run.out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", run.stdout()))
     }
 
     /// `airlock serve` options for this tier: a small warm pool of its sandboxes.
@@ -160,9 +158,7 @@ fn leaked_mounts(prefix: &str) -> Vec<String> {
         .lines()
         .filter(|l| {
             let point = l.split_whitespace().nth(4).unwrap_or("");
-            point.contains(&format!("/{prefix}"))
-                || point == "/tmp"
-                || point.starts_with("/tmp/oldroot")
+            point.contains(&format!("/{prefix}")) || point == "/tmp" || point.starts_with("/tmp/oldroot")
         })
         .map(str::to_owned)
         .collect()
@@ -186,8 +182,10 @@ pub fn run_leftovers(pid: u32) -> Vec<String> {
     let state: Vec<_> = state_entries(&prefix)
         .into_iter()
         .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| live.as_deref().is_none_or(|l| !n.to_string_lossy().starts_with(l)))
+            p.file_name().is_some_and(|n| {
+                live.as_deref()
+                    .is_none_or(|l| !n.to_string_lossy().starts_with(l))
+            })
         })
         .collect();
     if !state.is_empty() {
