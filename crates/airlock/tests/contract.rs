@@ -114,21 +114,12 @@ fn output_and_exit_statuses(t: Tier) {
     assert_eq!(v["outcome"], "exited", "{v:#}");
     assert_eq!(v["exit_code"], 3, "{v:#}");
     assert!(v["signal"].is_null(), "{v:#}");
-    assert_eq!(
-        (&v["stdout"], &v["stderr"]),
-        (&json!("42\n"), &json!("warn\n")),
-        "{v:#}"
-    );
-    assert_eq!(
-        (&v["stdout_bytes"], &v["stderr_bytes"]),
-        (&json!(3), &json!(5)),
-        "{v:#}"
-    );
-    assert_eq!(
-        (&v["timed_out"], &v["oom_killed"]),
-        (&json!(false), &json!(false)),
-        "{v:#}"
-    );
+    assert_eq!(v["stdout"], "42\n", "{v:#}");
+    assert_eq!(v["stderr"], "warn\n", "{v:#}");
+    assert_eq!(v["stdout_bytes"], 3, "{v:#}");
+    assert_eq!(v["stderr_bytes"], 5, "{v:#}");
+    assert_eq!(v["timed_out"], false, "{v:#}");
+    assert_eq!(v["oom_killed"], false, "{v:#}");
     assert!(v["cpu_ms"].as_f64().unwrap() > 0.0, "{v:#}");
     assert!(v["memory_peak_bytes"].as_u64().unwrap() > 0, "{v:#}");
     assert_eq!(v["egress"], json!([]), "{v:#}");
@@ -145,11 +136,8 @@ fn output_and_exit_statuses(t: Tier) {
     assert_eq!(v["outcome"], "signaled", "{v:#}");
     assert_eq!(v["signal"], 9, "{v:#}");
     assert!(v["exit_code"].is_null(), "{v:#}");
-    assert_eq!(
-        (&v["timed_out"], &v["oom_killed"]),
-        (&json!(false), &json!(false)),
-        "{v:#}"
-    );
+    assert_eq!(v["timed_out"], false, "{v:#}");
+    assert_eq!(v["oom_killed"], false, "{v:#}");
 }
 
 fn command_not_found_exits_127(t: Tier) {
@@ -327,14 +315,10 @@ fn output_cap_truncates_and_counts(t: Tier) {
     assert_eq!(v["exit_code"], 0, "{v:#}");
     assert_eq!(v["stdout"].as_str().unwrap(), "x".repeat(1024), "{v:#}");
     assert_eq!(v["stderr"].as_str().unwrap(), "y".repeat(1024), "{v:#}");
-    assert_eq!(
-        (&v["stdout_truncated"], &v["stderr_truncated"]),
-        (&json!(true), &json!(true))
-    );
-    assert_eq!(
-        (&v["stdout_bytes"], &v["stderr_bytes"]),
-        (&json!(300000), &json!(2000))
-    );
+    assert_eq!(v["stdout_truncated"], true, "{v:#}");
+    assert_eq!(v["stderr_truncated"], true, "{v:#}");
+    assert_eq!(v["stdout_bytes"], 300000, "{v:#}");
+    assert_eq!(v["stderr_bytes"], 2000, "{v:#}");
     // Under the cap, nothing is cut.
     let v = t.json(&["--output-limit", "1K"], &["sh", "-c", "echo short"]);
     assert_eq!(v["stdout"], "short\n", "{v:#}");
@@ -838,27 +822,19 @@ out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
             .find(|e| e["allowed"] == true)
             .expect("an allowed entry");
         assert_eq!(allowed["host"], ALLOWED, "{v:#}");
-        assert_eq!(
-            (&allowed["port"], &allowed["addr"]),
-            (&json!(80), &json!(ALLOWED)),
-            "{v:#}"
-        );
+        assert_eq!(allowed["port"], 80, "{v:#}");
+        assert_eq!(allowed["addr"], ALLOWED, "{v:#}");
         assert_eq!(allowed["reason"], "allowed by allow_cidrs 10.9.9.9/32", "{v:#}");
         let denied = log
             .iter()
             .find(|e| e["allowed"] == false)
             .expect("a denied entry");
         assert_eq!(denied["host"], METADATA, "{v:#}");
-        assert_eq!(
-            (&denied["port"], &denied["addr"]),
-            (&json!(80), &json!(METADATA)),
-            "{v:#}"
-        );
+        assert_eq!(denied["port"], 80, "{v:#}");
+        assert_eq!(denied["addr"], METADATA, "{v:#}");
         assert_eq!(denied["reason"], "link-local address 169.254.169.254", "{v:#}");
-        assert_eq!(
-            (&denied["bytes_up"], &denied["bytes_down"]),
-            (&json!(0), &json!(0))
-        );
+        assert_eq!(denied["bytes_up"], 0, "{denied:#}");
+        assert_eq!(denied["bytes_down"], 0, "{denied:#}");
     }
     // The metrics count them by decision.
     let count = |d: &str| metric(&metrics, &format!("airlock_egress_total{{decision=\"{d}\"}}"));
