@@ -65,6 +65,7 @@ contract! {
         egress_none_has_no_route,
         egress_proxy_allows_one_host_and_refuses_another,
         egress_proxy_through_the_service_logs_every_exec,
+        kill_9_of_airlock_leaves_nothing_after_the_next_start,
     ],
 }
 
@@ -849,4 +850,48 @@ out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
     daemon.stop();
     let left = daemon_leftovers(&owner);
     assert!(left.is_empty(), "left after SIGTERM: {left:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Cleanup when airlock itself is killed.
+// ---------------------------------------------------------------------------------------
+
+fn kill_9_of_airlock_leaves_nothing_after_the_next_start(t: Tier) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(common::airlock_bin())
+        .args(["run", "--isolation", t.name, "--timeout", "120s", "--"])
+        .args(["sh", "-c", "echo ready; sleep 100"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn airlock");
+    let pid = child.id();
+    // The program runs in the sandbox once its first line arrives.
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert_eq!(first, "ready\n", "airlock ended before the program ran");
+    // While it runs, the checks see it: its cgroups and the processes in them.
+    let owner = format!(
+        "{pid}-{}",
+        common::host::start_time(pid).expect("airlock's start time")
+    );
+    assert!(
+        !common::host::owner_cgroups(pid).is_empty(),
+        "no cgroup of airlock {owner}"
+    );
+    assert!(
+        !tierutil::processes_of(&owner).is_empty(),
+        "no process in {owner}'s cgroups"
+    );
+
+    child.kill().expect("SIGKILL airlock");
+    child.wait().expect("reap airlock");
+    drop(out);
+    // What the dead airlock could not remove, the tier's next start does; its processes
+    // die with it.
+    let next = t.run(&["--", "true"]);
+    assert_eq!(next.code(), Some(0), "{}", next.stderr());
+    assert_run_left_nothing(pid);
 }

@@ -115,6 +115,11 @@ pub fn processes_of_dead(pid: u32) -> Vec<String> {
     })
 }
 
+/// Live processes (any uid) in a cgroup of owner tag `owner`.
+pub fn processes_of(owner: &str) -> Vec<String> {
+    processes_where(|owners| owners.contains(owner))
+}
+
 /// Live processes whose cgroup owner tags satisfy `f`, as `"<pid> <comm>"`.
 fn processes_where(f: impl Fn(&std::collections::BTreeSet<String>) -> bool) -> Vec<String> {
     let mut found = Vec::new();
@@ -249,7 +254,7 @@ pub fn sandbox_leftovers(owner: &str, id: &str) -> Vec<String> {
 /// cgroup directories and state directories, mounts naming it.
 pub fn daemon_leftovers(owner: &str) -> Vec<String> {
     let mut left = Vec::new();
-    let procs = processes_where(|owners| owners.contains(owner));
+    let procs = processes_of(owner);
     if !procs.is_empty() {
         left.push(format!("processes: {procs:?}"));
     }
