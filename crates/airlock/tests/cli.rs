@@ -1,7 +1,7 @@
 //! CLI ROBUSTNESS: bad flags, unreadable inputs and a missing rootfs exit 2 with one clear
-//! line on stderr, a command that is not found exits 127 as in a shell, and nothing is left
-//! behind; `--file`,
-//! `--env`, `doctor` and the `--json` contract work as documented.
+//! line on stderr, a command that cannot be run exits 126 or 127 as in a shell, and nothing
+//! is left behind; `doctor` and the `--json` contract work as documented. (`--file`,
+//! `--env` and a command not found, as every tier handles them, are in tests/contract.rs.)
 //!
 //! Every test drives the real binary. The tests of this file run one at a time (see
 //! [`common::host::serial`]) because they check host-wide state after each invocation.

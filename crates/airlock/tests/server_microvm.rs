@@ -1,8 +1,9 @@
 //! The service with `"isolation": "microvm"`: what only the micro-VM tier has (its VM
 //! pool, a VM booted for an oversized request, pooled VMs at shutdown, sessions on pooled
 //! VMs), with the real `airlock serve --vm-pool N` on 127.0.0.1:0 driven over real HTTP.
-//! Files, sessions and egress, as on every tier, are in tests/contract.rs. VMs run emulated (TCG) on hosts whose KVM cannot
-//! boot a guest, so each boot takes seconds: few tests, generous time limits.
+//! Files, sessions and egress, as on every tier, are in tests/contract.rs. VMs run
+//! emulated (TCG) on hosts whose KVM cannot boot a guest, so each boot takes seconds: few
+//! tests, generous time limits.
 //!
 //! Needs what tests/microvm.rs needs (QEMU, mksquashfs, the `airlock-guest` binary next
 //! to `airlock`).
