@@ -282,30 +282,28 @@ pub(crate) fn exec(
             init_gone = true;
             continue;
         }
-        if started.is_some() && !(finished || timed_out || cancelled || thrashed) {
-            if thrash.is_none_or(|(at, _, _)| now >= at + THRASH_TICK)
-                && let Some(cg) = sb.cgroup()
-                && let Some(refaults) = cg.refaults()
-            {
-                let hot = match thrash {
-                    Some((_, last, hot)) if refaults >= last + THRASH_REFAULTS && cg.at_memory_cap() => {
-                        hot + 1
-                    }
-                    _ => 0,
-                };
-                thrash = Some((now, refaults, hot));
-                if hot >= THRASH_TICKS {
-                    thrashed = true;
-                    if one_shot {
-                        killed_all = true;
-                        sb.kill();
-                    } else {
-                        let _ = cg.kill_except(sb.init_pid());
-                        quota_lifted = true;
-                        deadline = Instant::now() + KILL_GRACE;
-                    }
-                    continue;
+        if started.is_some()
+            && !(finished || timed_out || cancelled || thrashed)
+            && thrash.is_none_or(|(at, _, _)| now >= at + THRASH_TICK)
+            && let Some(cg) = sb.cgroup()
+            && let Some(refaults) = cg.refaults()
+        {
+            let hot = match thrash {
+                Some((_, last, hot)) if refaults >= last + THRASH_REFAULTS && cg.at_memory_cap() => hot + 1,
+                _ => 0,
+            };
+            thrash = Some((now, refaults, hot));
+            if hot >= THRASH_TICKS {
+                thrashed = true;
+                if one_shot {
+                    killed_all = true;
+                    sb.kill();
+                } else {
+                    let _ = cg.kill_except(sb.init_pid());
+                    quota_lifted = true;
+                    deadline = Instant::now() + KILL_GRACE;
                 }
+                continue;
             }
         }
         let mut wake = deadline;
