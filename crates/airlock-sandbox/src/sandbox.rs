@@ -347,9 +347,15 @@ impl Sandbox {
         self.setup
     }
 
-    /// Whether init is still running (a sandbox whose init died cannot run anything).
+    /// Whether init is still running (a sandbox whose init died cannot run anything). A
+    /// pidfd turns readable once its process has exited, reaped or not (a signal to a
+    /// zombie would still be accepted).
     pub fn is_alive(&self) -> bool {
-        self.reaped.is_none() && sys::pidfd_send_signal(self.pidfd.as_raw_fd(), 0).is_ok()
+        let mut fds = [nix::poll::PollFd::new(
+            self.pidfd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        self.reaped.is_none() && matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(0))
     }
 
     /// Runs the program of `spec` in this sandbox and returns its result. The spec's

@@ -25,6 +25,26 @@ struct Ready {
     waiting: usize,
 }
 
+impl Ready {
+    /// The oldest ready sandbox that is still alive. One that died while it waited (its
+    /// init or VM killed from outside) is not handed to a request that would only get
+    /// "gone" from it: it goes to `dead`, for the caller to purge once the lock is
+    /// released.
+    fn pop_alive(&mut self, dead: &mut Vec<Box<dyn Sandbox>>) -> Option<Box<dyn Sandbox>> {
+        while let Some(mut sandbox) = self.sandboxes.pop_front() {
+            if sandbox.is_alive() {
+                return Some(sandbox);
+            }
+            tracing::warn!(
+                id = sandbox.id(),
+                "warm pool: a ready sandbox died while it waited; purged"
+            );
+            dead.push(sandbox);
+        }
+        None
+    }
+}
+
 /// Pre-provisioned sandboxes of one tier, of the server's default shape.
 #[derive(Debug)]
 pub struct Pool {
@@ -115,7 +135,10 @@ impl Pool {
         if !self.serves(shape) {
             return None;
         }
-        self.ready.lock().ok()?.sandboxes.pop_front()
+        let mut dead = Vec::new();
+        let sandbox = self.ready.lock().ok()?.pop_alive(&mut dead);
+        self.purge(dead);
+        sandbox
     }
 
     /// Like [`Pool::take_deferred`], but when the pool is empty while the refiller is
@@ -133,8 +156,16 @@ impl Pool {
             added.as_mut().enable();
             let _waiting = {
                 let mut ready = self.ready.lock().ok()?;
-                if let Some(sandbox) = ready.sandboxes.pop_front() {
-                    return Some(sandbox);
+                let mut dead = Vec::new();
+                let alive = ready.pop_alive(&mut dead);
+                if alive.is_some() || !dead.is_empty() {
+                    drop(ready);
+                    self.purge(dead);
+                    match alive {
+                        Some(sandbox) => return Some(sandbox),
+                        // Looked at again from the start: the lock was released.
+                        None => continue,
+                    }
                 }
                 if ready.building <= ready.waiting {
                     return None;
@@ -149,6 +180,19 @@ impl Pool {
     /// Whether a pooled sandbox can serve `shape`.
     fn serves(&self, shape: &Shape) -> bool {
         self.target > 0 && self.backend.serves(&self.shape, shape)
+    }
+
+    /// Purges sandboxes that died while they waited, off the async threads (on this
+    /// thread outside a runtime), and has the refiller replace them at once.
+    fn purge(&self, dead: Vec<Box<dyn Sandbox>>) {
+        if dead.is_empty() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(dead))),
+            Err(_) => drop(dead),
+        }
+        self.taken();
     }
 
     /// Lets the refiller replace what was taken. Called once the taking request's program

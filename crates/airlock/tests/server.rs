@@ -1992,3 +1992,40 @@ fn metrics_export_the_documented_series() {
     assert!(m("airlock_queue_wait_seconds_count") >= 2.0);
     c.delete(&format!("/v1/sandboxes/{id}")).expect(204);
 }
+
+#[test]
+fn a_pooled_sandbox_that_died_while_it_waited_is_replaced_not_served() {
+    // Its init killed from outside (the host's OOM killer, an operator): the pool must not
+    // hand it to a request, which would only get "the sandbox is gone".
+    let d = Daemon::start(&["--pool", "1"]);
+    poll(Duration::from_secs(10), || {
+        (d.client().get("/readyz").json()["pool_ready"] == 1).then_some(())
+    })
+    .expect("the pool fills");
+    let pooled = d.sandbox_processes();
+    assert!(
+        !pooled.is_empty(),
+        "no pooled sandbox process found; log:\n{}",
+        d.log()
+    );
+    for p in &pooled {
+        let _ = kill(Pid::from_raw(p.pid as i32), Signal::SIGKILL);
+    }
+    // Dead, if not reaped yet (a zombie until the pool purges it).
+    let dead = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+            s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
+        })
+    };
+    poll(Duration::from_secs(5), || {
+        pooled.iter().all(|p| dead(p.pid)).then_some(())
+    })
+    .expect("the pooled sandbox's processes die");
+    let v = d.client().exec_ok(&sh("echo alive"));
+    assert_eq!(v["stdout"], "alive\n", "{v}");
+    assert!(
+        d.log().contains("a ready sandbox died while it waited"),
+        "the dead one was not noticed; log:\n{}",
+        d.log()
+    );
+}
