@@ -114,7 +114,9 @@ impl GvisorBackend {
 /// left. `Err` is the reason the tier is unavailable, in words a person can act on.
 fn prepare(options: &GvisorOptions) -> Result<Prepared, String> {
     if !airlock_sandbox::doctor::is_root() {
-        return Err("airlock must run as root to drive runsc and put its Sentry in a cgroup (try sudo)".into());
+        return Err(
+            "airlock must run as root to drive runsc and put its Sentry in a cgroup (try sudo)".into(),
+        );
     }
     let runsc = options
         .runsc
@@ -240,7 +242,8 @@ impl Backend for GvisorBackend {
         if shape.network != NetworkPolicy::None {
             return Err(Error::Unavailable {
                 tier: Isolation::Gvisor,
-                reason: "network proxy mode is not implemented for gVisor sandboxes yet; use network none".into(),
+                reason: "network proxy mode is not implemented for gVisor sandboxes yet; use network none"
+                    .into(),
             });
         }
         let background = matches!(purpose, Purpose::Pool { behind: true });

@@ -204,8 +204,7 @@ mod tests {
             },
         )
         .unwrap();
-        let config: Value =
-            serde_json::from_slice(&fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        let config: Value = serde_json::from_slice(&fs::read(bundle.join("config.json")).unwrap()).unwrap();
         assert_eq!(config["process"]["args"][0], AGENT_PATH);
         assert_eq!(config["root"]["readonly"], true);
         let mounts = config["mounts"].as_array().unwrap();
@@ -213,13 +212,7 @@ mod tests {
             .iter()
             .find(|m| m["destination"] == "/usr")
             .expect("/usr is bound");
-        assert!(
-            usr["options"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|o| o == "ro")
-        );
+        assert!(usr["options"].as_array().unwrap().iter().any(|o| o == "ro"));
         assert!(mounts.iter().all(|m| m["destination"] != "/etc"));
         let passwd = fs::read_to_string(bundle.join("rootfs/etc/passwd")).unwrap();
         assert!(passwd.contains("sandbox:x:1000:1000"));

@@ -108,7 +108,12 @@ pub fn run(options: &GvisorOptions, probe: bool) -> Vec<Check> {
         Ok(r) => checks.push(check(
             "gvisor sandbox",
             false,
-            format!("platform {platform}: /bin/true ended {:?} {:?}: {}", r.exit_code, r.signal, r.stderr.trim()),
+            format!(
+                "platform {platform}: /bin/true ended {:?} {:?}: {}",
+                r.exit_code,
+                r.signal,
+                r.stderr.trim()
+            ),
             "",
         )),
         Err(e) => checks.push(check(

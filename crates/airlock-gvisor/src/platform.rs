@@ -219,7 +219,10 @@ pub fn store(file: &Path, runsc_version: &str, platform: Platform) -> io::Result
         std::fs::create_dir_all(dir)?;
     }
     let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, format!("{}\n{}\n", cache_key(runsc_version), platform.as_str()))?;
+    std::fs::write(
+        &tmp,
+        format!("{}\n{}\n", cache_key(runsc_version), platform.as_str()),
+    )?;
     std::fs::rename(tmp, file)
 }
 

@@ -169,7 +169,12 @@ impl GvisorSandbox {
         // From here on, dropping `sandbox` purges everything.
         match sandbox.recv(Some(Instant::now() + BOOT_TIMEOUT), &[])? {
             ToHost::Ready(_) => {}
-            other => return Err(Error::host("booting the gVisor sandbox", format!("unexpected {other:?}"))),
+            other => {
+                return Err(Error::host(
+                    "booting the gVisor sandbox",
+                    format!("unexpected {other:?}"),
+                ));
+            }
         }
         sandbox.send(
             &ToGuest::Create {
@@ -244,7 +249,10 @@ impl GvisorSandbox {
                 },
                 e => e,
             }),
-            other => Err(Error::host(what.to_owned(), format!("unexpected answer {other:?}"))),
+            other => Err(Error::host(
+                what.to_owned(),
+                format!("unexpected answer {other:?}"),
+            )),
         }
     }
 
@@ -523,7 +531,10 @@ impl Sandbox for GvisorSandbox {
                 memory_bytes,
             })),
             ToHost::Error { kind, field, message } => Err(wire_error(kind, field, message)),
-            other => Err(Error::host("writing a file", format!("unexpected answer {other:?}"))),
+            other => Err(Error::host(
+                "writing a file",
+                format!("unexpected answer {other:?}"),
+            )),
         }
     }
 
@@ -550,7 +561,10 @@ impl Sandbox for GvisorSandbox {
                 }
                 (ToHost::Error { kind, field, message }, _) => return Err(wire_error(kind, field, message)),
                 (other, _) => {
-                    return Err(Error::host("reading a file", format!("unexpected answer {other:?}")));
+                    return Err(Error::host(
+                        "reading a file",
+                        format!("unexpected answer {other:?}"),
+                    ));
                 }
             }
         }
@@ -564,7 +578,10 @@ impl Sandbox for GvisorSandbox {
         match self.recv(Some(Instant::now() + REQUEST_TIMEOUT), &[])? {
             ToHost::Listing { entries } => Ok(entries),
             ToHost::Error { kind, field, message } => Err(wire_error(kind, field, message)),
-            other => Err(Error::host("listing /workspace", format!("unexpected answer {other:?}"))),
+            other => Err(Error::host(
+                "listing /workspace",
+                format!("unexpected answer {other:?}"),
+            )),
         }
     }
 

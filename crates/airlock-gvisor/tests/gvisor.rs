@@ -12,7 +12,8 @@ fn backend() -> &'static GvisorBackend {
         let mut options = GvisorOptions::from_env();
         options.agent = env!("CARGO_BIN_EXE_airlock-gvisor-agent").into();
         let b = GvisorBackend::new(options);
-        b.prepare().expect("gVisor is available (tests run as root with runsc installed)");
+        b.prepare()
+            .expect("gVisor is available (tests run as root with runsc installed)");
         b
     })
 }
@@ -34,4 +35,275 @@ fn output_and_exit_code() {
     assert_eq!(r.stderr, "err\n");
     assert_eq!(r.exit_code, Some(3));
     assert_eq!(r.outcome, Outcome::Exited);
+}
+
+fn session(shape_spec: &Spec) -> Box<dyn Sandbox> {
+    backend()
+        .create(&Shape::of(shape_spec), Purpose::Session)
+        .expect("a session sandbox")
+}
+
+#[test]
+fn the_program_runs_as_the_sandbox_user_without_privileges() {
+    let r = backend()
+        .run(
+            &sh("id -u; grep -E '^(CapEff|CapBnd|Seccomp):' /proc/self/status; python3 -c 'import ctypes; print(\"no_new_privs\", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'"),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let out = r.stdout;
+    assert!(out.starts_with("1000\n"), "{out}");
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+    assert!(out.contains("CapBnd:\t0000000000000000"), "{out}");
+    assert!(out.contains("no_new_privs 1"), "{out}");
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+}
+
+#[test]
+fn a_command_that_is_not_there_ends_like_a_shell_says() {
+    let r = backend()
+        .run(&spec(&["no-such-program"]), &mut Capture, &[])
+        .unwrap();
+    assert_eq!(r.exit_code, Some(127));
+    assert!(r.stderr.contains("command not found"), "{}", r.stderr);
+}
+
+#[test]
+fn stdin_reaches_the_program() {
+    let mut s = spec(&["/bin/cat"]);
+    s.stdin = b"hello from stdin".to_vec();
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "hello from stdin");
+}
+
+#[test]
+fn the_deadline_kills_every_process_of_the_exec() {
+    let mut s = sh("sleep 1000 & sleep 1000 & sleep 1000");
+    s.limits.timeout_ms = 1000;
+    let mut sb = session(&s);
+    let r = sb.exec(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.outcome, Outcome::Timeout, "{r:?}");
+    assert!(r.timed_out);
+    assert_eq!(r.signal, Some(9));
+    // The next exec sees no process of the first: only the agent (pid 1) and itself.
+    let r = sb
+        .exec(
+            &sh("cat /proc/[0-9]*/comm | sort | tr '\\n' ' '"),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert!(!r.stdout.contains("sleep"), "{}", r.stdout);
+}
+
+#[test]
+fn the_memory_cap_ends_the_program_as_oom() {
+    let mut s = spec(&["python3", "-c", "b = b'x' * (600 << 20); print(len(b))"]);
+    s.limits.memory_bytes = 128 << 20;
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.outcome, Outcome::Oom, "{r:?}");
+    assert!(r.oom_killed);
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
+}
+
+#[test]
+fn the_pids_limit_holds_against_a_fork_loop() {
+    // Children that sleep until the exec ends; forks fail once the limit is reached.
+    let script = "import os, time\nn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n            time.sleep(1000)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('refused', e.errno)\nprint('forked', n)\n";
+    let mut s = spec(&["python3", "-c", script]);
+    s.limits.pids = 16;
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("refused 11"), "{}", r.stdout);
+    let forked: u32 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("forked "))
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(forked < 16, "{forked} forks under a limit of 16");
+}
+
+#[test]
+fn a_fork_bomb_is_contained_and_the_session_goes_on() {
+    let mut s = sh("b() { b | b & }; b");
+    s.limits.pids = 32;
+    s.limits.timeout_ms = 2000;
+    let mut sb = session(&s);
+    let r = sb.exec(&s, &mut Capture, &[]).unwrap();
+    assert!(matches!(r.outcome, Outcome::Exited | Outcome::Timeout), "{r:?}");
+    let r = sb.exec(&sh("echo still here"), &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "still here\n");
+}
+
+#[test]
+fn output_over_the_limit_is_counted_and_dropped() {
+    let mut s = sh("head -c 100000 /dev/zero | tr '\\0' a");
+    s.limits.output_bytes = 1000;
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout.len(), 1000);
+    assert!(r.stdout_truncated);
+    assert_eq!(r.stdout_bytes, 100000);
+    assert!(!r.stderr_truncated);
+}
+
+#[test]
+fn files_are_written_read_listed_and_missing_ones_are_not_found() {
+    let s = spec(&["true"]);
+    let mut sb = session(&s);
+    sb.write_file("dir/a.txt", 0o644, b"hello", &[]).unwrap();
+    sb.write_file("run.sh", 0o755, b"#!/bin/sh\necho ran\n", &[])
+        .unwrap();
+    assert_eq!(sb.read_file("dir/a.txt", 1 << 20).unwrap(), b"hello");
+    let listing = sb.list_files().unwrap();
+    let paths: Vec<&str> = listing.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["dir", "dir/a.txt", "run.sh"]);
+    assert!(listing[0].dir);
+    assert_eq!(listing[1].size, 5);
+    assert_eq!(listing[2].mode, 0o755);
+    let e = sb.read_file("nope.txt", 1 << 20).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    let e = sb.write_file("../escape", 0o644, b"x", &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    let r = sb.exec(&spec(&["./run.sh"]), &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "ran\n");
+}
+
+#[test]
+fn a_file_larger_than_the_disk_is_disk_full() {
+    let mut s = spec(&["true"]);
+    s.limits.disk_bytes = 1 << 20;
+    let mut sb = session(&s);
+    let e = sb.write_file("big", 0o644, &vec![0u8; 2 << 20], &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::DiskFull, "{e}");
+    sb.write_file("a", 0o644, &vec![0u8; 600 << 10], &[]).unwrap();
+    let e = sb.write_file("b", 0o644, &vec![0u8; 600 << 10], &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::DiskFull, "{e}");
+    // The part of `b` that fit was removed.
+    let paths: Vec<String> = sb.list_files().unwrap().into_iter().map(|e| e.path).collect();
+    assert_eq!(paths, ["a"]);
+}
+
+#[test]
+fn a_session_keeps_its_files_between_execs() {
+    let s = sh("true");
+    let mut sb = session(&s);
+    let r = sb
+        .exec(
+            &sh("echo 42 > /workspace/x; echo tmp > /tmp/y"),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let r = sb
+        .exec(&sh("cat /workspace/x /tmp/y"), &mut Capture, &[])
+        .unwrap();
+    assert_eq!(r.stdout, "42\ntmp\n");
+    assert_eq!(sb.read_file("x", 100).unwrap(), b"42\n");
+}
+
+#[test]
+fn with_network_none_there_is_no_network() {
+    // A listener on the host's loopback: the sandbox's 127.0.0.1 is its own, so nothing
+    // arrives here; and no interface but lo exists.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!(
+        "import socket, os\nprint(sorted(os.listdir('/sys/class/net')))\nfor host in ['127.0.0.1', '10.0.2.2']:\n    s = socket.socket()\n    s.settimeout(2)\n    try:\n        s.connect((host, {port}))\n        print(host, 'connected')\n    except OSError as e:\n        print(host, 'refused', e.errno)\n"
+    );
+    let r = backend()
+        .run(&spec(&["python3", "-c", &script]), &mut Capture, &[])
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stdout.starts_with("['lo']\n"), "{}", r.stdout);
+    assert!(!r.stdout.contains("connected"), "{}", r.stdout);
+    assert!(listener.accept().is_err(), "a connection reached the host");
+}
+
+#[test]
+fn a_cancelled_exec_is_cancelled_and_the_session_goes_on() {
+    let (r, w) = nix::unistd::pipe().unwrap();
+    nix::unistd::write(&w, b"x").unwrap();
+    let s = sh("sleep 1000");
+    let mut sb = session(&s);
+    let e = sb
+        .exec(&s, &mut Capture, &[std::os::fd::AsFd::as_fd(&r)])
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+    let r = sb.exec(&sh("echo next"), &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "next\n");
+}
+
+/// Host paths and processes of sandbox `id`: cgroup directories, the bundle, and
+/// processes whose command line names it.
+fn traces_of(id: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let airlock = hierarchy.path().join("airlock");
+        for owner in std::fs::read_dir(&airlock).into_iter().flatten().flatten() {
+            if owner.path().join(id).exists() {
+                found.push(owner.path().join(id).display().to_string());
+            }
+        }
+    }
+    let state = backend().options().state.clone();
+    for owner in std::fs::read_dir(&state).into_iter().flatten().flatten() {
+        if owner.path().join(id).exists() {
+            found.push(owner.path().join(id).display().to_string());
+        }
+    }
+    for proc_ in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(proc_.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(id)
+        {
+            found.push(format!("process {}", proc_.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+#[test]
+fn nothing_is_left_after_a_sandbox_is_dropped() {
+    let s = sh("sleep 1000 &");
+    let mut sb = session(&s);
+    let id = sb.id().to_owned();
+    sb.exec(&s, &mut Capture, &[]).unwrap();
+    assert!(!traces_of(&id).is_empty(), "the live sandbox is visible");
+    drop(sb);
+    assert_eq!(traces_of(&id), Vec::<String>::new());
+}
+
+#[test]
+fn a_pooled_sandbox_serves_an_exec_and_leaves_nothing() {
+    let s = spec(&["/bin/true"]);
+    let mut sb = backend()
+        .create(&Shape::of(&s), Purpose::Pool { behind: true })
+        .unwrap();
+    let id = sb.id().to_owned();
+    let r = sb.exec_once(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.id, id);
+    assert!(r.cpu_ms >= 0.0 && r.memory_peak_bytes > 0, "{r:?}");
+    drop(sb);
+    assert_eq!(traces_of(&id), Vec::<String>::new());
+}
+
+#[test]
+fn the_pids_limit_counts_threads() {
+    let script = "import threading, time\nn = 0\ntry:\n    for _ in range(200):\n        threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()\n        n += 1\nexcept RuntimeError as e:\n    print('refused', e)\nprint('threads', n)\n";
+    let mut s = spec(&["python3", "-c", script]);
+    s.limits.pids = 16;
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert!(r.stdout.contains("refused"), "{r:?}");
+    let threads: u32 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("threads "))
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(threads < 16, "{threads} threads under a limit of 16");
 }

@@ -93,15 +93,12 @@ pub fn kill_all() {
     // The agent is the sandbox's init: kill(-1) signals every other process of the
     // sandbox, whichever user it runs as.
     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-    loop {
-        match waitpid(None, None) {
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(_) => break, // ECHILD: none left
-        }
-    }
+    // Until ECHILD: none left.
+    while matches!(waitpid(None, None), Ok(_) | Err(Errno::EINTR)) {}
 }
 
 /// Runs `request` in `child` with `stdin`, supervising it (see the module docs).
+/// `cancel_pending`: the host's `Cancel` was read already.
 pub fn run(
     child: ReadyChild,
     request: Request,
@@ -109,6 +106,7 @@ pub fn run(
     limits: &Limits,
     sigchld: &SignalFd,
     port: &Port,
+    cancel_pending: bool,
 ) -> Ran {
     let t0 = Instant::now();
     let ReadyChild {
@@ -144,6 +142,11 @@ pub fn run(
     let mut status: Option<WaitStatus> = None;
     let mut timed_out = false;
     let mut cancelled = false;
+    if cancel_pending {
+        // The host's `Cancel` came with the request itself.
+        cancelled = true;
+        kill_top_and_rest(pid, &mut status);
+    }
     let mut failed: Option<String> = None;
     // Until the top process ended and both pipes are closed. Once it ended, whatever
     // else holds the pipes is killed, so they close.

@@ -55,7 +55,12 @@ impl Port {
     }
 
     /// A failure of `kind`; `field` names the request's field at fault.
-    pub(crate) fn fail(&self, kind: ErrorKind, field: Option<&str>, message: impl Into<String>) -> io::Result<()> {
+    pub(crate) fn fail(
+        &self,
+        kind: ErrorKind,
+        field: Option<&str>,
+        message: impl Into<String>,
+    ) -> io::Result<()> {
         self.send(&failure(kind, field, message), &[])
     }
 
@@ -106,7 +111,8 @@ pub fn serve() -> Result<(), String> {
     // output pipes. Blocked before any thread exists, so every thread inherits the mask.
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
-    mask.thread_block().map_err(|e| format!("blocking SIGCHLD: {e}"))?;
+    mask.thread_block()
+        .map_err(|e| format!("blocking SIGCHLD: {e}"))?;
     let sigchld = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| format!("signalfd: {e}"))?;
     let seccomp = airlock_seccomp::build().map_err(|e| format!("seccomp: {e}"))?;
@@ -141,7 +147,10 @@ pub fn serve() -> Result<(), String> {
             Ok(None) => break Ok(()),
             Err(e) => break Err(format!("port: {e}")),
         };
-        if let Err(e) = state.handle(&port, frame.msg, frame.payload) {
+        // Bytes already buffered past this frame, during an exec, can only be the host's
+        // `Cancel`: the port will not turn readable for it again.
+        let pending = !reader.buffer().is_empty();
+        if let Err(e) = state.handle(&port, frame.msg, frame.payload, pending) {
             break Err(format!("port: {e}"));
         }
     };
@@ -196,7 +205,7 @@ struct State {
 }
 
 impl State {
-    fn handle(&mut self, port: &Port, msg: ToGuest, payload: Vec<u8>) -> io::Result<()> {
+    fn handle(&mut self, port: &Port, msg: ToGuest, payload: Vec<u8>, pending: bool) -> io::Result<()> {
         match msg {
             ToGuest::Create { limits, .. } => {
                 if self.created {
@@ -287,12 +296,16 @@ impl State {
                     command,
                     env,
                     max_file_bytes: self.limits.disk_bytes,
-                    nproc: u64::from(limits.pids),
+                    // gVisor does not count the program's first process against the
+                    // sandbox user's RLIMIT_NPROC (it was forked as root, then setuid;
+                    // Linux counts it at setuid, gVisor only at fork): one less makes
+                    // `pids` processes in all, as in the other tiers.
+                    nproc: u64::from(limits.pids.saturating_sub(1).max(1)),
                 };
-                let outcome = exec::run(child, request, stdin, &limits, &self.sigchld, port);
+                let outcome = exec::run(child, request, stdin, &limits, &self.sigchld, port, pending);
                 // The next exec's child, forked now that every thread of this one ended.
                 let next = ready::ReadyChild::fork(&self.seccomp);
-                let answer = match (outcome, next) {
+                match (outcome, next) {
                     (exec::Ran::Result(r), Ok(child)) => {
                         self.ready = Some(child);
                         port.send(&ToHost::Exited { result: r }, &[])
@@ -303,8 +316,7 @@ impl State {
                     }
                     (exec::Ran::Failed(e), _) => port.error(e),
                     (_, Err(e)) => port.error(format!("forking the ready child: {e}")),
-                };
-                answer
+                }
             }
             ToGuest::ReadFile { path, max_bytes } => {
                 if !self.created {
@@ -345,9 +357,7 @@ impl State {
             ),
             // The exec it was meant for has answered already.
             ToGuest::Cancel => Ok(()),
-            ToGuest::Freeze | ToGuest::Resume { .. } => {
-                port.error("a gVisor sandbox is never a template")
-            }
+            ToGuest::Freeze | ToGuest::Resume { .. } => port.error("a gVisor sandbox is never a template"),
         }
     }
 }

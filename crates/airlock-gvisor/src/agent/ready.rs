@@ -109,7 +109,8 @@ fn child(seccomp: &airlock_seccomp::BpfProgram, request: OwnedFd, stdio: [OwnedF
     };
     // SAFETY: `stderr` is the program's stderr pipe, still open (a failed step returns
     // before `stdio` is dropped, and exec_request's failures happen with fd 2 on it).
-    let mut out = std::mem::ManuallyDrop::new(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(stderr) });
+    let mut out =
+        std::mem::ManuallyDrop::new(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(stderr) });
     let _ = writeln!(out, "airlock: {err}");
     // SAFETY: _exit ends this forked child without running the agent's atexit handlers.
     unsafe { libc::_exit(127) }
@@ -228,7 +229,11 @@ fn exec_request(request: OwnedFd, stdio: [OwnedFd; 3]) -> Result<std::convert::I
     // arrays that live until the call returns (it only returns on failure).
     unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
     let e = std::io::Error::last_os_error();
-    let status = if e.raw_os_error() == Some(libc::ENOENT) { 127 } else { 126 };
+    let status = if e.raw_os_error() == Some(libc::ENOENT) {
+        127
+    } else {
+        126
+    };
     fail_like_a_shell(status, &format!("{}: {e}", path.to_string_lossy()))
 }
 
