@@ -224,6 +224,15 @@ fn owner_alive(pid: u32, start: u64) -> bool {
     }
 }
 
+impl Drop for GvisorBackend {
+    fn drop(&mut self) {
+        // Its sandboxes are gone (each purges itself on drop): its directory is empty.
+        if let Some(Ok(p)) = self.prepared.get() {
+            let _ = std::fs::remove_dir(&p.owner_dir);
+        }
+    }
+}
+
 impl Backend for GvisorBackend {
     fn isolation(&self) -> Isolation {
         Isolation::Gvisor
@@ -247,7 +256,9 @@ impl Backend for GvisorBackend {
             });
         }
         let background = matches!(purpose, Purpose::Pool { behind: true });
-        let sandbox = GvisorSandbox::create(prepared, &shape.limits, shape.rootfs.as_deref(), background)?;
+        let warm = matches!(purpose, Purpose::Pool { .. });
+        let sandbox =
+            GvisorSandbox::create(prepared, &shape.limits, shape.rootfs.as_deref(), background, warm)?;
         Ok(Box::new(sandbox))
     }
 

@@ -72,12 +72,14 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
 
 impl GvisorSandbox {
     /// Builds and boots a sandbox of `limits` (disk, memory, CPU), system directories
-    /// from `rootfs`.
+    /// from `rootfs`; `background`: its CPU share is the smallest until its first exec;
+    /// `warm`: one `/bin/true` runs in it first (a pool's sandbox).
     pub(crate) fn create(
         prepared: &Prepared,
         limits: &Limits,
         rootfs: Option<&std::path::Path>,
         background: bool,
+        warm: bool,
     ) -> Result<GvisorSandbox, Error> {
         let t0 = Instant::now();
         let id = new_id()?;
@@ -164,7 +166,8 @@ impl GvisorSandbox {
             limits: limits.clone(),
             setup: Duration::ZERO,
             alive: true,
-            background,
+            // Set once built: the warm-up exec runs in the background as well.
+            background: false,
         };
         // From here on, dropping `sandbox` purges everything.
         match sandbox.recv(Some(Instant::now() + BOOT_TIMEOUT), &[])? {
@@ -184,8 +187,29 @@ impl GvisorSandbox {
             &[],
         )?;
         sandbox.expect_ok("creating the sandbox")?;
+        if warm {
+            sandbox.warm_up()?;
+        }
+        sandbox.background = background;
         sandbox.setup = t0.elapsed();
         Ok(sandbox)
+    }
+
+    /// Runs `/bin/true` once, as a session exec, so that the exec path (the Sentry's
+    /// execve, the loader and libc looked up through the Gofer and cached, the agent's
+    /// supervision) is warm when the pool hands the sandbox its one program. The agent
+    /// forks a fresh ready child after it, as after any exec: nothing of it remains.
+    fn warm_up(&mut self) -> Result<(), Error> {
+        let mut spec = Spec::new(vec!["/bin/true".into()]);
+        spec.limits = self.limits.clone();
+        let r = self.exec_inner(&spec, &mut airlock_backend::Capture, &[])?;
+        if r.exit_code != Some(0) {
+            return Err(Error::host(
+                "warming up the gVisor sandbox",
+                format!("/bin/true ended {:?} ({})", r.outcome, r.stderr.trim()),
+            ));
+        }
+        Ok(())
     }
 
     fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> Result<(), Error> {

@@ -307,3 +307,64 @@ fn the_pids_limit_counts_threads() {
         .unwrap();
     assert!(threads < 16, "{threads} threads under a limit of 16");
 }
+
+/// Set in the environment of the process [`nothing_is_left_after_airlock_is_killed`]
+/// starts: that process builds a sandbox, prints its id and waits to be killed.
+const VICTIM: &str = "AIRLOCK_GVISOR_TEST_VICTIM";
+
+#[test]
+fn victim_process() {
+    if std::env::var_os(VICTIM).is_none() {
+        return; // only a helper of the test below
+    }
+    let sb = session(&sh("true"));
+    println!("sandbox {}", sb.id());
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    loop {
+        std::thread::park();
+    }
+}
+
+#[test]
+fn nothing_is_left_after_airlock_is_killed() {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "victim_process", "--nocapture", "--test-threads=1"])
+        .env(VICTIM, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let id = out
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| l.split_once("sandbox ").map(|(_, id)| id.trim().to_owned()))
+        .expect("the victim built a sandbox");
+    assert!(
+        traces_of(&id).iter().any(|t| t.starts_with("process")),
+        "the sandbox runs"
+    );
+    child.kill().unwrap(); // SIGKILL: no destructor runs
+    child.wait().unwrap();
+    // runsc dies with its parent (PDEATHSIG), the agent with its stdin: the Sentry and
+    // the Gofer follow. Wait (bounded) for the kernel to reap them.
+    let mut procs = Vec::new();
+    for _ in 0..200 {
+        procs = traces_of(&id)
+            .into_iter()
+            .filter(|t| t.starts_with("process"))
+            .collect();
+        if procs.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(procs, Vec::<String>::new(), "processes outlived airlock");
+    // What cannot remove itself (the bundle, runsc's state, the empty cgroup) is purged by
+    // the next airlock process's prepare(); a new backend here does the same.
+    let mut options = GvisorOptions::from_env();
+    options.agent = env!("CARGO_BIN_EXE_airlock-gvisor-agent").into();
+    GvisorBackend::new(options).prepare().unwrap();
+    assert_eq!(traces_of(&id), Vec::<String>::new());
+}

@@ -130,8 +130,11 @@ pub fn run(
     }
     // Stdin is fed by a thread of its own (a program may not read it, or read it slowly);
     // it ends when the program closes its end or dies, at the latest at kill_all.
-    let feeder = std::thread::spawn(move || {
-        let _ = stdin_pipe.write_all(&stdin);
+    // Without stdin, the pipe is closed at once: no thread (a clone in the Sentry).
+    let feeder = (!stdin.is_empty()).then(|| {
+        std::thread::spawn(move || {
+            let _ = stdin_pipe.write_all(&stdin);
+        })
     });
     let started = Instant::now();
     let setup_ms = ms(started - t0);
@@ -221,7 +224,9 @@ pub fn run(
     }
     let wall_ms = ms(started.elapsed());
     kill_all();
-    let _ = feeder.join();
+    if let Some(feeder) = feeder {
+        let _ = feeder.join();
+    }
     if let Some(e) = failed {
         return Ran::Failed(e);
     }
@@ -254,9 +259,11 @@ pub fn run(
     }))
 }
 
-fn fail_after(e: String, feeder: std::thread::JoinHandle<()>) -> Ran {
+fn fail_after(e: String, feeder: Option<std::thread::JoinHandle<()>>) -> Ran {
     kill_all();
-    let _ = feeder.join();
+    if let Some(feeder) = feeder {
+        let _ = feeder.join();
+    }
     Ran::Failed(e)
 }
 

@@ -288,8 +288,17 @@ impl State {
                         format!("stdin over {MAX_STDIN} bytes is not supported in a gVisor sandbox"),
                     );
                 }
-                let Some(child) = self.ready.take() else {
+                if !self.created {
                     return port.error("no sandbox: send create first");
+                }
+                // The child forked after the last exec (or at create); if that fork failed,
+                // one is forked now.
+                let child = match self.ready.take() {
+                    Some(child) => child,
+                    None => match ready::ReadyChild::fork(&self.seccomp) {
+                        Ok(child) => child,
+                        Err(e) => return port.error(format!("forking the ready child: {e}")),
+                    },
                 };
                 let env = environment(&self.env, env);
                 let request = ready::Request {
@@ -303,20 +312,16 @@ impl State {
                     nproc: u64::from(limits.pids.saturating_sub(1).max(1)),
                 };
                 let outcome = exec::run(child, request, stdin, &limits, &self.sigchld, port, pending);
-                // The next exec's child, forked now that every thread of this one ended.
-                let next = ready::ReadyChild::fork(&self.seccomp);
-                match (outcome, next) {
-                    (exec::Ran::Result(r), Ok(child)) => {
-                        self.ready = Some(child);
-                        port.send(&ToHost::Exited { result: r }, &[])
-                    }
-                    (exec::Ran::Cancelled, Ok(child)) => {
-                        self.ready = Some(child);
-                        port.fail(ErrorKind::Cancelled, None, "cancelled")
-                    }
-                    (exec::Ran::Failed(e), _) => port.error(e),
-                    (_, Err(e)) => port.error(format!("forking the ready child: {e}")),
-                }
+                let answered = match outcome {
+                    exec::Ran::Result(r) => port.send(&ToHost::Exited { result: r }, &[]),
+                    exec::Ran::Cancelled => port.fail(ErrorKind::Cancelled, None, "cancelled"),
+                    exec::Ran::Failed(e) => port.error(e),
+                };
+                // The next exec's child, forked once the answer is out (off the exec's
+                // path) and every thread of this exec has ended. Should the fork fail,
+                // the next exec forks its own and reports why.
+                self.ready = ready::ReadyChild::fork(&self.seccomp).ok();
+                answered
             }
             ToGuest::ReadFile { path, max_bytes } => {
                 if !self.created {
