@@ -2,7 +2,7 @@
 
 use airlock_backend::{Backend, Error, Purpose, Sandbox, Shape};
 use airlock_sandbox::cgroup::CgroupHost;
-use airlock_spec::{Isolation, NetworkPolicy};
+use airlock_spec::Isolation;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -248,17 +248,9 @@ impl Backend for GvisorBackend {
 
     fn create(&self, shape: &Shape, purpose: Purpose) -> Result<Box<dyn Sandbox>, Error> {
         let prepared = self.prepared()?;
-        if shape.network != NetworkPolicy::None {
-            return Err(Error::Unavailable {
-                tier: Isolation::Gvisor,
-                reason: "network proxy mode is not implemented for gVisor sandboxes yet; use network none"
-                    .into(),
-            });
-        }
         let background = matches!(purpose, Purpose::Pool { behind: true });
         let warm = matches!(purpose, Purpose::Pool { .. });
-        let sandbox =
-            GvisorSandbox::create(prepared, &shape.limits, shape.rootfs.as_deref(), background, warm)?;
+        let sandbox = GvisorSandbox::create(prepared, shape, background, warm)?;
         Ok(Box::new(sandbox))
     }
 

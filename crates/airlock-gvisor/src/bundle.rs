@@ -60,6 +60,9 @@ pub struct BundleSpec<'a> {
     pub rootfs: Option<&'a Path>,
     /// The agent binary on the host.
     pub agent: &'a Path,
+    /// Proxy mode: the host directory holding the egress proxy's socket, bound at
+    /// `/.airlock/egress` (root-only inside: the agent's relay connects to it).
+    pub egress_dir: Option<&'a Path>,
 }
 
 fn io_at(what: &str, path: &Path, e: io::Error) -> io::Error {
@@ -144,6 +147,16 @@ pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
     }
     touch(&root.join(AGENT_PATH.trim_start_matches('/')))?;
     mounts.push(bind(spec.agent, AGENT_PATH));
+    if let Some(egress) = spec.egress_dir {
+        mkdir(&root.join(".airlock/egress"))?;
+        // Not read-only: connecting to a socket is a write to it.
+        mounts.push(json!({
+            "destination": crate::egress::SANDBOX_DIR,
+            "type": "bind",
+            "source": egress,
+            "options": ["rbind", "nosuid", "nodev", "noexec"],
+        }));
+    }
     mounts.push(json!({"destination": "/proc", "type": "proc", "source": "proc"}));
 
     let config = json!({
@@ -201,6 +214,7 @@ mod tests {
             &BundleSpec {
                 rootfs: None,
                 agent: &agent,
+                egress_dir: None,
             },
         )
         .unwrap();

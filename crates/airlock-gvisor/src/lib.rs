@@ -39,6 +39,7 @@ mod backend;
 pub mod bundle;
 mod channel;
 pub mod doctor;
+mod egress;
 pub mod platform;
 mod sandbox;
 

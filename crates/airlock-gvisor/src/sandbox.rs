@@ -1,9 +1,10 @@
 //! One gVisor sandbox: a bundle directory, a host cgroup, `runsc run` (with the Sentry
 //! and Gofer it starts, all in that cgroup) and the channel to the agent inside.
 
+use airlock_backend::Shape;
 use airlock_backend::{DiskFull, Error, OutputSink, Sandbox};
 use airlock_sandbox::cgroup::{Cgroup, CgroupLimits, Usage};
-use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, Outcome, Spec};
+use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, NetworkPolicy, Outcome, Spec, SpecError};
 use airlock_vmwire::frame::{CHUNK, ToGuest, ToHost};
 use std::ffi::CString;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::Prepared;
 use crate::channel::{Channel, Recv};
+use crate::egress::HostProxy;
 
 /// How long the Sentry may take to boot and the agent to say it is ready (a cold boot
 /// takes a few hundred ms under ptrace; a loaded host much more).
@@ -58,11 +60,15 @@ pub struct GvisorSandbox {
     dir: PathBuf,
     /// The limits it was built with.
     limits: Limits,
+    /// Its network policy.
+    network: NetworkPolicy,
     setup: Duration,
     /// False once the agent or the Sentry is gone.
     alive: bool,
     /// Built ahead for a pool with others ready: in the background until its first exec.
     background: bool,
+    /// Owned: proxy mode's egress proxy, served on the host.
+    egress: Option<HostProxy>,
 }
 
 /// The pipes of `runsc run`'s stdio: ours, then the child's.
@@ -76,11 +82,19 @@ impl GvisorSandbox {
     /// `warm`: one `/bin/true` runs in it first (a pool's sandbox).
     pub(crate) fn create(
         prepared: &Prepared,
-        limits: &Limits,
-        rootfs: Option<&std::path::Path>,
+        shape: &Shape,
         background: bool,
         warm: bool,
     ) -> Result<GvisorSandbox, Error> {
+        let limits = &shape.limits;
+        // Proxy mode's policy, checked before anything is built.
+        let policy = match &shape.network {
+            NetworkPolicy::None => None,
+            NetworkPolicy::Proxy { allow, allow_cidrs } => Some(
+                airlock_egress::Policy::new(allow, allow_cidrs)
+                    .map_err(|e| Error::Invalid(SpecError::new(e.field, e.message)))?,
+            ),
+        };
         let t0 = Instant::now();
         let id = new_id()?;
         let dir = crate::bundle::dir_of(&prepared.owner_dir, &id);
@@ -90,14 +104,23 @@ impl GvisorSandbox {
             dir: Some(dir.clone()),
             cgroup: None,
         };
+        let egress_dir = dir.join("egress");
         crate::bundle::write(
             &dir,
             &crate::bundle::BundleSpec {
-                rootfs,
+                rootfs: shape.rootfs.as_deref(),
                 agent: &prepared.agent,
+                egress_dir: policy.is_some().then_some(egress_dir.as_path()),
             },
         )
         .map_err(|e| Error::host("writing the OCI bundle", e))?;
+        let egress = match policy {
+            Some(policy) => Some(
+                HostProxy::start(policy, &egress_dir, &id)
+                    .map_err(|e| Error::host("starting the egress proxy", e))?,
+            ),
+            None => None,
+        };
         let cgroup = prepared
             .cgroups
             .create(&id, &host_limits(limits))
@@ -120,7 +143,11 @@ impl GvisorSandbox {
         cmd.arg("--root")
             .arg(dir.join("state"))
             .arg(format!("--platform={}", prepared.platform.as_str()))
-            .args(["--network=none", "--ignore-cgroups", "run", "--bundle"])
+            .args(["--network=none", "--ignore-cgroups"])
+            // Proxy mode: the Sentry may connect to the host's Unix socket bound in (the
+            // proxy's, the only one there is).
+            .args(egress.is_some().then_some("--host-uds=open"))
+            .args(["run", "--bundle"])
             .arg(&dir)
             .arg(&id)
             .stdin(Stdio::from(to_agent_r))
@@ -164,10 +191,12 @@ impl GvisorSandbox {
             cgroup: partial.cgroup.take(),
             dir: partial.dir.take().unwrap_or_default(),
             limits: limits.clone(),
+            network: shape.network.clone(),
             setup: Duration::ZERO,
             alive: true,
             // Set once built: the warm-up exec runs in the background as well.
             background: false,
+            egress,
         };
         // From here on, dropping `sandbox` purges everything.
         match sandbox.recv(Some(Instant::now() + BOOT_TIMEOUT), &[])? {
@@ -187,6 +216,10 @@ impl GvisorSandbox {
             &[],
         )?;
         sandbox.expect_ok("creating the sandbox")?;
+        if sandbox.egress.is_some() {
+            sandbox.send(&ToGuest::Egress, &[])?;
+            sandbox.expect_ok("starting the egress relay")?;
+        }
         if warm {
             sandbox.warm_up()?;
         }
@@ -303,6 +336,12 @@ impl GvisorSandbox {
         if !self.alive {
             return Err(Error::Gone("the gVisor sandbox is gone".into()));
         }
+        if spec.network != self.network {
+            return Err(Error::invalid(
+                "network",
+                "differs from the sandbox's network, which is fixed when it is built",
+            ));
+        }
         if spec.limits.disk_bytes != self.limits.disk_bytes {
             return Err(Error::invalid(
                 "limits.disk_bytes",
@@ -388,6 +427,9 @@ impl GvisorSandbox {
         result.id = self.id.clone();
         result.cpu_ms = (after.cpu_ns.saturating_sub(before.cpu_ns) as f64 / 1e3).round() / 1e3;
         result.memory_peak_bytes = after.memory_peak_bytes;
+        if let Some(proxy) = self.egress.as_mut() {
+            result.egress = proxy.take_new();
+        }
         result.oom_killed = after.oom_kills > before.oom_kills;
         result.outcome = Outcome::of(result.oom_killed, result.timed_out, result.exit_code.is_some());
         result.setup_ms = ((result.setup_ms + ms_between(t0, sent)) * 1e3).round() / 1e3;

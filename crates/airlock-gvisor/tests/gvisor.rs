@@ -368,3 +368,85 @@ fn nothing_is_left_after_airlock_is_killed() {
     GvisorBackend::new(options).prepare().unwrap();
     assert_eq!(traces_of(&id), Vec::<String>::new());
 }
+
+#[test]
+fn after_an_oom_the_session_is_gone_and_says_so() {
+    let mut s = spec(&["python3", "-c", "b = b'x' * (600 << 20)"]);
+    s.limits.memory_bytes = 128 << 20;
+    let mut sb = session(&s);
+    let r = sb.exec(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.outcome, Outcome::Oom, "{r:?}");
+    // The host's OOM killer ended the Sentry: unlike the namespace tier's, a gVisor
+    // session does not survive its memory cap, and says so.
+    assert!(!sb.is_alive());
+    let e = sb.exec(&sh("echo next"), &mut Capture, &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Gone, "{e}");
+}
+
+#[test]
+fn memfds_over_the_memory_cap_end_as_oom() {
+    // The issue's parity case: 32 memfds of 32 MiB under a 96 MiB cap.
+    let script = "import os\nfds = []\nfor i in range(32):\n    fd = os.memfd_create('m%d' % i)\n    os.write(fd, b'x' * (32 << 20))\n    fds.append(fd)\nprint('survived')\n";
+    let mut s = spec(&["python3", "-c", script]);
+    s.limits.memory_bytes = 96 << 20;
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.outcome, Outcome::Oom, "{r:?}");
+    assert!(!r.stdout.contains("survived"));
+}
+
+#[test]
+fn in_proxy_mode_the_program_reaches_the_proxy_and_only_the_proxy() {
+    use std::io::{Read, Write};
+    // A web server on the host's loopback, allowed by the policy's allow_cidrs (the
+    // proxy refuses loopback otherwise).
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    let served = std::thread::spawn(move || {
+        let (mut conn, _) = server.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let n = conn.read(&mut buf).unwrap();
+        let request = String::from_utf8_lossy(&buf[..n]).into_owned();
+        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nhello\n")
+            .unwrap();
+        request
+    });
+    let script = format!(
+        r#"
+import os, socket
+def via_proxy(url):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    host = url.split("/")[2]
+    s.sendall(("GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (url, host)).encode())
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
+print("env", os.environ.get("HTTP_PROXY"))
+print("allowed", via_proxy("http://127.0.0.1:{port}/hello").splitlines()[0])
+print("metadata", via_proxy("http://169.254.169.254/latest/meta-data/").splitlines()[0])
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    print("direct connected")
+except OSError as e:
+    print("direct refused", e.errno)
+"#
+    );
+    let mut s = spec(&["python3", "-c", &script]);
+    s.network = airlock_spec::NetworkPolicy::Proxy {
+        allow: vec![],
+        allow_cidrs: vec!["127.0.0.1/32".into()],
+    };
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("env http://127.0.0.1:3128\n"), "{}", r.stdout);
+    assert!(r.stdout.contains("allowed HTTP/1.1 200 OK\n"), "{}", r.stdout);
+    assert!(r.stdout.contains("metadata HTTP/1.1 403"), "{}", r.stdout);
+    assert!(r.stdout.contains("direct refused"), "{}", r.stdout);
+    assert!(served.join().unwrap().starts_with("GET /hello HTTP/1.1"));
+    let hosts: Vec<(&str, bool)> = r.egress.iter().map(|e| (e.host.as_str(), e.allowed)).collect();
+    assert!(hosts.contains(&("127.0.0.1", true)), "{:?}", r.egress);
+    assert!(hosts.contains(&("169.254.169.254", false)), "{:?}", r.egress);
+}

@@ -14,6 +14,7 @@
 mod exec;
 mod files;
 mod ready;
+mod relay;
 
 use airlock_backend::ErrorKind;
 use airlock_spec::Limits;
@@ -136,6 +137,7 @@ pub fn serve() -> Result<(), String> {
         stdin_overflow: false,
         file: None,
         env: Vec::new(),
+        egress: None,
     };
     // SAFETY: a second handle on fd 0 for buffered reads; `port.input` keeps the fd open
     // for as long as `reader` lives (both end with this function), and `reader` is the
@@ -202,6 +204,9 @@ struct State {
     file: Option<Incoming>,
     /// Environment every program gets first (the proxy's, in proxy mode).
     env: Vec<(String, String)>,
+    /// Proxy mode: the proxy's port on the sandbox's loopback, served by a relay
+    /// process forked for each exec.
+    egress: Option<std::net::TcpListener>,
 }
 
 impl State {
@@ -317,9 +322,14 @@ impl State {
                     exec::Ran::Cancelled => port.fail(ErrorKind::Cancelled, None, "cancelled"),
                     exec::Ran::Failed(e) => port.error(e),
                 };
-                // The next exec's child, forked once the answer is out (off the exec's
-                // path) and every thread of this exec has ended. Should the fork fail,
-                // the next exec forks its own and reports why.
+                // The next exec's relay (the exec's end killed this one's) and child,
+                // forked once the answer is out (off the exec's path) and every thread
+                // of this exec has ended. Should the child's fork fail, the next exec
+                // forks its own and reports why; without a relay, proxy connections are
+                // refused.
+                if let Some(listener) = self.egress.as_ref() {
+                    let _ = relay::fork_relay(listener);
+                }
                 self.ready = ready::ReadyChild::fork(&self.seccomp).ok();
                 answered
             }
@@ -355,11 +365,26 @@ impl State {
                     Err(e) => port.error(format!("listing: {e}")),
                 }
             }
-            ToGuest::Egress => port.fail(
-                ErrorKind::Unavailable,
-                None,
-                "proxy mode is not available in a gVisor sandbox yet",
-            ),
+            ToGuest::Egress => {
+                if self.egress.is_some() {
+                    return port.send(&ToHost::Ok, &[]);
+                }
+                if !self.created {
+                    return port.error("no sandbox: send create first");
+                }
+                let started = relay::bind().and_then(|listener| {
+                    relay::fork_relay(&listener)?;
+                    Ok(listener)
+                });
+                match started {
+                    Ok(listener) => {
+                        self.egress = Some(listener);
+                        self.env = airlock_sandbox::proxy_env(airlock_sandbox::PROXY_PORT);
+                        port.send(&ToHost::Ok, &[])
+                    }
+                    Err(e) => port.error(format!("starting the egress relay: {e}")),
+                }
+            }
             // The exec it was meant for has answered already.
             ToGuest::Cancel => Ok(()),
             ToGuest::Freeze | ToGuest::Resume { .. } => port.error("a gVisor sandbox is never a template"),
