@@ -450,3 +450,44 @@ except OSError as e:
     assert!(hosts.contains(&("127.0.0.1", true)), "{:?}", r.egress);
     assert!(hosts.contains(&("169.254.169.254", false)), "{:?}", r.egress);
 }
+
+#[test]
+fn airlocks_seccomp_filter_is_in_force_inside_gvisor() {
+    // gVisor lets an unprivileged task create a user namespace; airlock's filter
+    // refuses unshare of namespaces with EPERM. A harmless call if it escaped.
+    let script = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nr = libc.unshare(0x10000000)\nprint('unshare', r, ctypes.get_errno())\n";
+    let r = backend()
+        .run(&spec(&["python3", "-c", script]), &mut Capture, &[])
+        .unwrap();
+    assert_eq!(r.stdout, format!("unshare -1 {}\n", libc::EPERM), "{r:?}");
+}
+
+#[test]
+fn system_directories_and_the_agent_are_read_only() {
+    let r = backend()
+        .run(
+            &sh("touch /usr/airlock-test 2>/dev/null && echo usr-written; cp /bin/true /.airlock/agent 2>/dev/null && echo agent-written; touch /etc/passwd 2>/dev/null && echo etc-written; echo done"),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.stdout, "done\n", "{r:?}");
+    assert!(!std::path::Path::new("/usr/airlock-test").exists());
+}
+
+#[test]
+fn doctor_says_gvisor_runs_and_on_which_platform() {
+    let checks = airlock_gvisor::doctor::run(backend().options(), false);
+    let sandbox = checks
+        .iter()
+        .find(|c| c.name == "gvisor sandbox")
+        .unwrap_or_else(|| panic!("{checks:?}"));
+    assert!(sandbox.ok, "{checks:?}");
+    let platform = backend().platform().unwrap().as_str();
+    assert!(
+        sandbox.detail.starts_with(&format!("platform {platform}:")),
+        "{}",
+        sandbox.detail
+    );
+    assert!(sandbox.detail.contains("seccomp"), "{}", sandbox.detail);
+}
