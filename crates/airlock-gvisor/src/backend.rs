@@ -134,12 +134,14 @@ fn prepare(options: &GvisorOptions) -> Result<Prepared, String> {
     std::fs::create_dir_all(&options.state)
         .map_err(|e| format!("creating {}: {e}", options.state.display()))?;
     purge_stale(&cgroups, &options.state);
-    let platform = match options.platform {
-        Some(p) => p,
-        None => choose_platform(&runsc, options)?,
-    };
+    // Everything of this process goes in a directory named like its cgroups' owner, so
+    // that the next airlock process purges it should this one be killed (probes too).
     let owner_dir = options.state.join(cgroups.owner());
     std::fs::create_dir_all(&owner_dir).map_err(|e| format!("creating {}: {e}", owner_dir.display()))?;
+    let platform = match options.platform {
+        Some(p) => p,
+        None => choose_platform(&runsc, options, &owner_dir)?,
+    };
     Ok(Prepared {
         runsc,
         platform,
@@ -150,13 +152,13 @@ fn prepare(options: &GvisorOptions) -> Result<Prepared, String> {
 }
 
 /// The cached verdict, or a fresh probe (stored when a platform works).
-fn choose_platform(runsc: &Path, options: &GvisorOptions) -> Result<Platform, String> {
+fn choose_platform(runsc: &Path, options: &GvisorOptions, scratch: &Path) -> Result<Platform, String> {
     let version = platform::runsc_version(runsc).map_err(|e| format!("running {}: {e}", runsc.display()))?;
     let cache = options.cache.join("platform");
     if let Some(p) = platform::cached(&cache, &version) {
         return Ok(p);
     }
-    let verdict = platform::probe(runsc, &options.state);
+    let verdict = platform::probe(runsc, scratch);
     match verdict.platform {
         Some(p) => {
             if let Err(e) = platform::store(&cache, &version, p) {

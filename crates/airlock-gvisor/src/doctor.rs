@@ -23,7 +23,7 @@ fn check(name: &'static str, ok: bool, detail: String, fix: &'static str) -> Che
 
 /// The walls a gVisor sandbox applies, for the report: outside, runsc's own seccomp
 /// filter on the Sentry and the host cgroup; inside, the agent's drops for the program.
-pub const WALLS: &str = "Sentry (user-space kernel) under runsc's seccomp filter; host cgroup (memory, CPU) around Sentry and Gofer; no network (--network=none); inside: uid 1000, no capabilities, no_new_privs, airlock's seccomp filter, RLIMIT_NPROC/NOFILE/FSIZE/CORE; landlock: not implemented by gVisor";
+pub const WALLS: &str = "outside: the Sentry (gVisor's user-space kernel, running as uid 65534 on the host) and the Gofer under runsc's seccomp filters, a host cgroup (memory, CPU, host tasks) around runsc, Sentry and Gofer, --network=none (proxy mode: only a Unix socket to airlock's egress proxy); inside: uid 1000, no capabilities, no_new_privs, airlock's seccomp filter, RLIMIT_NPROC (the pids limit)/NOFILE/FSIZE/CORE, read-only system directories; landlock: not implemented by this gVisor";
 
 /// Probes gVisor readiness with `options`; `probe`: try every platform again rather
 /// than trusting the cached verdict.
@@ -56,8 +56,15 @@ pub fn run(options: &GvisorOptions, probe: bool) -> Vec<Check> {
     ));
     let mut options = options.clone();
     if probe && options.platform.is_none() {
-        let _ = std::fs::create_dir_all(&options.state);
-        let verdict = platform::probe(&runsc, &options.state);
+        // The probe's scratch state, named like this process's cgroups' owner so that a
+        // later airlock purges it should this one be killed mid-probe.
+        let owner = airlock_sandbox::cgroup::CgroupHost::detect()
+            .map(|c| c.owner().to_owned())
+            .unwrap_or_else(|_| format!("doctor-{}", std::process::id()));
+        let scratch = options.state.join(owner);
+        let _ = std::fs::create_dir_all(&scratch);
+        let verdict = platform::probe(&runsc, &scratch);
+        let _ = std::fs::remove_dir(&scratch);
         let tried = verdict
             .trials
             .iter()

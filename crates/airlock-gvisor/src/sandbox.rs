@@ -555,7 +555,10 @@ impl Sandbox for GvisorSandbox {
         let mut first = true;
         loop {
             if poll_any(cancel) {
-                // Whatever was sent so far is finished as an empty last part and removed.
+                if first {
+                    return Err(Error::Cancelled); // nothing of it was sent
+                }
+                // The parts sent so far are finished with an empty last part.
                 self.send(
                     &ToGuest::WriteFile {
                         path: path.into(),
