@@ -199,14 +199,18 @@ impl GvisorSandbox {
             egress,
         };
         // From here on, dropping `sandbox` purges everything.
-        match sandbox.recv(Some(Instant::now() + BOOT_TIMEOUT), &[])? {
-            ToHost::Ready(_) => {}
-            other => {
+        // A sandbox that never came up is the host's failure (runsc refused the bundle,
+        // the platform broke), not a sandbox that went away.
+        match sandbox.recv(Some(Instant::now() + BOOT_TIMEOUT), &[]) {
+            Ok(ToHost::Ready(_)) => {}
+            Ok(other) => {
                 return Err(Error::host(
                     "booting the gVisor sandbox",
                     format!("unexpected {other:?}"),
                 ));
             }
+            Err(Error::Gone(reason)) => return Err(Error::host("booting the gVisor sandbox", reason)),
+            Err(e) => return Err(e),
         }
         sandbox.send(
             &ToGuest::Create {

@@ -491,3 +491,19 @@ fn doctor_says_gvisor_runs_and_on_which_platform() {
     );
     assert!(sandbox.detail.contains("seccomp"), "{}", sandbox.detail);
 }
+
+#[test]
+fn a_sandbox_whose_agent_cannot_start_is_a_host_failure() {
+    // A file that is not a program where the agent should be: runsc cannot start it.
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("not-an-agent");
+    std::fs::write(&fake, "this is not a program\n").unwrap();
+    let mut options = backend().options().clone();
+    options.agent = fake;
+    let b = GvisorBackend::new(options);
+    let e = b
+        .create(&Shape::of(&spec(&["true"])), Purpose::OneShot)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Host, "{e}");
+    assert!(e.to_string().starts_with("booting the gVisor sandbox"), "{e}");
+}
