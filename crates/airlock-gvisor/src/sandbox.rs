@@ -443,6 +443,14 @@ impl GvisorSandbox {
     /// The result of an exec whose sandbox died under it: the memory cap (the host's
     /// OOM killer killed the Sentry or a part of it) or the host's deadline; otherwise
     /// the sandbox is just gone.
+    ///
+    /// At the memory cap the OOM killer picks the Sentry: the program's pages are the
+    /// Sentry's memory file, mapped (and counted) in the Sentry itself. So unlike the
+    /// namespace tier's, a gVisor sandbox does not outlive its memory cap: the exec ends
+    /// as `oom` and the sandbox is gone. (Tried: raising the ptrace stubs' OOM score
+    /// only makes the killer go through the stubs, two seconds each, before the Sentry;
+    /// lowering the Sentry's needs CAP_SYS_RESOURCE, and this release has no memory
+    /// limit of its own.)
     fn died(
         &mut self,
         spec: &Spec,
