@@ -507,3 +507,46 @@ fn a_sandbox_whose_agent_cannot_start_is_a_host_failure() {
     assert_eq!(e.kind(), ErrorKind::Host, "{e}");
     assert!(e.to_string().starts_with("booting the gVisor sandbox"), "{e}");
 }
+
+#[test]
+fn the_cpu_limit_holds_on_the_whole_sandbox() {
+    // A busy loop until the deadline: with half a core, the sandbox's cgroup (Sentry
+    // included) gets at most about half of the wall time.
+    let mut s = spec(&["python3", "-c", "while True: pass"]);
+    s.limits.cpus = 0.5;
+    s.limits.timeout_ms = 2000;
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.outcome, Outcome::Timeout, "{r:?}");
+    assert!(r.cpu_ms > 0.0, "{r:?}");
+    assert!(
+        r.cpu_ms < 0.75 * r.wall_ms,
+        "cpu {} ms in {} ms",
+        r.cpu_ms,
+        r.wall_ms
+    );
+}
+
+#[test]
+fn output_is_streamed_to_the_sink_as_it_comes() {
+    #[derive(Default)]
+    struct Collect {
+        out: Vec<u8>,
+        err: Vec<u8>,
+    }
+    impl airlock_backend::OutputSink for Collect {
+        fn stdout(&mut self, data: &[u8]) {
+            self.out.extend_from_slice(data);
+        }
+        fn stderr(&mut self, data: &[u8]) {
+            self.err.extend_from_slice(data);
+        }
+    }
+    let mut sink = Collect::default();
+    let mut s = sh("echo one; echo two >&2; head -c 5000 /dev/zero | tr '\\0' z");
+    s.limits.output_bytes = 1000;
+    let r = backend().run(&s, &mut sink, &[]).unwrap();
+    assert_eq!(sink.out.len(), 1000);
+    assert!(sink.out.starts_with(b"one\nzz"));
+    assert_eq!(sink.err, b"two\n");
+    assert_eq!(r.stdout.as_bytes(), &sink.out[..]);
+}
