@@ -87,6 +87,17 @@ impl GvisorSandbox {
         warm: bool,
     ) -> Result<GvisorSandbox, Error> {
         let limits = &shape.limits;
+        if let Some(rootfs) = shape.rootfs.as_deref()
+            && !rootfs.join("usr").is_dir()
+        {
+            return Err(Error::invalid(
+                "rootfs",
+                format!(
+                    "{} has no usr directory to take system directories from",
+                    rootfs.display()
+                ),
+            ));
+        }
         // Proxy mode's policy, checked before anything is built.
         let policy = match &shape.network {
             NetworkPolicy::None => None,

@@ -550,3 +550,15 @@ fn output_is_streamed_to_the_sink_as_it_comes() {
     assert_eq!(sink.err, b"two\n");
     assert_eq!(r.stdout.as_bytes(), &sink.out[..]);
 }
+
+#[test]
+fn a_rootfs_gives_the_system_directories_and_a_bad_one_is_refused() {
+    let mut s = sh("test -x /usr/bin/python3 && echo has-python");
+    s.rootfs = Some("/".into());
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "has-python\n", "{r:?}");
+    let dir = tempfile::tempdir().unwrap();
+    s.rootfs = Some(dir.path().to_owned());
+    let e = backend().create(&Shape::of(&s), Purpose::OneShot).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+}
