@@ -127,6 +127,8 @@ fn members(id: &str) -> Vec<String> {
 }
 
 fn main() {
+    // With AIRLOCK_GVISOR_AGENT pointing at this binary, it is the agent as well.
+    airlock_gvisor::agent::maybe_serve();
     airlock_sandbox::maybe_run_init();
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map(String::as_str).unwrap_or("pooled");

@@ -164,7 +164,7 @@ pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
         "process": {
             "terminal": false,
             "user": {"uid": 0, "gid": 0},
-            "args": [AGENT_PATH],
+            "args": [AGENT_PATH, crate::agent::AGENT_ARG],
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
             "cwd": "/",
             "capabilities": {
@@ -220,6 +220,7 @@ mod tests {
         .unwrap();
         let config: Value = serde_json::from_slice(&fs::read(bundle.join("config.json")).unwrap()).unwrap();
         assert_eq!(config["process"]["args"][0], AGENT_PATH);
+        assert_eq!(config["process"]["args"][1], crate::agent::AGENT_ARG);
         assert_eq!(config["root"]["readonly"], true);
         let mounts = config["mounts"].as_array().unwrap();
         let usr = mounts

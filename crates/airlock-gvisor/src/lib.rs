@@ -11,7 +11,8 @@
 //!   `--network=none` and `--ignore-cgroups`, the runsc process (and so the Sentry and
 //!   the Gofer it starts) placed in a host cgroup of airlock-sandbox's: memory, CPU and
 //!   the usage figures come from there.
-//! - Inside, [`agent`] (the `airlock-gvisor-agent` binary) is init: it speaks the
+//! - Inside, [`agent`] (the `airlock-gvisor-agent` binary, or any binary that calls
+//!   [`agent::maybe_serve`] first thing in `main`, e.g. `airlock` itself) is init: it speaks the
 //!   micro-VM agent's frames (`airlock_vmwire::frame`) over the container's stdin and
 //!   stdout, holds a ready child that has already dropped to the sandbox user, and runs
 //!   each exec with a deadline, output caps and a kill of every process at its end.

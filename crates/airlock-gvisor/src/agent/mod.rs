@@ -96,6 +96,26 @@ fn file_failure(path: &str, e: &io::Error) -> ToHost {
     }
 }
 
+/// The argument runsc starts the agent with. Any binary that calls [`maybe_serve`]
+/// first thing in `main` (the `airlock` binary, say) can be the agent
+/// (`GvisorOptions::agent`), so no separate binary has to be installed.
+pub const AGENT_ARG: &str = "--airlock-gvisor-agent";
+
+/// When this process was started as the agent (its first argument is [`AGENT_ARG`]),
+/// serves and exits; otherwise returns at once.
+pub fn maybe_serve() {
+    if std::env::args_os().nth(1).is_some_and(|a| a == AGENT_ARG) {
+        let code = match serve() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("airlock gVisor agent: {e}");
+                2
+            }
+        };
+        std::process::exit(code);
+    }
+}
+
 /// Serves the host on fds 0 and 1 until it closes fd 0; then the sandbox ends.
 pub fn serve() -> Result<(), String> {
     if std::process::id() != 1 {
