@@ -97,7 +97,7 @@ class Daemon:
 
     def wait_vm_pool(self, target, timeout=600):
         deadline = time.monotonic() + timeout
-        while self.metric("airlock_vm_pool_ready") < target:
+        while self.metric('airlock_pool_ready{isolation="microvm"}') < target:
             if time.monotonic() > deadline:
                 sys.exit(f"the VM pool did not fill to {target} in {timeout} s; log {self.log.name}")
             time.sleep(0.05)
@@ -215,7 +215,7 @@ def main():
         d.wait_vm_pool(args.vm_pool)
         burst = [d.exec("microvm")[0] for _ in range(args.requests)]
         ns = [d.exec("namespaces")[0] for _ in range(args.requests)]
-        boots = d.metric("airlock_vm_provision_seconds_sum") / max(1.0, d.metric("airlock_vm_provision_seconds_count"))
+        boots = d.metric('airlock_provision_seconds_sum{isolation="microvm",pool="warm"}') / max(1.0, d.metric('airlock_provision_seconds_count{isolation="microvm",pool="warm"}'))
     finally:
         d.stop()
 

@@ -184,11 +184,12 @@ def retry_on_status(method: str, path: str, status: int, code: str | None = None
     quota (``session_quota``), which only the caller can free by deleting a session. 503
     is retryable except for an exec: the service also answers 503 when its shutdown grace
     ended *while the program ran*, so an exec that got a 503 may have had effects; and
-    except ``microvm_unavailable``, a condition of the host that no wait changes."""
+    except ``<tier>_unavailable`` (``microvm_unavailable``, ``gvisor_unavailable``), a
+    condition of the host that no wait changes."""
     if status == 429:
         return code != "session_quota"
     if status == 503:
-        return code != "microvm_unavailable" and not is_exec(method, path)
+        return not (code or "").endswith("_unavailable") and not is_exec(method, path)
     return False
 
 

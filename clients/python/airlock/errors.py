@@ -160,10 +160,19 @@ class ServiceUnavailable(AirlockError):
     status = 503
 
 
-class MicroVmUnavailable(ServiceUnavailable):
-    """503 ``microvm_unavailable``: this host cannot run micro-VMs (``airlock doctor``
-    says why). A condition of the host, not of the request, and not retried: ask for
-    another isolation or another host."""
+class IsolationUnavailable(ServiceUnavailable):
+    """503 ``<tier>_unavailable``: this host (or this server) cannot run the isolation
+    tier the request asked for (``airlock doctor`` says why). A condition of the host,
+    not of the request, and not retried: ask for another isolation or another host."""
+
+
+class MicroVmUnavailable(IsolationUnavailable):
+    """503 ``microvm_unavailable``: this host cannot run micro-VMs."""
+
+
+class GvisorUnavailable(IsolationUnavailable):
+    """503 ``gvisor_unavailable``: this host cannot run gVisor (no ``runsc``, or no
+    platform of it works here)."""
 
 
 class DiskFull(AirlockError):
@@ -214,6 +223,8 @@ _BY_CODE: dict[str, type[AirlockError]] = {
     "session_quota": SessionQuotaExceeded,
     "shutting_down": ServiceUnavailable,
     "microvm_unavailable": MicroVmUnavailable,
+    "gvisor_unavailable": GvisorUnavailable,
+    "namespaces_unavailable": IsolationUnavailable,
     "sandbox_error": ServerError,
     "internal": ServerError,
 }
@@ -266,8 +277,8 @@ def from_response(
     cls = _BY_STATUS.get(status)
     if status == 429 and code == "session_quota":
         cls = SessionQuotaExceeded
-    if status == 503 and code == "microvm_unavailable":
-        cls = MicroVmUnavailable
+    if status == 503 and code in ("microvm_unavailable", "gvisor_unavailable", "namespaces_unavailable"):
+        cls = _BY_CODE[code]
     if cls is NotFound:
         cls = not_found
         if not_found is not SandboxNotFound and message.startswith("no sandbox"):

@@ -94,6 +94,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Says the caller is a long-running service that will build many sandboxes: the
+    /// tier may start what makes each one cheaper (the namespace tier's fork server).
+    /// Failing it costs speed, not isolation.
+    fn start_service(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Builds a sandbox of `shape` for `purpose` (blocking). A sandbox's processes may
     /// be tied to the thread that creates it (they die when it exits): long-lived
     /// sandboxes (sessions, pools) must be created on threads that live as long as the
@@ -164,6 +171,13 @@ pub trait Sandbox: Send + std::fmt::Debug {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, Error> {
         self.exec(spec, sink, cancel)
+    }
+
+    /// Makes it ready to serve a session of `shape` (blocking), whether it was built for
+    /// one or taken from a pool: files may come before its first exec, and a proxy-mode
+    /// network is started now, once for all its execs.
+    fn open_session(&mut self, _shape: &Shape) -> Result<(), Error> {
+        Ok(())
     }
 
     /// Writes a file at `path` under /workspace with permission bits `mode` (blocking);

@@ -39,6 +39,7 @@
 #![deny(missing_docs)]
 
 pub mod accel;
+mod backend;
 pub mod cpio;
 pub mod doctor;
 pub mod image;
@@ -49,6 +50,7 @@ mod sys;
 mod vm;
 pub mod vmm;
 
+pub use backend::{VM_OVERHEAD_BYTES, VmBackend};
 pub use vm::{BootedVm, HostOptions, MicroVmHost, VMM_UID_BASE, VMM_UID_SLOTS, VmSize};
 pub use vmm::Accel;
 

@@ -648,6 +648,16 @@ impl BootedVm {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether the VM still answers: its agent's channel is open and the VMM has not
+    /// exited (a VM killed for not answering, or that stopped, runs nothing more).
+    pub fn agent_alive(&mut self) -> bool {
+        self.agent.is_some()
+            && self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// How long building the guest's sandbox took (zero until it exists).
     pub fn sandbox_setup_time(&self) -> Duration {
         self.sandbox_setup

@@ -1195,6 +1195,36 @@ impl Cgroup {
         Ok(())
     }
 
+    /// How many file pages of the sandbox were read back soon after being evicted
+    /// (`workingset_refault_file` in `memory.stat`): pages its programs still used. A
+    /// sandbox at its cap whose count climbs fast is thrashing. `None` where the kernel
+    /// does not count them.
+    pub fn refaults(&self) -> Option<u64> {
+        let stat = self.dir_with("memory")?.join("memory.stat");
+        read_u64(&stat, Some("workingset_refault_file"))
+            .or_else(|| read_u64(&stat, Some("total_workingset_refault_file")))
+    }
+
+    /// Whether the sandbox's memory use is at its cap, within a sixteenth of it: where a
+    /// memory stall means it is out of memory rather than waiting on a slow disk.
+    pub fn at_memory_cap(&self) -> bool {
+        let Some(dir) = self.dir_with("memory") else {
+            return false;
+        };
+        let (current, max) = if self.v2 {
+            (
+                read_u64(&dir.join("memory.current"), None),
+                read_u64(&dir.join("memory.max"), None),
+            )
+        } else {
+            (
+                read_u64(&dir.join("memory.usage_in_bytes"), None),
+                read_u64(&dir.join("memory.limit_in_bytes"), None),
+            )
+        };
+        matches!((current, max), (Some(current), Some(max)) if current.saturating_add(max / 16) >= max)
+    }
+
     /// Current usage; a counter the kernel does not provide reads as 0.
     pub fn usage(&self) -> Usage {
         let mut usage = Usage::default();

@@ -18,6 +18,7 @@
 //! The binary that embeds the engine must call [`maybe_run_init`] first thing in `main`.
 #![deny(missing_docs)]
 
+mod backend;
 pub mod cgroup;
 pub mod doctor;
 mod egress;

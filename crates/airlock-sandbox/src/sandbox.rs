@@ -85,10 +85,15 @@ impl SandboxConfig {
 
 /// The cgroup limits a spec asks for; airlock's init is one more process.
 pub(crate) fn cgroup_limits(spec: &Spec) -> CgroupLimits {
+    cgroup_limits_of(&spec.limits)
+}
+
+/// The cgroup limits of `limits`; airlock's init is one more process.
+pub(crate) fn cgroup_limits_of(limits: &airlock_spec::Limits) -> CgroupLimits {
     CgroupLimits {
-        memory_bytes: spec.limits.memory_bytes,
-        cpus: spec.limits.cpus,
-        pids: spec.limits.pids + 1,
+        memory_bytes: limits.memory_bytes,
+        cpus: limits.cpus,
+        pids: limits.pids + 1,
     }
 }
 
@@ -706,13 +711,27 @@ impl Sandbox {
 }
 
 impl Drop for Sandbox {
+    /// Kills and purges it. One put in the background ([`Sandbox::enter_background`]) is
+    /// purged at the calling thread's lowest priority too (restored after): the host's
+    /// side of its teardown should not delay another sandbox's program either.
     fn drop(&mut self) {
+        let normal = self
+            .background
+            .then(|| {
+                sys::nice(0)
+                    .ok()
+                    .filter(|_| sys::set_nice(0, sys::BACKGROUND_NICE).is_ok())
+            })
+            .flatten();
         if self.reaped.is_none() {
             self.kill();
             self.reap();
         }
         if let Some(cg) = self.cgroup.take() {
             let _ = cg.destroy();
+        }
+        if let Some(normal) = normal {
+            let _ = sys::set_nice(0, normal);
         }
     }
 }

@@ -20,6 +20,18 @@ const DRAIN_GRACE: Duration = Duration::from_millis(250);
 /// After a session's exec was killed at its deadline, how long init gets to report; past
 /// it, the whole sandbox is killed.
 const KILL_GRACE: Duration = Duration::from_secs(1);
+/// How often a running program's memory is looked at for thrashing.
+const THRASH_TICK: Duration = Duration::from_millis(250);
+/// File pages read back within one [`THRASH_TICK`] that make the tick a thrashing one
+/// (25 pages: 400 KB/s of a program's own pages evicted and read again).
+const THRASH_REFAULTS: u64 = 25;
+/// Thrashing ticks in a row, with the sandbox at its memory cap all along, that end the
+/// program as `oom` (two seconds). At its cap, a program whose anonymous and shared
+/// memory cannot be dropped (no swap) keeps only its file pages (its own code, its
+/// libraries) reclaimable: the kernel evicts them and reads them back over and over,
+/// and may never call its OOM killer. The program makes next to no progress: it is out
+/// of memory, and is ended as the OOM killer would have ended it.
+const THRASH_TICKS: u32 = 8;
 /// Read size per wake-up: large enough to drain a flood in few syscalls.
 const CHUNK: usize = 64 * 1024;
 
@@ -205,6 +217,10 @@ pub(crate) fn exec(
     for fd in [&stdout_r, &stderr_r] {
         set_nonblocking(fd).map_err(SandboxError::Spawn)?;
     }
+    // Thrashing at the memory cap (see THRASH_TICKS): the last look, its refault count,
+    // and how many thrashing ticks in a row.
+    let mut thrash: Option<(Instant, u64, u32)> = None;
+    let mut thrashed = false;
     let mut out = Stream::new(stdout_r, spec.limits.output_bytes);
     let mut err = Stream::new(stderr_r, spec.limits.output_bytes);
     let mut stdin_pos = 0usize;
@@ -247,7 +263,7 @@ pub(crate) fn exec(
                 sb.kill();
                 continue;
             }
-            if !timed_out && !cancelled {
+            if !timed_out && !cancelled && !thrashed {
                 timed_out = true;
                 // The deadline is enforced from outside the sandbox, through its cgroup.
                 if one_shot {
@@ -266,7 +282,37 @@ pub(crate) fn exec(
             init_gone = true;
             continue;
         }
-        let wait_ms = (deadline - now).as_millis().clamp(1, u128::from(u16::MAX)) as u16;
+        if started.is_some()
+            && !(finished || timed_out || cancelled || thrashed)
+            && thrash.is_none_or(|(at, _, _)| now >= at + THRASH_TICK)
+            && let Some(cg) = sb.cgroup()
+            && let Some(refaults) = cg.refaults()
+        {
+            let hot = match thrash {
+                Some((_, last, hot)) if refaults >= last + THRASH_REFAULTS && cg.at_memory_cap() => hot + 1,
+                _ => 0,
+            };
+            thrash = Some((now, refaults, hot));
+            if hot >= THRASH_TICKS {
+                thrashed = true;
+                if one_shot {
+                    killed_all = true;
+                    sb.kill();
+                } else {
+                    let _ = cg.kill_except(sb.init_pid());
+                    quota_lifted = true;
+                    deadline = Instant::now() + KILL_GRACE;
+                }
+                continue;
+            }
+        }
+        let mut wake = deadline;
+        if let Some((at, _, _)) = thrash
+            && !thrashed
+        {
+            wake = wake.min(at + THRASH_TICK);
+        }
+        let wait_ms = (wake.max(now) - now).as_millis().clamp(1, u128::from(u16::MAX)) as u16;
 
         let mut fds = Vec::with_capacity(6);
         let mut sources = Vec::with_capacity(6);
@@ -403,7 +449,8 @@ pub(crate) fn exec(
             .unwrap_or_else(|| format!("the sandbox ended before the program started ({init_status:?})"));
         return Err(SandboxError::Setup(message));
     };
-    let oom_killed = after.oom_kills > before.oom_kills;
+    // Thrashing at the cap ended it as the OOM killer would have (see THRASH_TICKS).
+    let oom_killed = after.oom_kills > before.oom_kills || thrashed;
     // How the program's own top process ended, whatever the outcome: init's report, or,
     // when init died with the sandbox before reporting (a one-shot's deadline, the OOM
     // killer choosing init), the signal that ended them both.

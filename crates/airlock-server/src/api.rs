@@ -358,16 +358,6 @@ pub fn check_relative_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The request's own name for a spec field: the engine says `command`, a request gives
-/// `cmd` (or `code`, which becomes the command's last argument).
-pub fn request_field(field: &str, from_code: bool) -> String {
-    match field.strip_prefix("command") {
-        Some(_) if from_code => "code".into(),
-        Some(rest) => format!("cmd{rest}"),
-        None => field.to_owned(),
-    }
-}
-
 /// Merges request limits into the server's defaults and checks them against its maxima.
 pub fn limits(req: &LimitsRequest, config: &ServerConfig, base: &Limits) -> Result<Limits, ApiError> {
     let max = &config.max;
@@ -488,7 +478,7 @@ impl ExecRequest {
         }
         let from_code = self.cmd.is_none();
         spec.validate()
-            .map_err(|e| ApiError::invalid(request_field(&e.field, from_code), e.message))?;
+            .map_err(|e| ApiError::invalid(crate::error::request_field(&e.field, from_code), e.message))?;
         Ok(spec)
     }
 }

@@ -11,6 +11,9 @@ pub struct ServerConfig {
     pub pool: usize,
     /// Micro-VMs kept booted for `"isolation": "microvm"` (0: booted per request).
     pub vm_pool: usize,
+    /// gVisor sandboxes kept started for `"isolation": "gvisor"` (0: started per
+    /// request).
+    pub gvisor_pool: usize,
     /// Live sandboxes at most (one-shot execs and sessions).
     pub max_sandboxes: usize,
     /// The sum of admitted memory caps never exceeds this.
@@ -63,6 +66,7 @@ impl Default for ServerConfig {
             pool: (cpus * 2).clamp(2, 16),
             // Off unless asked for: a booted VM holds memory and, emulated, some CPU.
             vm_pool: 0,
+            gvisor_pool: 0,
             max_sandboxes,
             memory_budget,
             queue_timeout: Duration::from_secs(10),
@@ -94,6 +98,15 @@ pub fn default_sessions_per_key(max_sandboxes: usize) -> usize {
 }
 
 impl ServerConfig {
+    /// How many sandboxes the pool of `tier` keeps ready.
+    pub fn pool_target(&self, tier: airlock_spec::Isolation) -> usize {
+        match tier {
+            airlock_spec::Isolation::Namespaces => self.pool,
+            airlock_spec::Isolation::Gvisor => self.gvisor_pool,
+            airlock_spec::Isolation::Microvm => self.vm_pool,
+        }
+    }
+
     /// Refuses settings that would run an unprotected service.
     pub fn check(&self, listen: SocketAddr) -> Result<(), String> {
         if !listen.ip().is_loopback() && self.api_keys.is_empty() {

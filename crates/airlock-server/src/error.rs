@@ -140,12 +140,22 @@ impl ApiError {
     }
 }
 
+/// The request's own name for a spec field: the engine says `command`, a request gives
+/// `cmd` (or `code`, which becomes the command's last argument).
+pub fn request_field(field: &str, from_code: bool) -> String {
+    match field.strip_prefix("command") {
+        Some(_) if from_code => "code".into(),
+        Some(rest) => format!("cmd{rest}"),
+        None => field.to_owned(),
+    }
+}
+
 /// A tier's error as the API's: the kind decides the status, never the message.
 impl From<airlock_backend::Error> for ApiError {
     fn from(e: airlock_backend::Error) -> Self {
         use airlock_backend::Error;
         match e {
-            Error::Invalid(e) => ApiError::invalid(crate::api::request_field(&e.field, false), e.message),
+            Error::Invalid(e) => ApiError::invalid(request_field(&e.field, false), e.message),
             Error::NotFound(m) => ApiError::not_found(m),
             Error::DiskFull(e) => ApiError::disk_full(e.to_string()),
             Error::Gone(m) => ApiError::conflict(m),

@@ -1,16 +1,17 @@
-//! airlock's execution service: an HTTP API over the sandbox engine, with a warm pool of
-//! pre-provisioned sandboxes, sessions, admission control, API keys and metrics, and the
-//! same tools over MCP ([`mcp`]: streamable HTTP at `/mcp`, or stdio).
+//! airlock's execution service: an HTTP API over airlock's isolation tiers, with a warm
+//! pool per tier, sessions, admission control, API keys and metrics, and the same tools
+//! over MCP ([`mcp`]: streamable HTTP at `/mcp`, or stdio).
 //!
-//! The entry point takes a bound listener and a shutdown future, so tests (and the CLI)
-//! start it on `127.0.0.1:0` and stop it cleanly:
+//! The service knows no tier: it is given one [`airlock_backend::Backend`] per tier it
+//! serves, and picks one per request by its `isolation`. The entry point takes them, a
+//! bound listener and a shutdown future, so tests (and the CLI) start it on
+//! `127.0.0.1:0` and stop it cleanly:
 //!
 //! ```no_run
-//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-//! let engine = std::sync::Arc::new(airlock_sandbox::Engine::new()?);
+//! # async fn f(tiers: Vec<std::sync::Arc<dyn airlock_backend::Backend>>) -> Result<(), Box<dyn std::error::Error>> {
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! let config = airlock_server::ServerConfig::default();
-//! airlock_server::run(listener, engine, config, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! airlock_server::run(listener, tiers, config, async { let _ = tokio::signal::ctrl_c().await; }).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -18,9 +19,8 @@
 //! serves it on stdio:
 //!
 //! ```no_run
-//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-//! let engine = std::sync::Arc::new(airlock_sandbox::Engine::new()?);
-//! let service = airlock_server::Service::start(engine, airlock_server::ServerConfig::default())?;
+//! # async fn f(tiers: Vec<std::sync::Arc<dyn airlock_backend::Backend>>) -> Result<(), Box<dyn std::error::Error>> {
+//! let service = airlock_server::Service::start(tiers, airlock_server::ServerConfig::default())?;
 //! airlock_server::mcp::serve_stdio(&service, async { let _ = tokio::signal::ctrl_c().await; }).await?;
 //! service.shutdown().await;
 //! # Ok(()) }
@@ -35,17 +35,17 @@ pub mod config;
 mod error;
 pub mod mcp;
 mod metrics;
-mod microvm;
 mod pool;
 mod purge;
 mod routes;
 mod service;
 mod spawner;
 mod state;
+mod stop;
 mod stream;
+mod tier;
 
-use airlock_sandbox::{Engine, SandboxConfig};
-use airlock_spec::Spec;
+use airlock_backend::Backend;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,50 +53,62 @@ use std::time::Duration;
 pub use config::ServerConfig;
 pub use error::ApiError;
 
-use state::{AppState, purge_session, stopped};
+use state::{AppState, purge_session};
+use stop::stopped;
 
 /// How often expired sessions are looked for.
 const REAP_EVERY: Duration = Duration::from_millis(250);
 
-/// The service without its HTTP listener: the state every interface shares (the warm
-/// pool and its spawner threads, sessions, admission, metrics) and the background tasks
-/// that keep it (pool refill, session expiry). [`run`] serves it over HTTP; `airlock mcp`
+/// The service without its HTTP listener: the state every interface shares (each tier's
+/// warm pool and spawner threads, sessions, admission, metrics) and the background tasks
+/// that keep it (pool refills, session expiry). [`run`] serves it over HTTP; `airlock mcp`
 /// serves it over MCP on stdio. Start it inside a tokio runtime.
 #[derive(Debug)]
 pub struct Service {
     /// Shared with every request handler and MCP tool.
     state: Arc<AppState>,
-    /// Keeps the pool full until shutdown; awaited by [`Service::shutdown`].
-    refill: tokio::task::JoinHandle<()>,
+    /// Keep the tiers' pools full until shutdown; awaited by [`Service::shutdown`].
+    refills: Vec<tokio::task::JoinHandle<()>>,
     /// Purges expired sessions; aborted by [`Service::shutdown`].
     reaper: tokio::task::JoinHandle<()>,
-    /// Keeps micro-VMs booted; awaited by [`Service::shutdown`].
-    vm_refill: tokio::task::JoinHandle<()>,
 }
 
 impl Service {
-    /// Builds the state (the spawner threads start here) and starts the pool refill and
-    /// the session reaper. Fails on settings that could never work (see
+    /// Builds the state around `tiers` (their spawner threads start here) and starts the
+    /// pool refills and the session reaper. Fails on settings that could never work (see
     /// [`ServerConfig::validate`]).
-    pub fn start(engine: Arc<Engine>, config: ServerConfig) -> std::io::Result<Service> {
+    pub fn start(tiers: Vec<Arc<dyn Backend>>, config: ServerConfig) -> std::io::Result<Service> {
         config.validate().map_err(std::io::Error::other)?;
-        let mut pool_spec = Spec::new(vec!["true".into()]);
-        pool_spec.limits = config.defaults.clone();
-        let state = AppState::new(engine, config, SandboxConfig::of(&pool_spec));
-        let refill = tokio::spawn(Arc::clone(&state.pool).refill(
-            Arc::clone(&state.spawner),
-            Arc::clone(&state.metrics),
-            state.stopping.subscribe(),
-        ));
+        let state = AppState::new(tiers, config);
+        let refills = state
+            .tiers
+            .iter()
+            .filter(|t| t.pool.target() > 0)
+            .map(|t| {
+                let st = Arc::clone(&state);
+                let isolation = t.isolation();
+                tokio::spawn(async move {
+                    let Ok(tier) = st.tiers.get(isolation) else { return };
+                    // A pool starts by preparing its tier (a micro-VM's image may be built);
+                    // a tier this host cannot run has nothing to refill (requests get why).
+                    if tier.prepare().await.is_err() {
+                        return;
+                    }
+                    Arc::clone(&tier.pool)
+                        .refill(
+                            Arc::clone(&tier.spawner),
+                            Arc::clone(&st.metrics),
+                            st.stopping.subscribe(),
+                        )
+                        .await;
+                })
+            })
+            .collect();
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&state)));
-        let vm_refill = tokio::spawn(
-            Arc::clone(&state.vm).refill(Arc::clone(&state.metrics), state.stopping.subscribe()),
-        );
         Ok(Service {
             state,
-            refill,
+            refills,
             reaper,
-            vm_refill,
         })
     }
 
@@ -110,14 +122,14 @@ impl Service {
     pub async fn shutdown(self) {
         let Service {
             state,
-            refill,
+            refills,
             reaper,
-            vm_refill,
         } = self;
         state.stopping.send_replace(true);
         state.cancel_all();
-        let _ = refill.await;
-        let _ = vm_refill.await;
+        for refill in refills {
+            let _ = refill.await;
+        }
         reaper.abort();
         let sessions: Vec<_> = state
             .sessions
@@ -127,20 +139,19 @@ impl Service {
         for s in sessions {
             purge_session(s).await;
         }
-        let vms = state.vm.drain();
-        let _ = tokio::task::spawn_blocking(move || drop(vms)).await;
-        state.vm.stop();
-        let pooled = state.pool.drain();
-        let spawner = Arc::clone(&state.spawner);
-        let _ = tokio::task::spawn_blocking(move || {
-            drop(pooled);
-            spawner.stop();
-        })
-        .await;
-        // A sandbox a spawner finished after the pool stopped taking them was purged on its
-        // thread; one that still reached the pool goes now.
-        let late = state.pool.drain();
-        let _ = tokio::task::spawn_blocking(move || drop(late)).await;
+        for tier in state.tiers.iter() {
+            let pooled = tier.pool.drain();
+            let spawner = Arc::clone(&tier.spawner);
+            let _ = tokio::task::spawn_blocking(move || {
+                drop(pooled);
+                spawner.stop();
+            })
+            .await;
+            // A sandbox a spawner finished after the pool stopped taking them was purged
+            // on its thread; one that still reached the pool goes now.
+            let late = tier.pool.drain();
+            let _ = tokio::task::spawn_blocking(move || drop(late)).await;
+        }
         tracing::info!("stopped; every sandbox purged");
     }
 }
@@ -150,13 +161,13 @@ impl Service {
 /// sandbox and session before returning.
 pub async fn run(
     listener: tokio::net::TcpListener,
-    engine: Arc<Engine>,
+    tiers: Vec<Arc<dyn Backend>>,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     config.check(addr).map_err(std::io::Error::other)?;
-    let service = Service::start(engine, config)?;
+    let service = Service::start(tiers, config)?;
     let state = Arc::clone(service.state());
 
     let app = routes::router(Arc::clone(&state), addr);
@@ -173,7 +184,12 @@ pub async fn run(
             st2.cancel_all();
         });
     };
-    tracing::info!(%addr, pool = state.pool.target(), max_sandboxes = state.config.max_sandboxes, "listening");
+    let tiers: Vec<_> = state
+        .tiers
+        .iter()
+        .map(|t| format!("{}(pool {})", t.isolation().as_str(), t.pool.target()))
+        .collect();
+    tracing::info!(%addr, tiers = tiers.join(" "), max_sandboxes = state.config.max_sandboxes, "listening");
     let served = axum::serve(listener, app).with_graceful_shutdown(signal).await;
     // Purge everything, also when serving failed.
     drop(state);

@@ -15,11 +15,20 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
-/// `{pool}` label.
+/// `{isolation, pool}` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabel {
+    /// The tier: namespaces, gvisor or microvm.
+    pub isolation: String,
     /// warm or cold.
     pub pool: String,
+}
+
+/// `{isolation}` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabel {
+    /// The tier: namespaces, gvisor or microvm.
+    pub isolation: String,
 }
 
 /// `{decision}` label.
@@ -51,22 +60,19 @@ pub struct Metrics {
     pub exec_total: Family<OutcomeLabel, Counter>,
     /// Exec wall time (program start to end).
     pub exec_duration: Histogram,
-    /// Provisioning time by pool (warm: built ahead; cold: built for the request).
+    /// Provisioning time by tier and pool (warm: built ahead; cold: built for the
+    /// request).
     pub provision: HistFamily<PoolLabel>,
     /// Sandboxes live now (execs running plus sessions).
     pub sandboxes_active: Gauge,
-    /// Warm sandboxes ready.
-    pub pool_ready: Gauge,
+    /// Warm sandboxes ready, by tier.
+    pub pool_ready: Family<TierLabel, Gauge>,
     /// Requests refused, by reason.
     pub rejected: Family<ReasonLabel, Counter>,
     /// Time spent waiting for admission.
     pub queue_wait: Histogram,
     /// Egress proxy decisions.
     pub egress: Family<DecisionLabel, Counter>,
-    /// Time to boot a micro-VM, by pool.
-    pub vm_provision: HistFamily<PoolLabel>,
-    /// Micro-VMs booted and waiting.
-    pub vm_pool_ready: Gauge,
 }
 
 impl Metrics {
@@ -77,12 +83,10 @@ impl Metrics {
         let exec_duration = latency_histogram();
         let provision = HistFamily::<PoolLabel>::new_with_constructor(latency_histogram);
         let sandboxes_active = Gauge::default();
-        let pool_ready = Gauge::default();
+        let pool_ready = Family::<TierLabel, Gauge>::default();
         let rejected = Family::<ReasonLabel, Counter>::default();
         let queue_wait = latency_histogram();
         let egress = Family::<DecisionLabel, Counter>::default();
-        let vm_provision = HistFamily::<PoolLabel>::new_with_constructor(latency_histogram);
-        let vm_pool_ready = Gauge::default();
         registry.register("airlock_exec", "Execs by outcome", exec_total.clone());
         registry.register(
             "airlock_exec_duration_seconds",
@@ -91,7 +95,7 @@ impl Metrics {
         );
         registry.register(
             "airlock_provision_seconds",
-            "Time to build a sandbox (warm: ahead of time for the pool; cold: for the request)",
+            "Time to build a sandbox, by isolation (warm: ahead of time for the pool; cold: for the request)",
             provision.clone(),
         );
         registry.register(
@@ -99,7 +103,11 @@ impl Metrics {
             "Sandboxes live now",
             sandboxes_active.clone(),
         );
-        registry.register("airlock_pool_ready", "Warm sandboxes ready", pool_ready.clone());
+        registry.register(
+            "airlock_pool_ready",
+            "Warm sandboxes ready, by isolation",
+            pool_ready.clone(),
+        );
         registry.register(
             "airlock_rejected",
             "Requests refused, by reason",
@@ -115,16 +123,6 @@ impl Metrics {
             "Egress proxy decisions (connections or requests)",
             egress.clone(),
         );
-        registry.register(
-            "airlock_vm_provision_seconds",
-            "Time to boot a micro-VM to its agent (warm: ahead of time for the pool; cold: for the request)",
-            vm_provision.clone(),
-        );
-        registry.register(
-            "airlock_vm_pool_ready",
-            "Micro-VMs booted and waiting",
-            vm_pool_ready.clone(),
-        );
         Metrics {
             registry,
             exec_total,
@@ -135,23 +133,26 @@ impl Metrics {
             rejected,
             queue_wait,
             egress,
-            vm_provision,
-            vm_pool_ready,
         }
     }
 
-    /// Records a micro-VM booted for `pool` ("warm" or "cold").
-    pub fn vm_provisioned(&self, pool: &str, took: Duration) {
-        self.vm_provision
-            .get_or_create(&PoolLabel { pool: pool.into() })
+    /// Records a sandbox of `tier` built for `pool` ("warm" or "cold").
+    pub fn provisioned(&self, tier: airlock_spec::Isolation, pool: &str, took: Duration) {
+        self.provision
+            .get_or_create(&PoolLabel {
+                isolation: tier.as_str().into(),
+                pool: pool.into(),
+            })
             .observe(took.as_secs_f64());
     }
 
-    /// Records a sandbox built for `pool` ("warm" or "cold").
-    pub fn provisioned(&self, pool: &str, took: Duration) {
-        self.provision
-            .get_or_create(&PoolLabel { pool: pool.into() })
-            .observe(took.as_secs_f64());
+    /// Sets how many sandboxes of `tier` its pool has ready.
+    pub fn pool_ready(&self, tier: airlock_spec::Isolation, ready: usize) {
+        self.pool_ready
+            .get_or_create(&TierLabel {
+                isolation: tier.as_str().into(),
+            })
+            .set(ready as i64);
     }
 
     /// Counts a refused request.
@@ -208,7 +209,12 @@ mod tests {
         let m = Metrics::new();
         m.exec("exited", Duration::from_millis(3));
         m.reject("queue_full");
-        m.provisioned("warm", Duration::from_millis(5));
+        m.provisioned(
+            airlock_spec::Isolation::Namespaces,
+            "warm",
+            Duration::from_millis(5),
+        );
+        m.pool_ready(airlock_spec::Isolation::Microvm, 2);
         m.egress(&[airlock_spec::EgressEntry {
             host: "metadata".into(),
             port: 80,
@@ -223,9 +229,9 @@ mod tests {
         for name in [
             "airlock_exec_total{outcome=\"exited\"} 1",
             "airlock_exec_duration_seconds_bucket",
-            "airlock_provision_seconds_bucket{le=",
+            "airlock_provision_seconds_count{isolation=\"namespaces\",pool=\"warm\"} 1",
             "airlock_sandboxes_active",
-            "airlock_pool_ready",
+            "airlock_pool_ready{isolation=\"microvm\"} 2",
             "airlock_rejected_total{reason=\"queue_full\"} 1",
             "airlock_queue_wait_seconds_count",
             "airlock_egress_total{decision=\"denied\"} 1",

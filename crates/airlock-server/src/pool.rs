@@ -1,8 +1,10 @@
-//! The warm pool: sandboxes built ahead of time (namespaces, mounts, cgroup and filters
-//! ready, init waiting), so a request pays only for handing over its command. A pooled
-//! sandbox serves one request and is then destroyed; the pool refills in the background.
+//! A tier's warm pool: sandboxes built ahead of time (a namespace sandbox with its init
+//! waiting; a micro-VM cloned and warmed up), so a request pays only for handing over its
+//! command. A pooled sandbox serves one request (or becomes a session) and is then
+//! destroyed; the pool refills in the background, with as many builds at once as the
+//! tier asks for ([`Backend::pool_builders`]).
 
-use airlock_sandbox::{Sandbox, SandboxConfig};
+use airlock_backend::{Backend, Purpose, Sandbox, Shape};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,32 +12,30 @@ use tokio::sync::{Notify, watch};
 
 use crate::metrics::Metrics;
 use crate::spawner::Spawner;
-use crate::state::stopped;
-
-/// Sandboxes built at once at most. One build keeps a core busy for a few milliseconds;
-/// back-to-back requests drain the pool faster than one builder refills it.
-const BUILDERS: usize = 2;
+use crate::stop::stopped;
 
 /// The pool's sandboxes and the builds under way, under one lock.
 #[derive(Debug, Default)]
 struct Ready {
     /// Ready sandboxes, oldest first.
-    sandboxes: VecDeque<Sandbox>,
+    sandboxes: VecDeque<Box<dyn Sandbox>>,
     /// Sandboxes the refiller is building now.
     building: usize,
     /// Requests waiting for one of those.
     waiting: usize,
 }
 
-/// Pre-provisioned sandboxes with the server's default sandbox-wide settings.
+/// Pre-provisioned sandboxes of one tier, of the server's default shape.
 #[derive(Debug)]
 pub struct Pool {
+    /// The tier: it builds them, and says which requests they serve.
+    backend: Arc<dyn Backend>,
     /// Ready sandboxes and builds under way.
     ready: Mutex<Ready>,
     /// How many to keep.
     target: usize,
-    /// The settings they are built with.
-    config: SandboxConfig,
+    /// The shape they are built with.
+    shape: Shape,
     /// Wakes the refiller when one is taken.
     taken: Notify,
     /// Wakes the requests waiting for a sandbox when one is ready, or a build failed.
@@ -87,22 +87,23 @@ impl Drop for Building<'_> {
 }
 
 impl Pool {
-    /// An empty pool that keeps `target` sandboxes built with `config`.
-    pub fn new(target: usize, config: SandboxConfig) -> Pool {
+    /// An empty pool that keeps `target` sandboxes of `backend` built with `shape`.
+    pub fn new(backend: Arc<dyn Backend>, target: usize, shape: Shape) -> Pool {
         Pool {
+            backend,
             ready: Mutex::new(Ready::default()),
             target,
-            config,
+            shape,
             taken: Notify::new(),
             added: Notify::new(),
         }
     }
 
-    /// Takes a ready sandbox when `config` can be served by one: same disk size, rootfs
-    /// and network (memory, CPU and pids limits are applied per exec). The refiller
-    /// starts on its replacement at once.
-    pub fn take(&self, config: &SandboxConfig) -> Option<Sandbox> {
-        let sandbox = self.take_deferred(config);
+    /// Takes a ready sandbox when one can serve `shape` ([`Backend::serves`]: memory,
+    /// CPU and pids limits are applied per exec). The refiller starts on its replacement
+    /// at once.
+    pub fn take(&self, shape: &Shape) -> Option<Box<dyn Sandbox>> {
+        let sandbox = self.take_deferred(shape);
         if sandbox.is_some() {
             self.taken();
         }
@@ -110,8 +111,8 @@ impl Pool {
     }
 
     /// Like [`Pool::take`], but the replacement waits for a call to [`Pool::taken`].
-    pub fn take_deferred(&self, config: &SandboxConfig) -> Option<Sandbox> {
-        if !self.serves(config) {
+    pub fn take_deferred(&self, shape: &Shape) -> Option<Box<dyn Sandbox>> {
+        if !self.serves(shape) {
             return None;
         }
         self.ready.lock().ok()?.sandboxes.pop_front()
@@ -121,8 +122,8 @@ impl Pool {
     /// building a sandbox no other request waits for, waits for that one: it is ready
     /// sooner than one built from scratch for this request (which would also compete
     /// with it for the CPU). `None` means: build one.
-    pub async fn take_or_wait(&self, config: &SandboxConfig) -> Option<Sandbox> {
-        if !self.serves(config) {
+    pub async fn take_or_wait(&self, shape: &Shape) -> Option<Box<dyn Sandbox>> {
+        if !self.serves(shape) {
             return None;
         }
         loop {
@@ -145,12 +146,9 @@ impl Pool {
         }
     }
 
-    /// Whether a pooled sandbox can serve `config`.
-    fn serves(&self, config: &SandboxConfig) -> bool {
-        self.target > 0
-            && config.disk_bytes == self.config.disk_bytes
-            && config.rootfs == self.config.rootfs
-            && config.network == self.config.network
+    /// Whether a pooled sandbox can serve `shape`.
+    fn serves(&self, shape: &Shape) -> bool {
+        self.target > 0 && self.backend.serves(&self.shape, shape)
     }
 
     /// Lets the refiller replace what was taken. Called once the taking request's program
@@ -171,16 +169,21 @@ impl Pool {
         self.target
     }
 
+    /// Sets the pool's gauge to what is ready now.
+    pub fn report(&self, metrics: &Metrics) {
+        metrics.pool_ready(self.backend.isolation(), self.ready());
+    }
+
     /// Removes every ready sandbox (for shutdown).
-    pub fn drain(&self) -> Vec<Sandbox> {
+    pub fn drain(&self) -> Vec<Box<dyn Sandbox>> {
         self.ready
             .lock()
             .map(|mut r| r.sandboxes.drain(..).collect())
             .unwrap_or_default()
     }
 
-    /// Keeps the pool full until `stop` turns true, with up to [`BUILDERS`] sandboxes
-    /// under way at once.
+    /// Keeps the pool full until `stop` turns true, with up to the tier's
+    /// [`Backend::pool_builders`] sandboxes under way at once.
     pub async fn refill(
         self: Arc<Self>,
         spawner: Arc<Spawner>,
@@ -190,7 +193,7 @@ impl Pool {
         if self.target == 0 {
             return;
         }
-        let builders = (0..BUILDERS)
+        let builders = (0..self.backend.pool_builders().max(1))
             .map(|_| Arc::clone(&self).builder(Arc::clone(&spawner), Arc::clone(&metrics), stop.clone()));
         futures_util::future::join_all(builders).await;
     }
@@ -208,7 +211,7 @@ impl Pool {
             tokio::pin!(taken);
             taken.as_mut().enable();
             let Some(building) = Building::start_if_short(&self) else {
-                metrics.pool_ready.set(self.ready() as i64);
+                self.report(&metrics);
                 tokio::select! {
                     () = taken => {}
                     () = stopped(&mut stop) => return,
@@ -218,23 +221,23 @@ impl Pool {
             // While a sandbox is ready for the next request, this one is built in the
             // background's CPU share; when none is, a request is likely to wait for this
             // one, so it is built at an ordinary share.
-            let ahead = self.ready() > 0;
+            let behind = self.ready() > 0;
             let (created, took) = tokio::select! {
-                r = spawner.create(self.config.clone(), ahead) => r,
+                r = spawner.create(self.shape.clone(), Purpose::Pool { behind }) => r,
                 () = stopped(&mut stop) => return,
             };
             match created {
                 Ok(sandbox) => {
-                    metrics.provisioned("warm", took);
+                    metrics.provisioned(self.backend.isolation(), "warm", took);
                     if let Ok(mut ready) = self.ready.lock() {
                         ready.sandboxes.push_back(sandbox);
                     }
                     drop(building);
-                    metrics.pool_ready.set(self.ready() as i64);
+                    self.report(&metrics);
                 }
                 Err(e) => {
                     drop(building);
-                    tracing::error!(error = %e, "warm pool: building a sandbox failed");
+                    tracing::error!(error = %e, isolation = self.backend.isolation().as_str(), "warm pool: building a sandbox failed");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -247,20 +250,38 @@ mod tests {
     use super::*;
     use airlock_spec::Spec;
 
-    fn config() -> SandboxConfig {
-        SandboxConfig::of(&Spec::new(vec!["true".into()]))
+    /// A tier that builds nothing: these tests count the pool's waits and builds, and
+    /// never ask it for a sandbox.
+    #[derive(Debug)]
+    struct Unbuilt;
+
+    impl Backend for Unbuilt {
+        fn isolation(&self) -> airlock_spec::Isolation {
+            airlock_spec::Isolation::Namespaces
+        }
+        fn create(&self, _: &Shape, _: Purpose) -> Result<Box<dyn Sandbox>, airlock_backend::Error> {
+            Err(airlock_backend::Error::host("building", "not in these tests"))
+        }
+    }
+
+    fn config() -> Shape {
+        Shape::of(&Spec::new(vec!["true".into()]))
+    }
+
+    fn unbuilt(target: usize) -> Pool {
+        Pool::new(Arc::new(Unbuilt), target, config())
     }
 
     #[tokio::test]
     async fn an_empty_pool_with_nothing_under_way_says_build_one() {
-        let pool = Pool::new(2, config());
+        let pool = unbuilt(2);
         assert!(pool.take_or_wait(&config()).await.is_none());
-        assert!(Pool::new(0, config()).take_or_wait(&config()).await.is_none());
+        assert!(unbuilt(0).take_or_wait(&config()).await.is_none());
     }
 
     #[tokio::test]
     async fn a_request_waits_for_a_build_under_way_and_only_one_does() {
-        let pool = Arc::new(Pool::new(2, config()));
+        let pool = Arc::new(unbuilt(2));
         let building = Building::start(&pool);
         let waiter = tokio::spawn({
             let pool = Arc::clone(&pool);

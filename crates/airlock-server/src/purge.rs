@@ -23,16 +23,9 @@ impl Drop for Purge {
     fn drop(&mut self) {
         let Some(work) = self.0.take() else { return };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(|| {
-                // Background work on a thread shared with requests' execs: nice only
-                // for this job.
-                use airlock_sandbox::sys::{BACKGROUND_NICE, nice, set_nice};
-                let normal = nice(0).ok().filter(|_| set_nice(0, BACKGROUND_NICE).is_ok());
-                work();
-                if let Some(normal) = normal {
-                    let _ = set_nice(0, normal);
-                }
-            })),
+            // The sandbox's tier lowers what its purge costs others (see
+            // `Sandbox::enter_background`).
+            Ok(runtime) => drop(runtime.spawn_blocking(work)),
             // Outside the runtime (its shutdown): here and now.
             Err(_) => work(),
         }

@@ -1,23 +1,24 @@
-//! Creates sandboxes on dedicated, long-lived threads.
+//! Creates a tier's sandboxes on dedicated, long-lived threads.
 //!
-//! A sandbox's init carries `PR_SET_PDEATHSIG`, which fires when the *thread* that cloned
-//! it exits, not the process. Tokio's blocking threads exit when idle, so a session or a
-//! pooled sandbox created on one would be killed seconds later. These threads live as
-//! long as the service; when it dies, they die, and every sandbox with them.
+//! A sandbox's processes may be tied to the *thread* that created it: a namespace
+//! sandbox's init and a micro-VM's VMM carry `PR_SET_PDEATHSIG`, which fires when that
+//! thread exits, not the process. Tokio's blocking threads exit when idle, so a session
+//! or a pooled sandbox created on one would be killed seconds later. These threads live
+//! as long as the service; when it dies, they die, and every sandbox with them.
 
-use airlock_sandbox::{Engine, Sandbox, SandboxConfig, SandboxError};
+use airlock_backend::{Backend, Error, Purpose, Sandbox, Shape};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-type Reply = oneshot::Sender<(Result<Sandbox, SandboxError>, Duration)>;
+/// A built sandbox (or why not), and how long building it took.
+pub type Created = (Result<Box<dyn Sandbox>, Error>, Duration);
 
-/// One sandbox to build: its settings, whether it is built ahead of need (for the pool:
-/// see [`Engine::create_ahead`]), and where it goes.
-type Job = (SandboxConfig, bool, Reply);
+/// One sandbox to build: its shape, what for, and where it goes.
+type Job = (Shape, Purpose, oneshot::Sender<Created>);
 
-/// Hands sandbox creation to the spawner threads.
+/// Hands sandbox creation to one tier's spawner threads.
 #[derive(Debug)]
 pub struct Spawner {
     /// Jobs for the threads; dropping it lets them exit.
@@ -27,38 +28,33 @@ pub struct Spawner {
 }
 
 impl Spawner {
-    /// Starts `threads` spawner threads, and the engine's zygote (the service creates
-    /// many sandboxes: each one then costs the host less; see
-    /// [`Engine::start_zygote`]).
-    pub fn new(engine: Arc<Engine>, threads: usize) -> Spawner {
-        if let Err(e) = engine.start_zygote() {
-            tracing::warn!(error = %e, "no zygote: sandboxes are cloned from the service itself");
-        }
+    /// Starts `threads` threads that build `backend`'s sandboxes.
+    pub fn new(backend: Arc<dyn Backend>, threads: usize) -> Spawner {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let mut handles = Vec::new();
         for n in 0..threads.max(1) {
             let rx = Arc::clone(&rx);
-            let engine = Arc::clone(&engine);
-            let handle = std::thread::Builder::new()
-                .name(format!("airlock-spawner-{n}"))
+            let backend = Arc::clone(&backend);
+            let spawned = std::thread::Builder::new()
+                .name(format!("airlock-{}-{n}", backend.isolation().as_str()))
                 .spawn(move || {
                     loop {
                         let job = rx.lock().map(|r| r.recv());
-                        let Ok(Ok((config, ahead, reply))) = job else {
+                        let Ok(Ok((shape, purpose, reply))) = job else {
                             return;
                         };
                         let t0 = Instant::now();
-                        let created = if ahead {
-                            engine.create_ahead(&config)
-                        } else {
-                            engine.create(&config)
-                        };
+                        let created = backend.create(&shape, purpose);
+                        // A caller that went away drops the sandbox here: purged on the
+                        // thread that made it.
                         let _ = reply.send((created, t0.elapsed()));
                     }
-                })
-                .expect("spawning a spawner thread");
-            handles.push(handle);
+                });
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(e) => tracing::error!(error = %e, "starting a spawner thread"),
+            }
         }
         Spawner {
             jobs: Mutex::new(Some(tx)),
@@ -66,31 +62,24 @@ impl Spawner {
         }
     }
 
-    /// Creates a sandbox; returns it with the time provisioning took. With `ahead` (built
-    /// before anyone asked for it), in the background's CPU share until its first exec
-    /// ([`Engine::create_ahead`]).
-    pub async fn create(
-        &self,
-        config: SandboxConfig,
-        ahead: bool,
-    ) -> (Result<Sandbox, SandboxError>, Duration) {
+    /// Builds a sandbox of `shape` for `purpose`; returns it with the time building took.
+    pub async fn create(&self, shape: Shape, purpose: Purpose) -> Created {
         let (tx, rx) = oneshot::channel();
         let sent = self
             .jobs
             .lock()
             .ok()
-            .and_then(|jobs| jobs.as_ref().map(|j| j.send((config, ahead, tx)).is_ok()))
+            .and_then(|jobs| jobs.as_ref().map(|j| j.send((shape, purpose, tx)).is_ok()))
             .unwrap_or(false);
         if !sent {
-            return (
-                Err(SandboxError::Host("the service is shutting down".into())),
-                Duration::ZERO,
-            );
+            return (Err(Error::Cancelled), Duration::ZERO);
         }
-        rx.await.unwrap_or((
-            Err(SandboxError::Host("the spawner stopped".into())),
-            Duration::ZERO,
-        ))
+        rx.await.unwrap_or_else(|_| {
+            (
+                Err(Error::host("building a sandbox", "the spawner thread stopped")),
+                Duration::ZERO,
+            )
+        })
     }
 
     /// Lets the threads exit once their current job is done, and waits for them: a

@@ -1,11 +1,10 @@
 //! The service's shared state: the engine and its spawner threads, the warm pool, the
 //! sessions, the admission gate, metrics, keys, and the shutdown switches.
 
-use airlock_microvm::BootedVm;
-use airlock_sandbox::{Engine, OutputSink, Sandbox};
-use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, Spec};
+use airlock_backend::{Backend, Sandbox, Shape};
+use airlock_spec::{Isolation, Limits};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 use subtle::ConstantTimeEq;
@@ -15,8 +14,7 @@ use crate::admission::{Admission, Permit, SessionQuota, SessionSlot};
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::pool::Pool;
-use crate::spawner::Spawner;
+use crate::tier::{Tier, Tiers};
 
 /// Expired session ids remembered (for 410 instead of 404); older ones are forgotten.
 const EXPIRED_MEMORY: usize = 10_000;
@@ -24,91 +22,6 @@ const EXPIRED_MEMORY: usize = 10_000;
 /// The name of the API key a request authenticated with (`None` without auth).
 #[derive(Debug, Clone, Default)]
 pub struct KeyName(pub Option<String>);
-
-/// What a session's execs and file requests run in: a namespace sandbox on the host, or
-/// one inside a micro-VM of the session's own. Either keeps /workspace and /tmp between
-/// execs and ends each exec's processes with it; dropping it purges everything it owns
-/// (the sandbox; or the VMM, its cgroup and state directory).
-#[derive(Debug)]
-pub enum SessionSandbox {
-    /// `"isolation": "namespaces"`.
-    Namespaces(Sandbox),
-    /// `"isolation": "microvm"`: the guest's sandbox, built when the session was created.
-    Microvm(BootedVm),
-}
-
-impl SessionSandbox {
-    /// Its id (the session's).
-    pub fn id(&self) -> &str {
-        match self {
-            SessionSandbox::Namespaces(sb) => sb.id(),
-            SessionSandbox::Microvm(vm) => vm.id(),
-        }
-    }
-
-    /// Which isolation it is.
-    pub fn isolation(&self) -> Isolation {
-        match self {
-            SessionSandbox::Namespaces(_) => Isolation::Namespaces,
-            SessionSandbox::Microvm(_) => Isolation::Microvm,
-        }
-    }
-
-    /// Runs one exec (blocking). A readable `cancel` fd ends the exec's processes; the
-    /// error is then 503 (the caller tells a deleted session apart).
-    pub fn exec(
-        &mut self,
-        spec: &Spec,
-        sink: &mut dyn OutputSink,
-        cancel: &[BorrowedFd<'_>],
-    ) -> Result<ExecResult, ApiError> {
-        match self {
-            SessionSandbox::Namespaces(sb) => sb
-                .exec(spec, sink, cancel)
-                .map_err(crate::service::runner::api_error),
-            SessionSandbox::Microvm(vm) => vm.exec(spec, sink, cancel).map_err(crate::microvm::vm_error),
-        }
-    }
-
-    /// Writes a file under /workspace (blocking). A readable `cancel` (the session is
-    /// being purged) ends a namespace sandbox's write at once; a micro-VM's is bounded
-    /// by its per-frame timeout.
-    pub fn write_file(
-        &mut self,
-        path: &str,
-        mode: u32,
-        content: &[u8],
-        cancel: BorrowedFd<'_>,
-    ) -> Result<(), ApiError> {
-        match self {
-            SessionSandbox::Namespaces(sb) => sb
-                .write_file_cancellable(path, mode, content, &[cancel])
-                .map_err(crate::service::runner::api_error),
-            SessionSandbox::Microvm(vm) => vm
-                .write_file(path, mode, content)
-                .map_err(crate::microvm::vm_error),
-        }
-    }
-
-    /// Reads a file under /workspace, at most `max_bytes` (blocking); 404 when it does
-    /// not exist.
-    pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, ApiError> {
-        match self {
-            SessionSandbox::Namespaces(sb) => sb
-                .read_file(path, max_bytes)
-                .map_err(crate::service::runner::api_error),
-            SessionSandbox::Microvm(vm) => vm.read_file(path, max_bytes).map_err(crate::microvm::vm_error),
-        }
-    }
-
-    /// Lists /workspace recursively (blocking).
-    pub fn list_files(&mut self) -> Result<Vec<FileEntry>, ApiError> {
-        match self {
-            SessionSandbox::Namespaces(sb) => sb.list_files().map_err(crate::service::runner::api_error),
-            SessionSandbox::Microvm(vm) => vm.list_files().map_err(crate::microvm::vm_error),
-        }
-    }
-}
 
 /// A session sandbox: lives until deleted or its TTL passes.
 #[derive(Debug)]
@@ -136,9 +49,10 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session around `sandbox`.
+    /// A session around `sandbox`, of tier `isolation`.
     pub fn new(
-        sandbox: SessionSandbox,
+        sandbox: Box<dyn Sandbox>,
+        isolation: Isolation,
         ttl: std::time::Duration,
         key: Option<String>,
         limits: Limits,
@@ -149,7 +63,7 @@ impl Session {
         let now = SystemTime::now();
         Ok(Session {
             id: sandbox.id().to_owned(),
-            isolation: sandbox.isolation(),
+            isolation,
             created: now,
             expires: now + ttl,
             deadline: Instant::now() + ttl,
@@ -180,7 +94,7 @@ impl Session {
     pub async fn with_sandbox<R, F>(self: &Arc<Self>, f: F) -> Result<R, crate::error::ApiError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut SessionSandbox) -> R + Send + 'static,
+        F: FnOnce(&mut dyn Sandbox) -> R + Send + 'static,
     {
         let session = Arc::clone(self);
         let task = tokio::spawn(async move {
@@ -192,7 +106,7 @@ impl Session {
                 )));
             };
             let ran = tokio::task::spawn_blocking(move || {
-                let r = f(&mut sandbox);
+                let r = f(sandbox.as_mut());
                 (r, sandbox)
             })
             .await;
@@ -217,8 +131,8 @@ impl Session {
 /// The mutable part of a session.
 #[derive(Debug)]
 pub struct SessionInner {
-    /// The sandbox (or VM); `None` once purged.
-    pub sandbox: Option<SessionSandbox>,
+    /// The sandbox; `None` once purged.
+    pub sandbox: Option<Box<dyn Sandbox>>,
     /// Execs run so far.
     pub execs: u64,
     /// CPU time of all execs.
@@ -236,12 +150,8 @@ pub struct SessionInner {
 pub struct AppState {
     /// Settings.
     pub config: ServerConfig,
-    /// Creates sandboxes on long-lived threads.
-    pub spawner: Arc<Spawner>,
-    /// Warm sandboxes.
-    pub pool: Arc<Pool>,
-    /// Micro-VMs (`"isolation": "microvm"`) and their pool.
-    pub vm: Arc<crate::microvm::VmService>,
+    /// Each tier: its backend, build threads and warm pool.
+    pub tiers: Tiers,
     /// The admission gate.
     pub admission: Admission,
     /// Sessions per API key (`--max-sessions-per-key`).
@@ -260,33 +170,26 @@ pub struct AppState {
     pub stopping: watch::Sender<bool>,
 }
 
-/// Resolves when `rx` is (or becomes) true, or its sender is gone.
-pub async fn stopped(rx: &mut watch::Receiver<bool>) {
-    loop {
-        if *rx.borrow_and_update() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
 impl AppState {
-    /// Builds the state; the spawner threads start here.
-    pub fn new(
-        engine: Arc<Engine>,
-        config: ServerConfig,
-        pool_config: airlock_sandbox::SandboxConfig,
-    ) -> Arc<AppState> {
-        let threads = std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .clamp(2, 8);
-        let spawner = Arc::new(Spawner::new(Arc::clone(&engine), threads));
+    /// Builds the state around the tiers' `backends`; their spawner threads start here.
+    /// Each tier's pool keeps the number of sandboxes the config asks of it, of the
+    /// default limits.
+    pub fn new(backends: Vec<Arc<dyn Backend>>, config: ServerConfig) -> Arc<AppState> {
+        let shape = Shape {
+            limits: config.defaults.clone(),
+            rootfs: None,
+            network: airlock_spec::NetworkPolicy::None,
+        };
+        let tiers = backends
+            .into_iter()
+            .map(|b| {
+                let target = config.pool_target(b.isolation());
+                Tier::new(b, target, shape.clone())
+            })
+            .collect();
         let (cancel, trigger) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
         Arc::new(AppState {
-            pool: Arc::new(Pool::new(config.pool, pool_config)),
-            vm: Arc::new(crate::microvm::VmService::new(config.vm_pool, &config.defaults)),
+            tiers: Tiers::new(tiers),
             admission: Admission::new(&config),
             session_quota: SessionQuota::new(config.max_sessions_per_key),
             metrics: Arc::new(Metrics::new()),
@@ -295,7 +198,6 @@ impl AppState {
             cancel: Arc::new(cancel),
             cancel_trigger: Mutex::new(Some(trigger)),
             stopping: watch::Sender::new(false),
-            spawner,
             config,
         })
     }
@@ -362,7 +264,7 @@ impl AppState {
 }
 
 /// Purges a removed session: cancels its running exec, if any, then destroys the sandbox
-/// (or the VM) off the async threads.
+/// off the async threads.
 pub async fn purge_session(session: Arc<Session>) {
     // A running exec is cancelled, so the purge happens now, not when it would end.
     session.cancel_execs();

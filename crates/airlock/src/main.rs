@@ -3,6 +3,7 @@
 //! (see `airlock_sandbox::maybe_run_init`).
 
 mod cmd;
+mod tiers;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -2,8 +2,8 @@
 //! hung ignoring SIGTERM, a session answered every later request with a stale error, the
 //! daemon never exited on SIGTERM). A failed write now fails once, with 507 `disk_full`
 //! naming the disk and the file, and leaves the sandbox usable; the CLI refuses an
-//! oversized `--file` before it starts anything. The micro-VM variant is in
-//! `server_microvm.rs`.
+//! oversized `--file` before it starts anything. The same on every tier, with small
+//! sizes, is in `contract.rs`.
 //!
 //! Host checks look only at what the test's own daemon owns.
 

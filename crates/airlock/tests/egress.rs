@@ -6,12 +6,14 @@
 //! mount namespace. Nothing ever leaves the namespace: it has no other interface.
 //!
 //! Every server counts the connections it accepts; the forbidden ones must stay at zero.
+//! The proxy's policy is the host's whatever the tier, so it is tested here on the default
+//! one; `--net none`, proxy mode and the service's egress log on every tier are in
+//! tests/contract.rs.
 
 mod egressutil;
 
-use egressutil::{ALLOWED, API, ECHO_PORT, METADATA, Net, Serve, egress, in_netns, poll};
+use egressutil::{ALLOWED, API, ECHO_PORT, METADATA, Net, egress};
 use serde_json::{Value, json};
-use std::time::Duration;
 
 /// `--net proxy` with 10.9.9.9 allowed by address.
 const PROXY_ALLOWED: &[&str] = &["--net", "proxy", "--allow-cidr", "10.9.9.9/32"];
@@ -665,40 +667,6 @@ sleep 0.3"#;
     assert_eq!(net.connections_to("echo"), 8, "{:?}", net.connections());
 }
 
-#[test]
-fn mode_none_has_no_route_and_no_proxy() {
-    let net = Net::start();
-    let (v, out) = net.python(
-        &[],
-        r#"
-out["allowed"] = direct("10.9.9.9", 80)
-out["metadata"] = direct("169.254.169.254", 80)
-out["metadata6"] = direct("fd00:ec2::254", 80)
-out["proxy_port"] = direct("127.0.0.1", 3128)
-out["udp"] = udp("10.9.9.9", 53)
-out["udp_metadata"] = udp("169.254.169.254", 80)
-out["interfaces"] = interfaces()
-out["env"] = sorted(k for k in os.environ if "proxy" in k.lower())
-"#,
-    );
-    // TCP is refused by landlock (EACCES) or finds no route (ENETUNREACH); UDP, which
-    // landlock does not cover, shows there is no route at all.
-    for k in ["allowed", "metadata", "metadata6", "proxy_port"] {
-        let got = out[k].as_str().unwrap_or_default();
-        assert!(
-            ["EACCES", "ENETUNREACH", "ECONNREFUSED"].contains(&got),
-            "{k}: a direct connection must fail, got {got}: {v:#}"
-        );
-    }
-    assert_eq!(out["udp"], "ENETUNREACH", "{v:#}");
-    assert_eq!(out["udp_metadata"], "ENETUNREACH", "{v:#}");
-    assert_only_loopback(&out, &v);
-    assert_eq!(out["env"], json!([]), "{v:#}");
-    assert_eq!(v["egress"], json!([]), "{v:#}");
-    assert_eq!(net.connections_to("allowed"), 0, "{:?}", net.connections());
-    net.assert_no_forbidden_connections();
-}
-
 /// The landlock ABI version of the running kernel (0 without landlock).
 fn landlock_abi() -> i64 {
     // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attr and size 0 only queries.
@@ -782,92 +750,4 @@ out = {k: v for k, v in os.environ.items() if "proxy" in k.lower()}
     for e in ["localhost", "127.0.0.1"] {
         assert!(entries.contains(&e), "NO_PROXY {no_proxy:?} lacks {e}");
     }
-}
-
-/// (status, body) of one request; any HTTP status is a result.
-fn http(method: &str, url: &str, body: Option<&Value>) -> (u16, String) {
-    let req = ureq::request(method, url).timeout(Duration::from_secs(120));
-    let res = match body {
-        Some(b) => req
-            .set("Content-Type", "application/json")
-            .send_string(&b.to_string()),
-        None => req.call(),
-    };
-    match res {
-        Ok(r) | Err(ureq::Error::Status(_, r)) => (r.status(), r.into_string().unwrap_or_default()),
-        Err(e) => panic!("{method} {url}: {e}"),
-    }
-}
-
-/// The value of the first metric line that starts with `prefix`.
-fn metric(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
-#[test]
-fn the_service_returns_the_egress_log_and_counts_denials_in_metrics() {
-    let net = Net::start();
-    let daemon = Serve::start(&net, &["--pool", "1"], Duration::from_secs(60));
-    let base = format!("http://127.0.0.1:{}", daemon.port);
-    let program = format!(
-        "{}\n{}\nprint(json.dumps(out))\n",
-        egressutil::PRELUDE,
-        r#"
-out["allowed"] = urlopen("http://10.9.9.9/hello")
-out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
-"#
-    );
-    let request = json!({
-        "cmd": ["python3", "-c", program],
-        "network": {"mode": "proxy", "allow": ["api.allowed.test"], "allow_cidrs": ["10.9.9.9/32"]},
-    });
-    let (exec, metrics) = in_netns(&net, || {
-        let ready = poll(Duration::from_secs(90), || {
-            let (s, _) = http("GET", &format!("{base}/readyz"), None);
-            (s == 200).then_some(())
-        });
-        assert!(ready.is_some(), "/readyz never answered 200");
-        let exec = http("POST", &format!("{base}/v1/exec"), Some(&request));
-        let metrics = http("GET", &format!("{base}/metrics"), None);
-        (exec, metrics)
-    });
-    assert_eq!(exec.0, 200, "{}", exec.1);
-    let v: Value = serde_json::from_str(&exec.1).expect("JSON");
-    assert_eq!(v["exit_code"], 0, "{v:#}");
-    let out: Value = serde_json::from_str(v["stdout"].as_str().unwrap().trim()).expect("out");
-    assert_eq!(out["allowed"], json!([200, "hello from allowed\n"]), "{v:#}");
-    assert_eq!(
-        out["metadata"],
-        json!([403, "link-local address 169.254.169.254\n"]),
-        "{v:#}"
-    );
-    let (ok, denied) = split_log(&v, 1, 1);
-    assert_entry(
-        &ok[0],
-        ALLOWED,
-        80,
-        Some(ALLOWED),
-        true,
-        "allowed by allow_cidrs 10.9.9.9/32",
-    );
-    assert_denied(
-        &denied[0],
-        METADATA,
-        80,
-        Some(METADATA),
-        "link-local address 169.254.169.254",
-    );
-
-    assert_eq!(metrics.0, 200, "{}", metrics.1);
-    let denied = metric(&metrics.1, "airlock_egress_total{decision=\"denied\"}");
-    let allowed = metric(&metrics.1, "airlock_egress_total{decision=\"allowed\"}");
-    assert!(
-        denied.is_some_and(|d| d >= 1.0) && allowed.is_some_and(|a| a >= 1.0),
-        "airlock_egress_total: denied {denied:?}, allowed {allowed:?} in /metrics:\n{}",
-        metrics.1
-    );
-    net.assert_no_forbidden_connections();
 }

@@ -120,7 +120,11 @@ fn deadline_holds_under_a_cpu_throttled_clone_storm_in_a_micro_vm() {
         // From the warm pool: a VM cloned for the request would start the program under
         // a cold emulator, after the set-up it reports, and that start would count here.
         poll(Duration::from_secs(120), || {
-            (metric(&c.get("/metrics").expect(200).text(), "airlock_vm_pool_ready")? >= 1.0).then_some(())
+            (metric(
+                &c.get("/metrics").expect(200).text(),
+                "airlock_pool_ready{isolation=\"microvm\"}",
+            )? >= 1.0)
+                .then_some(())
         })
         .unwrap_or_else(|| panic!("the VM pool never filled; log:\n{}", daemon.log()));
         let t0 = Instant::now();

@@ -4,6 +4,7 @@
 //! checks look only at what the test's own daemon owns (`airlock/<pid>-<start>` cgroups
 //! and the processes in them), since other tests run daemons at the same time. No test
 //! asserts a latency; where timing matters (streaming, grace), the margins are seconds.
+//! Files and sessions as every tier serves them are in tests/contract.rs.
 //!
 //! Shutdown checks hold `serverutil::start_lock` from the signal to the check: a daemon
 //! starting meanwhile purges dead owners' leftovers and would hide a leak.
@@ -1202,108 +1203,6 @@ fn a_413_does_not_break_the_clients_next_request() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn session_files_persist_between_execs_and_the_routes_agree() {
-    let d = Daemon::start(&["--pool", "1"]);
-    let c = d.client();
-    let created = c
-        .post_json("/v1/sandboxes", &json!({"ttl_s": 600}))
-        .expect(201)
-        .json();
-    let id = created["id"].as_str().unwrap().to_owned();
-    assert!(created["expires_at"].as_f64().is_some(), "{created}");
-    assert!(d.sandbox_cgroups().contains(&id), "no cgroup for session {id}");
-
-    // PUT a file (and an executable), exec reads and runs them.
-    c.put(
-        &format!("/v1/sandboxes/{id}/files?path=in/data.txt"),
-        b"uploaded\n",
-    )
-    .expect(204);
-    c.put(
-        &format!("/v1/sandboxes/{id}/files?path=tool.sh&mode=755"),
-        b"#!/bin/sh\necho tool ran\n",
-    )
-    .expect(204);
-    let v = c
-        .session_exec(&id, &sh("pwd; cat in/data.txt; ./tool.sh"))
-        .expect(200)
-        .json();
-    assert_eq!(ok_stdout(&v), "/workspace\nuploaded\ntool ran\n");
-
-    // An exec writes files in /workspace and /tmp; the next exec and GET see them.
-    let v = c
-        .session_exec(
-            &id,
-            &sh("printf 'made by exec' > out.txt; printf '\\000\\001\\377' > bin.dat; echo kept > /tmp/t"),
-        )
-        .expect(200)
-        .json();
-    ok_stdout(&v);
-    let v = c.session_exec(&id, &sh("cat /tmp/t out.txt")).expect(200).json();
-    assert_eq!(ok_stdout(&v), "kept\nmade by exec");
-    let r = c
-        .get(&format!("/v1/sandboxes/{id}/files?path=out.txt"))
-        .expect(200);
-    assert_eq!(r.body, b"made by exec");
-    let r = c
-        .get(&format!("/v1/sandboxes/{id}/files?path=/workspace/bin.dat"))
-        .expect(200);
-    assert_eq!(r.body, [0u8, 1, 255]);
-
-    // The listing shows them.
-    let list = c.get(&format!("/v1/sandboxes/{id}/files")).expect(200).json();
-    let paths: BTreeSet<String> = list
-        .as_array()
-        .unwrap_or_else(|| panic!("file listing is not an array: {list}"))
-        .iter()
-        .map(|e| e["path"].as_str().unwrap().to_owned())
-        .collect();
-    for p in ["out.txt", "bin.dat", "tool.sh"] {
-        assert!(paths.contains(p), "{p} not in listing {list}");
-    }
-    assert!(
-        paths.iter().any(|p| p == "in/data.txt" || p == "in"),
-        "in/data.txt not in listing {list}"
-    );
-    let out = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["path"] == "out.txt")
-        .unwrap();
-    assert_eq!(out["size"], 12, "{out}");
-
-    // The sandbox list and show agree.
-    let all = c.get("/v1/sandboxes").expect(200).json();
-    let me = all
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["id"] == id.as_str())
-        .unwrap_or_else(|| panic!("{id} not listed: {all}"));
-    assert!(me["usage"]["execs"].as_u64().unwrap() >= 3, "{me}");
-    let shown = c.get(&format!("/v1/sandboxes/{id}")).expect(200).json();
-    assert_eq!(shown["id"], id.as_str());
-
-    // DELETE: 204, then everything about it is a 404 and its cgroup is gone.
-    c.delete(&format!("/v1/sandboxes/{id}")).expect(204);
-    c.delete(&format!("/v1/sandboxes/{id}")).api_error(404);
-    c.get(&format!("/v1/sandboxes/{id}")).api_error(404);
-    c.session_exec(&id, &sh("true")).api_error(404);
-    c.get(&format!("/v1/sandboxes/{id}/files?path=out.txt"))
-        .api_error(404);
-    let listed = c.get("/v1/sandboxes").expect(200).json();
-    assert!(
-        !listed.to_string().contains(&id),
-        "deleted session still listed: {listed}"
-    );
-    let gone = poll(Duration::from_secs(10), || {
-        (!d.sandbox_cgroups().contains(&id)).then_some(())
-    });
-    assert!(gone.is_some(), "cgroup of deleted session {id} still there");
-}
-
-#[test]
 fn concurrent_execs_in_one_session_are_serialized() {
     let d = Daemon::start(&["--pool", "1"]);
     let c = d.client();
@@ -1340,37 +1239,6 @@ fn concurrent_execs_in_one_session_are_serialized() {
             "interleaved execs:\n{log}"
         );
     }
-}
-
-#[test]
-fn session_background_processes_end_with_their_exec() {
-    let d = Daemon::start(&["--pool", "1"]);
-    let c = d.client();
-    let id = c.create_session(&json!({}));
-    let v = c
-        .session_exec(&id, &sh("sleep 1000 & echo started $!"))
-        .expect(200)
-        .json();
-    assert!(ok_stdout(&v).starts_with("started "), "{v:#}");
-    let v = c
-        .session_exec(
-            &id,
-            &sh("for p in /proc/[0-9]*; do printf '%s ' \"$(cat $p/comm 2>/dev/null)\"; done; echo"),
-        )
-        .expect(200)
-        .json();
-    let comms = ok_stdout(&v);
-    assert!(
-        !comms.split_whitespace().any(|c| c == "sleep"),
-        "the background sleep survived its exec: {comms}"
-    );
-    // Nor is it alive on the host side.
-    let left: Vec<_> = d
-        .sandbox_processes()
-        .into_iter()
-        .filter(|p| p.name == "sleep")
-        .collect();
-    assert!(left.is_empty(), "sleep still on the host: {left:?}");
 }
 
 #[test]
@@ -2108,14 +1976,14 @@ fn metrics_export_the_documented_series() {
         text.contains("airlock_exec_duration_seconds_bucket{le="),
         "{text}"
     );
-    assert!(m("airlock_provision_seconds_count{pool=\"warm\"}") >= 1.0);
-    assert!(m("airlock_provision_seconds_count{pool=\"cold\"}") >= 1.0);
+    assert!(m("airlock_provision_seconds_count{isolation=\"namespaces\",pool=\"warm\"}") >= 1.0);
+    assert!(m("airlock_provision_seconds_count{isolation=\"namespaces\",pool=\"cold\"}") >= 1.0);
     assert_eq!(
         m("airlock_sandboxes_active"),
         1.0,
         "the session is the one live sandbox"
     );
-    let pool = m("airlock_pool_ready");
+    let pool = m("airlock_pool_ready{isolation=\"namespaces\"}");
     assert!((0.0..=1.0).contains(&pool), "pool_ready {pool}");
     assert!(
         m("airlock_rejected_total{reason=\"queue_timeout\"}") >= 1.0,

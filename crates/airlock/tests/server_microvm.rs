@@ -1,6 +1,9 @@
-//! The service with `"isolation": "microvm"`: the real `airlock serve --vm-pool N` on
-//! 127.0.0.1:0, driven over real HTTP. VMs run emulated (TCG) on hosts whose KVM cannot
-//! boot a guest, so each boot takes seconds: few tests, generous time limits.
+//! The service with `"isolation": "microvm"`: what only the micro-VM tier has (its VM
+//! pool, a VM booted for an oversized request, pooled VMs at shutdown, sessions on pooled
+//! VMs), with the real `airlock serve --vm-pool N` on 127.0.0.1:0 driven over real HTTP.
+//! Files, sessions and egress, as on every tier, are in tests/contract.rs. VMs run
+//! emulated (TCG) on hosts whose KVM cannot boot a guest, so each boot takes seconds: few
+//! tests, generous time limits.
 //!
 //! Needs what tests/microvm.rs needs (QEMU, mksquashfs, the `airlock-guest` binary next
 //! to `airlock`).
@@ -25,7 +28,7 @@ fn metric_of(d: &Daemon, name: &str) -> f64 {
 fn a_pooled_vm_runs_a_one_shot_exec_in_the_guest_kernel_and_an_oversized_request_boots_its_own() {
     let d = Daemon::start(&["--pool", "1", "--vm-pool", "1"]);
     poll(POOL_FILL, || {
-        (metric_of(&d, "airlock_vm_pool_ready") >= 1.0).then_some(())
+        (metric_of(&d, "airlock_pool_ready{isolation=\"microvm\"}") >= 1.0).then_some(())
     })
     .unwrap_or_else(|| panic!("the VM pool never filled; log:\n{}", d.log()));
     let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
@@ -52,7 +55,12 @@ fn a_pooled_vm_runs_a_one_shot_exec_in_the_guest_kernel_and_an_oversized_request
     assert!(v["id"].as_str().unwrap().starts_with("vm-"), "{v}");
     let text = d.client().get("/metrics").expect(200).text();
     assert!(
-        metric(&text, "airlock_vm_provision_seconds_count{pool=\"warm\"}").unwrap_or(0.0) >= 1.0,
+        metric(
+            &text,
+            "airlock_provision_seconds_count{isolation=\"microvm\",pool=\"warm\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
         "{text}"
     );
 
@@ -67,7 +75,12 @@ fn a_pooled_vm_runs_a_one_shot_exec_in_the_guest_kernel_and_an_oversized_request
     assert_eq!(v["stdout"], "42\n", "{v}");
     let text = d.client().get("/metrics").expect(200).text();
     assert!(
-        metric(&text, "airlock_vm_provision_seconds_count{pool=\"cold\"}").unwrap_or(0.0) >= 1.0,
+        metric(
+            &text,
+            "airlock_provision_seconds_count{isolation=\"microvm\",pool=\"cold\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
         "{text}"
     );
     let v = d
@@ -88,7 +101,7 @@ fn a_bad_isolation_is_a_400_naming_the_field() {
     assert_eq!(e["field"], "isolation", "{e}");
     assert!(e["message"].as_str().unwrap().contains("microvm"), "{e}");
     // An invalid proxy policy is a 400 naming it, before any VM is booted (proxy mode
-    // itself is tested in microvm_egress.rs).
+    // itself is tested in contract.rs).
     let e = d
         .client()
         .post_json(
@@ -104,7 +117,7 @@ fn a_bad_isolation_is_a_400_naming_the_field() {
 fn sigterm_with_pooled_vms_leaves_no_vmm_cgroup_or_state() {
     let mut d = Daemon::start(&["--pool", "0", "--vm-pool", "1"]);
     poll(POOL_FILL, || {
-        (metric_of(&d, "airlock_vm_pool_ready") >= 1.0).then_some(())
+        (metric_of(&d, "airlock_pool_ready{isolation=\"microvm\"}") >= 1.0).then_some(())
     })
     .unwrap_or_else(|| panic!("the VM pool never filled; log:\n{}", d.log()));
     let owner = d.owner.clone();
@@ -124,21 +137,6 @@ fn sh(script: &str) -> serde_json::Value {
     json!({"cmd": ["sh", "-c", script]})
 }
 
-/// Whether the VM `id` of daemon `d` left anything on the host: its VMM (or any process
-/// in the daemon's cgroups), its cgroup, its state directory. What is left, as text.
-fn vm_leftovers(d: &Daemon, id: &str) -> Option<String> {
-    let procs = owner_processes(&d.owner);
-    let cgroups = d.sandbox_cgroups();
-    let state = std::path::Path::new("/run/airlock/vm").join(&d.owner).join(id);
-    let left = !procs.is_empty() || cgroups.contains(id) || state.exists();
-    left.then(|| {
-        format!(
-            "processes {procs:?}, cgroups {cgroups:?}, state {}",
-            state.exists()
-        )
-    })
-}
-
 /// Sends `POST /v1/sandboxes/{id}/exec` running `sh -c SCRIPT` on a raw connection and
 /// closes it after `after`, unanswered.
 fn abandoned_exec(d: &Daemon, id: &str, script: &str, after: Duration) {
@@ -156,122 +154,11 @@ fn abandoned_exec(d: &Daemon, id: &str, script: &str, after: Duration) {
 }
 
 #[test]
-fn a_microvm_session_keeps_its_files_across_execs_and_delete_leaves_nothing() {
-    let d = Daemon::start(&["--pool", "0", "--vm-pool", "0"]);
-    let c = d.client();
-    let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-
-    // The VM is booted for the session (the guest image may be built first).
-    let id = c.create_session(&json!({"isolation": "microvm", "ttl_s": 600}));
-    assert!(id.starts_with("vm-"), "{id}");
-    let list = c.get("/v1/sandboxes").expect(200).json();
-    let listed = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["id"] == id.as_str())
-        .unwrap_or_else(|| panic!("{id} not in {list}"));
-    assert_eq!(listed["isolation"], "microvm", "{listed}");
-    assert!(
-        vm_leftovers(&d, &id).is_some(),
-        "no VMM, cgroup or state directory for the session's VM"
-    );
-
-    // A file in before the first exec.
-    c.put(
-        &format!("/v1/sandboxes/{id}/files?path=data/in.txt"),
-        b"hello vm\n",
-    )
-    .expect(204);
-    // Exec 1: under the guest's kernel; writes to /workspace and /tmp; leaves a process
-    // behind.
-    let v = c
-        .session_exec(
-            &id,
-            &sh(
-                "cat /proc/sys/kernel/osrelease; cp data/in.txt copy.txt; echo kept > /tmp/t; \
-                 sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/bg.pid",
-            ),
-        )
-        .expect(200)
-        .json();
-    let out = ok_stdout(&v);
-    assert_ne!(out.trim(), host_kernel.trim(), "ran on the host's kernel: {v}");
-    assert_eq!(v["id"], id.as_str(), "{v}");
-    assert!(
-        v["memory_peak_bytes"].as_u64().unwrap() > 0,
-        "no usage from the guest: {v}"
-    );
-
-    // Exec 2 sees both files; the background sleep ended with exec 1.
-    let v = c
-        .session_exec(
-            &id,
-            &sh("cat copy.txt /tmp/t; for p in /proc/[0-9]*; do printf '%s ' \"$(cat $p/comm 2>/dev/null)\"; done; echo"),
-        )
-        .expect(200)
-        .json();
-    let out = ok_stdout(&v);
-    let mut lines = out.lines();
-    assert_eq!(lines.next(), Some("hello vm"), "{v}");
-    assert_eq!(lines.next(), Some("kept"), "{v}");
-    let comms = lines.next().unwrap_or("");
-    assert!(
-        !comms.split_whitespace().any(|c| c == "sleep"),
-        "the background sleep survived its exec: {comms}"
-    );
-
-    // Files out: one read, and the listing.
-    let got = c
-        .get(&format!("/v1/sandboxes/{id}/files?path=copy.txt"))
-        .expect(200);
-    assert_eq!(got.body, b"hello vm\n");
-    c.get(&format!("/v1/sandboxes/{id}/files?path=nope.txt"))
-        .api_error(404);
-    let entries = c.get(&format!("/v1/sandboxes/{id}/files")).expect(200).json();
-    let paths: Vec<&str> = entries
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(paths, ["copy.txt", "data", "data/in.txt"], "{entries}");
-
-    // A deadline ends the exec, not the session.
-    let v = c
-        .session_exec(
-            &id,
-            &json!({"cmd": ["sleep", "100"], "limits": {"timeout_ms": 2000}}),
-        )
-        .expect(200)
-        .json();
-    assert_eq!(v["outcome"], "timeout", "{v}");
-    let v = c.session_exec(&id, &sh("cat copy.txt")).expect(200).json();
-    assert_eq!(ok_stdout(&v), "hello vm\n");
-    // An exec may not switch backends.
-    let e = c
-        .session_exec(&id, &json!({"cmd": ["true"], "isolation": "namespaces"}))
-        .api_error(400);
-    assert_eq!(e["field"], "isolation", "{e}");
-    let info = c.get(&format!("/v1/sandboxes/{id}")).expect(200).json();
-    assert_eq!(info["usage"]["execs"], 4, "{info}");
-
-    // Deleted: 204, then unknown; the VMM, its cgroup and state directory are gone.
-    c.delete(&format!("/v1/sandboxes/{id}")).expect(204);
-    c.get(&format!("/v1/sandboxes/{id}")).api_error(404);
-    let gone = poll(Duration::from_secs(30), || {
-        vm_leftovers(&d, &id).is_none().then_some(())
-    });
-    let left = gone.map_or_else(|| vm_leftovers(&d, &id), |()| None);
-    assert!(left.is_none(), "left after DELETE: {left:?}");
-}
-
-#[test]
 fn microvm_sessions_expire_and_sigterm_purges_the_rest() {
     let mut d = Daemon::start(&["--pool", "0", "--vm-pool", "1"]);
     let c = d.client();
     poll(POOL_FILL, || {
-        (metric_of(&d, "airlock_vm_pool_ready") >= 1.0).then_some(())
+        (metric_of(&d, "airlock_pool_ready{isolation=\"microvm\"}") >= 1.0).then_some(())
     })
     .unwrap_or_else(|| panic!("the VM pool never filled; log:\n{}", d.log()));
     // The first takes the pooled VM (its guest sandbox built ahead), the second a clone
@@ -334,63 +221,4 @@ fn sigterm_leaves_nothing(d: &mut Daemon, owner: &str, state: &std::path::Path) 
     let dirs = owner_dirs(owner);
     assert!(dirs.is_empty(), "cgroups left: {dirs:?}");
     assert!(!state.exists(), "state directory left: {}", state.display());
-}
-
-#[test]
-fn microvm_session_upload_beyond_the_disk_fails_once_with_507_and_the_session_still_works() {
-    // Issue 12, item 7: in a micro-VM session one failed upload left every later request
-    // with a stale error (an exec answered 500). Small sizes: the file crosses the
-    // emulated port.
-    const MIB: usize = 1 << 20;
-    let mut d = Daemon::start(&["--pool", "0", "--vm-pool", "0"]);
-    let c = d.client();
-    let id = c.create_session(&json!({
-        "isolation": "microvm", "ttl_s": 600, "limits": {"disk_bytes": 8 * MIB},
-    }));
-    // Larger than the whole disk: refused unsent.
-    let m = c.put_disk_full(&id, "big.bin", 12 * MIB);
-    assert!(
-        m.contains("the sandbox's disk (8 MiB) has no room for file 'big.bin' (12 MiB)"),
-        "{m}"
-    );
-    // 6 MiB fit; 3 MiB more do not: the guest's disk fills part-way, once.
-    c.put(
-        &format!("/v1/sandboxes/{id}/files?path=a.bin"),
-        &vec![1u8; 6 * MIB],
-    )
-    .expect(204);
-    let m = c.put_disk_full(&id, "b.bin", 3 * MIB);
-    assert!(
-        m.contains("the sandbox's disk (8 MiB) has no room for file 'b.bin' (3 MiB)")
-            && m.contains("of it is free"),
-        "{m}"
-    );
-    // Every later request gets its own answer.
-    let entries = c.get(&format!("/v1/sandboxes/{id}/files")).expect(200).json();
-    let paths: Vec<&str> = entries
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(paths, ["a.bin"], "{entries}");
-    c.put(
-        &format!("/v1/sandboxes/{id}/files?path=note.txt"),
-        b"still here\n",
-    )
-    .expect(204);
-    let got = c
-        .get(&format!("/v1/sandboxes/{id}/files?path=note.txt"))
-        .expect(200);
-    assert_eq!(got.body, b"still here\n");
-    let v = c
-        .session_exec(&id, &sh("cat note.txt; wc -c < a.bin"))
-        .expect(200)
-        .json();
-    assert_eq!(ok_stdout(&v), format!("still here\n{}\n", 6 * MIB), "{v}");
-
-    // SIGTERM with the session live: the daemon exits and nothing of it remains.
-    let state = std::path::Path::new("/run/airlock/vm").join(&d.owner);
-    let owner = d.owner.clone();
-    sigterm_leaves_nothing(&mut d, &owner, &state);
 }

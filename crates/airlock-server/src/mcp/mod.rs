@@ -75,6 +75,8 @@ pub(crate) enum IsolationInput {
     /// Linux namespaces, seccomp and landlock on the host's kernel (the default; starts in
     /// milliseconds).
     Namespaces,
+    /// A user-space kernel (gVisor's Sentry) between the program and the host's.
+    Gvisor,
     /// The same sandbox inside a micro-VM of its own, with its own kernel (starts in a
     /// fraction of a second from the server's VM pool, seconds without one).
     Microvm,
@@ -84,6 +86,7 @@ impl From<IsolationInput> for airlock_spec::Isolation {
     fn from(i: IsolationInput) -> Self {
         match i {
             IsolationInput::Namespaces => airlock_spec::Isolation::Namespaces,
+            IsolationInput::Gvisor => airlock_spec::Isolation::Gvisor,
             IsolationInput::Microvm => airlock_spec::Isolation::Microvm,
         }
     }

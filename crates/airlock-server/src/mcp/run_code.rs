@@ -92,7 +92,7 @@ exceeds its memory limit returns isError with the reason.",
         };
         let limits = spec.limits.clone();
         let ran = unless_cancelled(&ctx, async {
-            let admitted = runner::admit(&state, &key, runner::admitted_bytes(&spec)).await?;
+            let admitted = runner::admit(&state, &key, runner::admitted_bytes(&state, &spec)?).await?;
             // The tool's answer is small: the purge may start as it is built.
             let (response, _purge) =
                 runner::one_shot(Arc::clone(&state), key.clone(), spec, admitted, None).await?;

@@ -21,7 +21,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let spec = req.to_spec(&state.config, &state.config.defaults)?;
     // Admission first, so overload is a 429 whatever the response format.
-    let admitted = runner::admit(&state, &key, runner::admitted_bytes(&spec)).await?;
+    let admitted = runner::admit(&state, &key, runner::admitted_bytes(&state, &spec)?).await?;
     if super::wants_stream(&headers) {
         return Ok(stream::respond(move |tx| {
             // The result event is the last: the purge may start with it.

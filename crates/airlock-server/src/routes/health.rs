@@ -15,8 +15,15 @@ pub async fn healthz() -> Json<Value> {
 
 pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Value>) {
     let stopping = *state.stopping.borrow();
-    let pool = state.pool.ready();
-    let warm = state.pool.target() == 0 || pool > 0;
+    // The pools of every tier, summed. Ready follows the default tier's pool: the
+    // others (a micro-VM pool booting under emulation) may take long to fill, or never
+    // on a host that cannot run them, and requests for them still work meanwhile.
+    let pool: usize = state.tiers.iter().map(|t| t.pool.ready()).sum();
+    let target: usize = state.tiers.iter().map(|t| t.pool.target()).sum();
+    let warm = state
+        .tiers
+        .get(airlock_spec::Isolation::default())
+        .map_or(true, |t| t.pool.target() == 0 || t.pool.ready() > 0);
     let ready = warm && !stopping;
     let status = if ready {
         StatusCode::OK
@@ -28,7 +35,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
         Json(json!({
             "ready": ready,
             "pool_ready": pool,
-            "pool_target": state.pool.target(),
+            "pool_target": target,
             "stopping": stopping,
             "sandboxes_active": state.active(),
         })),

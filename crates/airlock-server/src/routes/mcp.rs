@@ -16,7 +16,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::AirlockMcp;
-use crate::state::{AppState, stopped};
+use crate::state::AppState;
+use crate::stop::stopped;
 
 /// After the last tool call returned, how long its answer gets to reach the client's
 /// event stream (an in-process hop) before closing the sessions ends those streams.

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use crate::state::AppState;
 
 pub async fn handle(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    state.metrics.pool_ready.set(state.pool.ready() as i64);
+    for tier in state.tiers.iter() {
+        tier.pool.report(&state.metrics);
+    }
     state.metrics.sandboxes_active.set(state.active() as i64);
     (
         [(

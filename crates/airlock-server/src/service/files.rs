@@ -38,12 +38,16 @@ pub(crate) async fn write_file(
 ) -> Result<(), ApiError> {
     let cancel = Arc::clone(&session.cancel);
     session
-        .with_sandbox(move |sb| sb.write_file(&path, mode, content.as_ref(), cancel.as_fd()))
+        .with_sandbox(move |sb| sb.write_file(&path, mode, content.as_ref(), &[cancel.as_fd()]))
         .await?
+        .map_err(ApiError::from)
 }
 
 /// Reads the file at `path` (checked by [`check_path`]), at most `max` bytes; 404 when it
 /// does not exist.
 pub(crate) async fn read_file(session: &Arc<Session>, path: String, max: u64) -> Result<Vec<u8>, ApiError> {
-    session.with_sandbox(move |sb| sb.read_file(&path, max)).await?
+    session
+        .with_sandbox(move |sb| sb.read_file(&path, max))
+        .await?
+        .map_err(ApiError::from)
 }

@@ -6,8 +6,8 @@
 //! still uses, nor lose a session's sandbox. What the client's departure does is cancel
 //! the exec, through a pipe whose write end the request holds.
 
-use airlock_sandbox::{OutputSink, SandboxConfig, SandboxError};
-use airlock_spec::{ExecResult, Isolation, Spec};
+use airlock_backend::{OutputSink, Shape};
+use airlock_spec::{ExecResult, Spec};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::admission::Permit;
 use crate::api::ExecResponse;
 use crate::error::ApiError;
+use crate::pool::Pool;
 use crate::purge::Purge;
 use crate::state::{AppState, KeyName, Session};
 
@@ -55,11 +56,6 @@ pub fn cancel_pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal(format!("pipe: {e}")))
 }
 
-/// Maps an engine error to the API's.
-pub fn api_error(e: SandboxError) -> ApiError {
-    ApiError::from(airlock_backend::Error::from(e))
-}
-
 fn outcome_label(r: &ExecResult) -> &'static str {
     match r.outcome {
         airlock_spec::Outcome::Exited => "exited",
@@ -92,13 +88,11 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
-/// The memory a one-shot exec of `spec` is admitted for: its cap, plus a VM's own
-/// overhead in a micro-VM.
-pub fn admitted_bytes(spec: &Spec) -> u64 {
-    match spec.isolation {
-        Isolation::Namespaces | Isolation::Gvisor => spec.limits.memory_bytes,
-        Isolation::Microvm => spec.limits.memory_bytes + crate::microvm::VM_OVERHEAD_BYTES,
-    }
+/// The memory a one-shot exec of `spec` is admitted for: its cap, plus what a sandbox
+/// of its tier costs beyond that (a micro-VM's kernel and VMM, gVisor's Sentry).
+pub fn admitted_bytes(state: &AppState, spec: &Spec) -> Result<u64, ApiError> {
+    let tier = state.tiers.get(spec.isolation)?;
+    Ok(spec.limits.memory_bytes + tier.backend.overhead_bytes())
 }
 
 /// Waits for admission for one sandbox of `memory_bytes`; refusals are counted.
@@ -130,7 +124,7 @@ const REFILL_DELAY_MAX: Duration = Duration::from_millis(10);
 /// dropped (when the taken one has been purged), or after [`REFILL_DELAY_MAX`]: building
 /// the replacement takes milliseconds of CPU, which a short program and its answer should
 /// not have to share, and a long program should not keep the pool depleted.
-fn refill_after(pool: &Arc<crate::pool::Pool>) -> oneshot::Sender<()> {
+fn refill_after(pool: &Arc<Pool>) -> oneshot::Sender<()> {
     let (done, ended) = oneshot::channel::<()>();
     let pool = Arc::clone(pool);
     tokio::spawn(async move {
@@ -184,26 +178,11 @@ async fn one_shot_task(
     gone: OwnedFd,
     stream: Option<mpsc::Sender<StreamEvent>>,
 ) -> Result<(ExecResponse, Purge), ApiError> {
-    if spec.isolation == Isolation::Gvisor {
-        return Err(ApiError::invalid(
-            "isolation",
-            "gvisor is not available in this build yet",
-        ));
-    }
-    if spec.isolation == Isolation::Microvm {
-        return one_shot_vm(state, key, spec, permit, queued, gone, stream).await;
-    }
-    let config = SandboxConfig::of(&spec);
-    let t0 = std::time::Instant::now();
+    let tier = state.tiers.get(spec.isolation)?;
     // The time spent waiting for the refiller's sandbox counts as setup, like a cold one.
-    let (mut sandbox, cold_setup, refill) = match state.pool.take_or_wait(&config).await {
-        Some(sb) => (sb, t0.elapsed(), Some(refill_after(&state.pool))),
-        None => {
-            let (created, took) = state.spawner.create(config, false).await;
-            state.metrics.provisioned("cold", took);
-            (created.map_err(api_error)?, took, None)
-        }
-    };
+    let got = tier.for_one_shot(&Shape::of(&spec), &state.metrics).await?;
+    let refill = got.pooled.then(|| refill_after(&tier.pool));
+    let mut sandbox = got.sandbox;
     let cancel = Arc::clone(&state.cancel);
     let ran = tokio::task::spawn_blocking(move || {
         let mut sink = ChannelSink(stream);
@@ -222,8 +201,7 @@ async fn one_shot_task(
         permit,
         refill,
     );
-    let result = result.map_err(api_error)?;
-    Ok((answer(state, key, result, cold_setup, queued), purge))
+    Ok((answer(state, key, result?, got.took, queued), purge))
 }
 
 /// The purge of a one-shot's sandbox (or VM): `destroy` goes first, then its admission
@@ -262,31 +240,7 @@ fn answer(
     resp
 }
 
-/// [`one_shot_task`] in a micro-VM: a booted one from the VM pool, or one booted now.
-async fn one_shot_vm(
-    state: &Arc<AppState>,
-    key: &KeyName,
-    spec: Spec,
-    permit: Permit,
-    queued: Duration,
-    gone: OwnedFd,
-    stream: Option<mpsc::Sender<StreamEvent>>,
-) -> Result<(ExecResponse, Purge), ApiError> {
-    let (vm, booted) = state.vm.provision(&spec, &state.metrics).await?;
-    let cancel = Arc::clone(&state.cancel);
-    let ran = tokio::task::spawn_blocking(move || {
-        let mut sink = ChannelSink(stream);
-        crate::microvm::run_blocking(vm, &spec, &mut sink, &[cancel.as_fd(), gone.as_fd()])
-    })
-    .await;
-    let (result, vm) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
-    let purge = purge(state, move || drop(vm), permit, None);
-    let result = result.map_err(crate::microvm::vm_error)?;
-    Ok((answer(state, key, result, booted, queued), purge))
-}
-
-/// Runs `spec` in a session's sandbox (or its micro-VM's); its files stay for the next
-/// exec.
+/// Runs `spec` in a session's sandbox; its files stay for the next exec.
 pub async fn in_session(
     state: Arc<AppState>,
     key: KeyName,
@@ -333,7 +287,7 @@ async fn in_session_task(
                 session.id
             )));
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     inner.execs += 1;
     inner.cpu_ms += result.cpu_ms;

@@ -1,16 +1,15 @@
 //! Sessions: creating one (the key's quota, admission, a pooled or new sandbox or
 //! micro-VM, the registry), the spec of an exec in one, and deleting one.
 
-use airlock_sandbox::SandboxConfig;
-use airlock_spec::{Isolation, Spec};
+use airlock_backend::Shape;
+use airlock_spec::Spec;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::admission::{SESSION_QUOTA, SessionSlot};
 use crate::api::{CreateSandboxRequest, ExecRequest, limits};
 use crate::error::ApiError;
-use crate::service::runner::api_error;
-use crate::state::{AppState, KeyName, Session, SessionSandbox, purge_session};
+use crate::state::{AppState, KeyName, Session, purge_session};
 
 /// Seconds since the epoch, with millisecond precision.
 pub(crate) fn epoch(t: SystemTime) -> f64 {
@@ -18,8 +17,8 @@ pub(crate) fn epoch(t: SystemTime) -> f64 {
         .map_or(0.0, |d| (d.as_millis() as f64) / 1e3)
 }
 
-/// Creates a session owned by `key`: admission, a sandbox (warm when the pool can serve
-/// it) or a micro-VM (likewise from the VM pool), then the registry.
+/// Creates a session owned by `key`: admission, a sandbox of its tier (warm when the
+/// tier's pool can serve it), then the registry.
 pub(crate) async fn create_session(
     state: &Arc<AppState>,
     key: &KeyName,
@@ -53,54 +52,14 @@ pub(crate) async fn create_session(
     // The key's quota before admission: a caller at its quota does not wait for (or take)
     // a slot another caller could use.
     let slot = reserve_session(state, key)?;
-    let (sandbox, permit) = match spec.isolation {
-        Isolation::Namespaces => {
-            let (permit, _) = super::runner::admit(state, key, limits.memory_bytes).await?;
-            let config = SandboxConfig::of(&spec);
-            // A warm sandbox serves a session too: limits are applied at each exec.
-            let sandbox = match state.pool.take(&config) {
-                Some(mut sb) => {
-                    // Its file operations may come before any exec: out of the
-                    // background now.
-                    sb.leave_background().map_err(api_error)?;
-                    sb
-                }
-                None => {
-                    let (created, took) = state.spawner.create(config, false).await;
-                    state.metrics.provisioned("cold", took);
-                    created.map_err(api_error)?
-                }
-            };
-            (SessionSandbox::Namespaces(sandbox), permit)
-        }
-        Isolation::Microvm => {
-            // Admitted like a one-shot micro-VM exec: the program's memory plus the VM's.
-            let memory = limits.memory_bytes + crate::microvm::VM_OVERHEAD_BYTES;
-            let (permit, _) = super::runner::admit(state, key, memory).await?;
-            // A pooled VM (its guest's sandbox built already) or one started now, which
-            // then gets its sandbox before it is handed over.
-            let (mut vm, _) = state.vm.provision_session(&limits, &state.metrics).await?;
-            // Proxy mode: the VM's relay and the guest's listener, once for the session.
-            if spec.network != airlock_spec::NetworkPolicy::None {
-                let network = spec.network.clone();
-                let (started, returned) =
-                    tokio::task::spawn_blocking(move || (vm.start_egress(&network), vm))
-                        .await
-                        .map_err(|e| ApiError::internal(format!("starting the egress proxy: {e}")))?;
-                vm = returned;
-                started.map_err(crate::microvm::vm_error)?;
-            }
-            (SessionSandbox::Microvm(vm), permit)
-        }
-        Isolation::Gvisor => {
-            return Err(ApiError::invalid(
-                "isolation",
-                "gvisor is not available in this build yet",
-            ));
-        }
-    };
+    let tier = state.tiers.get(spec.isolation)?;
+    // Admitted like a one-shot exec: the program's memory plus the tier's own.
+    let memory = limits.memory_bytes + tier.backend.overhead_bytes();
+    let (permit, _) = super::runner::admit(state, key, memory).await?;
+    // A warm sandbox serves a session too: limits are applied at each exec.
+    let sandbox = tier.for_session(&Shape::of(&spec), &state.metrics).await?;
     let session = Arc::new(
-        Session::new(sandbox, ttl, key.0.clone(), limits, permit, slot)
+        Session::new(sandbox, spec.isolation, ttl, key.0.clone(), limits, permit, slot)
             .map_err(|e| ApiError::internal(format!("pipe: {e}")))?,
     );
     if let Ok(mut map) = state.sessions.lock() {

@@ -4,13 +4,11 @@
 //! go to stderr. When stdin closes or on SIGTERM/SIGINT, every sandbox is purged and the
 //! process exits 0.
 
-use airlock_sandbox::Engine;
 use airlock_server::{ServerConfig, Service};
 use airlock_spec::parse_duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How long the runtime may wait for blocking tasks at exit (a stdin read that the
@@ -87,14 +85,8 @@ pub fn run(args: McpArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting tokio")?;
     let served = runtime.block_on(async move {
-        let engine = Arc::new(Engine::new()?);
-        if engine.purged_at_start() > 0 {
-            tracing::warn!(
-                sandboxes = engine.purged_at_start(),
-                "purged sandboxes a previous airlock left behind"
-            );
-        }
-        let service = Service::start(engine, config)?;
+        let tiers = crate::tiers::all(&config.defaults, config.vm_pool)?;
+        let service = Service::start(tiers, config)?;
         tracing::info!("serving MCP on stdio");
         let served = airlock_server::mcp::serve_stdio(&service, shutdown_signal()).await;
         service.shutdown().await;

@@ -1,10 +1,8 @@
 //! `airlock run [OPTIONS] [--] COMMAND [ARGS...]`.
 
-use airlock_microvm::{HostOptions, MicroVmHost, VmError};
-use airlock_sandbox::{Engine, OutputSink, SandboxError};
+use airlock_backend::{Capture, Error, OutputSink};
 use airlock_spec::{
-    FileSpec, Isolation, Limits, NetworkPolicy, Spec, format_ms, format_size, human_size, parse_duration,
-    parse_size,
+    FileSpec, Limits, NetworkPolicy, Spec, format_ms, format_size, human_size, parse_duration, parse_size,
 };
 use anyhow::{Context, bail};
 use clap::Args;
@@ -66,8 +64,9 @@ pub struct RunArgs {
     #[arg(long = "allow-cidr", value_name = "CIDR")]
     allow_cidrs: Vec<String>,
     /// Isolation: `namespaces` (the host kernel's namespaces, cgroup, seccomp and
-    /// landlock) or `microvm` (the same sandbox inside a micro-VM of its own).
-    #[arg(long, value_name = "MODE", default_value = "namespaces", value_parser = ["namespaces", "microvm"])]
+    /// landlock), `gvisor` (a user-space kernel, gVisor's Sentry, serves the program's
+    /// system calls) or `microvm` (the same sandbox inside a micro-VM of its own).
+    #[arg(long, value_name = "MODE", default_value = "namespaces", value_parser = ["namespaces", "gvisor", "microvm"])]
     isolation: String,
     /// Print the result as JSON on stdout (exit 0 whenever the sandbox ran).
     #[arg(long)]
@@ -258,28 +257,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cancel = SignalFd::new(&signals).context("signalfd")?;
 
     let mut live = Live;
-    let mut quiet = airlock_sandbox::Capture;
+    let mut quiet = Capture;
     let sink: &mut dyn OutputSink = if json { &mut quiet } else { &mut live };
-    let result = match spec.isolation {
-        Isolation::Namespaces => {
-            let engine = Engine::new()?;
-            match engine.run(&spec, sink, &[cancel.as_fd()]) {
-                Ok(r) => r,
-                Err(SandboxError::Cancelled) => return Ok(interrupted()),
-                Err(SandboxError::Spec(e)) => bail!("{}: {}", flag_for(&e.field), e.message),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Isolation::Gvisor => bail!("--isolation gvisor: not available in this build yet"),
-        Isolation::Microvm => {
-            let host = MicroVmHost::new(&HostOptions::from_env())?;
-            match host.run(&spec, sink, &[cancel.as_fd()]) {
-                Ok(r) => r,
-                Err(VmError::Cancelled) => return Ok(interrupted()),
-                Err(VmError::Spec(e)) => bail!("{}: {}", flag_for(&e.field), e.message),
-                Err(e) => return Err(e.into()),
-            }
-        }
+    let backend = crate::tiers::one(spec.isolation)?;
+    let result = match backend.run(&spec, sink, &[cancel.as_fd()]) {
+        Ok(r) => r,
+        Err(Error::Cancelled) => return Ok(interrupted()),
+        Err(Error::Invalid(e)) => bail!("{}: {}", flag_for(&e.field), e.message),
+        Err(e) => return Err(e.into()),
     };
     if json {
         let mut out = std::io::stdout().lock();

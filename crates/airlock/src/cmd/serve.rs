@@ -1,6 +1,5 @@
 //! `airlock serve`: the execution service (HTTP API, warm pool, sessions).
 
-use airlock_sandbox::Engine;
 use airlock_server::ServerConfig;
 use airlock_server::config::parse_api_keys;
 use airlock_spec::{parse_duration, parse_size};
@@ -9,7 +8,6 @@ use clap::{Args, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum LogFormat {
@@ -29,6 +27,10 @@ pub struct ServeArgs {
     /// boots its own VM, and the guest image is prepared on the first one).
     #[arg(long, value_name = "N", default_value_t = 0)]
     vm_pool: usize,
+    /// gVisor sandboxes kept started, their agent holding a ready child, for
+    /// `"isolation": "gvisor"` requests (0: each such request starts its own).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    gvisor_pool: usize,
     /// Live sandboxes at most [default: memory budget / default memory cap].
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
@@ -102,6 +104,7 @@ impl ServeArgs {
             c.pool = n;
         }
         c.vm_pool = self.vm_pool;
+        c.gvisor_pool = self.gvisor_pool;
         if let Some(b) = self.memory_budget {
             c.memory_budget = b;
             c.max_sandboxes = ((b / c.defaults.memory_bytes) as usize).clamp(1, 1024);
@@ -189,19 +192,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting tokio")?;
     runtime.block_on(async move {
-        let engine = Arc::new(Engine::new()?);
-        if engine.purged_at_start() > 0 {
-            tracing::warn!(
-                sandboxes = engine.purged_at_start(),
-                "purged sandboxes a previous airlock left behind"
-            );
-        }
+        let tiers = crate::tiers::all(&config.defaults, config.vm_pool)?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
         let addr = listener.local_addr()?;
         println!("airlock: listening on http://{addr}");
-        airlock_server::run(listener, engine, config, shutdown_signal()).await?;
+        airlock_server::run(listener, tiers, config, shutdown_signal()).await?;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
