@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::platform::{self, Platform};
-use crate::sandbox::{GvisorSandbox, OVERHEAD_BYTES};
+use crate::sandbox::GvisorSandbox;
 
 /// Where the gVisor tier finds and keeps things.
 #[derive(Debug, Clone)]
@@ -240,8 +240,10 @@ impl Backend for GvisorBackend {
         Isolation::Gvisor
     }
 
+    /// Nothing beyond the cap: the Sentry, the Gofer and runsc are inside it (see
+    /// [`crate::MIN_MEMORY_BYTES`]).
     fn overhead_bytes(&self) -> u64 {
-        OVERHEAD_BYTES
+        0
     }
 
     fn prepare(&self) -> Result<(), Error> {

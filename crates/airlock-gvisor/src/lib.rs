@@ -46,4 +46,4 @@ mod sandbox;
 
 pub use backend::{GvisorBackend, GvisorOptions};
 pub use platform::Platform;
-pub use sandbox::GvisorSandbox;
+pub use sandbox::{GvisorSandbox, MIN_MEMORY_BYTES};

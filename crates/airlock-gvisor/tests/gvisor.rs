@@ -106,6 +106,23 @@ fn the_memory_cap_ends_the_program_as_oom() {
     assert_eq!(r.outcome, Outcome::Oom, "{r:?}");
     assert!(r.oom_killed);
     assert!(r.stdout.is_empty(), "{}", r.stdout);
+    // The cap is the whole sandbox's (the Sentry's included): the peak stays under it.
+    assert!(r.memory_peak_bytes <= (128 << 20) + (4 << 20), "{r:?}");
+    assert!(r.memory_peak_bytes > 64 << 20, "{r:?}");
+}
+
+#[test]
+fn a_memory_cap_too_small_for_gvisor_is_refused() {
+    let mut s = spec(&["true"]);
+    s.limits.memory_bytes = 16 << 20;
+    let e = backend().create(&Shape::of(&s), Purpose::OneShot).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(e.to_string().contains("limits.memory_bytes"), "{e}");
+    // The smallest accepted cap runs a python program.
+    s.limits.memory_bytes = airlock_gvisor::MIN_MEMORY_BYTES;
+    s.command = vec!["python3".into(), "-c".into(), "print('fits')".into()];
+    let r = backend().run(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "fits\n", "{r:?}");
 }
 
 #[test]
