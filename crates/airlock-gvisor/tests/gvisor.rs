@@ -224,21 +224,43 @@ fn a_session_keeps_its_files_between_execs() {
 
 #[test]
 fn with_network_none_there_is_no_network() {
-    // A listener on the host's loopback: the sandbox's 127.0.0.1 is its own, so nothing
-    // arrives here; and no interface but lo exists.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
+    // Listeners on the host's loopback (TCP and UDP): the sandbox's 127.0.0.1 is its
+    // own, so nothing arrives here. Only loopback traffic is tried, so nothing leaves the
+    // host should the test fail.
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let (tport, uport) = (tcp.local_addr().unwrap().port(), udp.local_addr().unwrap().port());
     let script = format!(
-        "import socket, os\nprint(sorted(os.listdir('/sys/class/net')))\nfor host in ['127.0.0.1', '10.0.2.2']:\n    s = socket.socket()\n    s.settimeout(2)\n    try:\n        s.connect((host, {port}))\n        print(host, 'connected')\n    except OSError as e:\n        print(host, 'refused', e.errno)\n"
+        r#"
+import errno, os, socket
+def name(e):
+    return errno.errorcode.get(e.errno, str(e))
+print("interfaces", [l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]])
+print("proxy env", sorted(k for k in os.environ if "proxy" in k.lower()))
+for port in [{tport}, 3128]:
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(("127.0.0.1", port))
+        print("tcp", port, "connected")
+    except OSError as e:
+        print("tcp", port, name(e))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.sendto(b"x", ("127.0.0.1", {uport}))
+"#
     );
     let r = backend()
         .run(&spec(&["python3", "-c", &script]), &mut Capture, &[])
         .unwrap();
     assert_eq!(r.exit_code, Some(0), "{r:?}");
-    assert!(r.stdout.starts_with("['lo']\n"), "{}", r.stdout);
-    assert!(!r.stdout.contains("connected"), "{}", r.stdout);
-    assert!(listener.accept().is_err(), "a connection reached the host");
+    let expected =
+        format!("interfaces ['lo']\nproxy env []\ntcp {tport} ECONNREFUSED\ntcp 3128 ECONNREFUSED\n");
+    assert_eq!(r.stdout, expected, "{r:?}");
+    assert!(tcp.accept().is_err(), "a connection reached the host");
+    assert!(udp.recv(&mut [0u8; 8]).is_err(), "a datagram reached the host");
+    assert!(r.egress.is_empty(), "{r:?}");
 }
 
 #[test]
