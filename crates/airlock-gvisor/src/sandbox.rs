@@ -732,5 +732,10 @@ impl Drop for GvisorSandbox {
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             tracing::warn!(sandbox = %self.id, "removing {}: {e}", self.dir.display());
         }
+        // This process's directory goes with its last sandbox (a later one recreates
+        // it), so nothing is left even if the process never drops its backend.
+        if let Some(owner_dir) = self.dir.parent() {
+            let _ = std::fs::remove_dir(owner_dir);
+        }
     }
 }
