@@ -601,3 +601,24 @@ fn a_rootfs_gives_the_system_directories_and_a_bad_one_is_refused() {
     let e = backend().create(&Shape::of(&s), Purpose::OneShot).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
 }
+
+#[test]
+fn a_proxy_mode_session_keeps_its_proxy_for_every_exec() {
+    let mut shape = spec(&["true"]);
+    shape.network = airlock_spec::NetworkPolicy::Proxy {
+        allow: vec!["example.invalid".into()],
+        allow_cidrs: vec![],
+    };
+    let mut sb = session(&shape);
+    // Execs as a session's come: without a network of their own.
+    for _ in 0..2 {
+        let r = sb
+            .exec(
+                &sh("echo $HTTP_PROXY; python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 3128), timeout=5); print(\"relay up\")'"),
+                &mut Capture,
+                &[],
+            )
+            .unwrap();
+        assert_eq!(r.stdout, "http://127.0.0.1:3128\nrelay up\n", "{r:?}");
+    }
+}
