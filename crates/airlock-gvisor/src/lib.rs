@@ -1,0 +1,49 @@
+//! airlock's gVisor tier: the program's syscalls are served by gVisor's Sentry, a kernel
+//! in user space, so a bug of the host kernel is no longer reachable from the sandbox
+//! the way it is from a namespace sandbox, at a fraction of a micro-VM's cost.
+//!
+//! - [`GvisorBackend`] implements `airlock_backend::Backend`: [`Backend::prepare`] finds
+//!   `runsc`, picks the fastest gVisor platform that works here by trying each with a
+//!   bounded timeout (the verdict is cached per runsc version and kernel), and purges
+//!   what dead airlock processes left; [`Backend::create`] builds a sandbox.
+//! - A sandbox is an OCI bundle airlock writes itself ([`bundle`]: the host's system
+//!   directories read-only, a synthesized /etc, the agent), run by `runsc run` with
+//!   `--network=none` and `--ignore-cgroups`, the runsc process (and so the Sentry and
+//!   the Gofer it starts) placed in a host cgroup of airlock-sandbox's: memory, CPU and
+//!   the usage figures come from there.
+//! - Inside, [`agent`] (the `airlock-gvisor-agent` binary, or any binary that calls
+//!   [`agent::maybe_serve`] first thing in `main`, e.g. `airlock` itself) is init: it speaks the
+//!   micro-VM agent's frames (`airlock_vmwire::frame`) over the container's stdin and
+//!   stdout, holds a ready child that has already dropped to the sandbox user, and runs
+//!   each exec with a deadline, output caps and a kill of every process at its end.
+//! - [`doctor`] says whether gVisor runs here, on which platform, and why not.
+//!
+//! ```no_run
+//! use airlock_backend::{Backend, Capture};
+//! use airlock_gvisor::{GvisorBackend, GvisorOptions};
+//! use airlock_spec::Spec;
+//!
+//! let backend = GvisorBackend::new(GvisorOptions::from_env());
+//! backend.prepare()?;
+//! let spec = Spec::new(vec!["python3".into(), "-c".into(), "print(6*7)".into()]);
+//! let result = backend.run(&spec, &mut Capture, &[])?;
+//! assert_eq!(result.stdout, "42\n");
+//! # Ok::<(), airlock_backend::Error>(())
+//! ```
+//!
+//! [`Backend::prepare`]: airlock_backend::Backend::prepare
+//! [`Backend::create`]: airlock_backend::Backend::create
+#![deny(missing_docs)]
+
+pub mod agent;
+mod backend;
+pub mod bundle;
+mod channel;
+pub mod doctor;
+mod egress;
+pub mod platform;
+mod sandbox;
+
+pub use backend::{GvisorBackend, GvisorOptions};
+pub use platform::Platform;
+pub use sandbox::{GvisorSandbox, MIN_MEMORY_BYTES};

@@ -1,0 +1,734 @@
+//! One gVisor sandbox: a bundle directory, a host cgroup, `runsc run` (with the Sentry
+//! and Gofer it starts, all in that cgroup) and the channel to the agent inside.
+
+use airlock_backend::Shape;
+use airlock_backend::{DiskFull, Error, OutputSink, Sandbox};
+use airlock_sandbox::cgroup::{Cgroup, CgroupLimits, Usage};
+use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, NetworkPolicy, Outcome, Spec, SpecError};
+use airlock_vmwire::frame::{CHUNK, ToGuest, ToHost};
+use std::ffi::CString;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::backend::Prepared;
+use crate::channel::{Channel, Recv};
+use crate::egress::HostProxy;
+
+/// How long the Sentry may take to boot and the agent to say it is ready (a cold boot
+/// takes a few hundred ms under ptrace; a loaded host much more).
+const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request other than an exec (create, files) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long past an exec's deadline the agent may take to kill, reap and report: past
+/// it, the whole sandbox is killed from the host and the exec ends as `timeout`.
+const DEADLINE_GRACE: Duration = Duration::from_secs(5);
+
+/// The memory cap covers the whole sandbox: the host cgroup's `memory_bytes` holds the
+/// program's memory and tmpfs pages (all of it the Sentry's memory file) and runsc, the
+/// Sentry and the Gofer themselves (measured here: a sandbox that ran `/bin/true` peaks
+/// at 20 MiB, `python3 -c pass` at 24 MiB). So nothing a sandbox costs the host lies
+/// beyond its cap, and a peak never exceeds it; a program gets about 20 MiB less of it
+/// than in the other tiers. Below this, a sandbox cannot boot and run a program.
+pub const MIN_MEMORY_BYTES: u64 = 40 << 20;
+
+/// Host tasks the Sentry, the Gofer, runsc and (under ptrace) the stub processes need
+/// besides the program's own: gVisor's tasks are not host processes, so the program's
+/// pids limit is RLIMIT_NPROC inside; the host cgroup's pids.max only bounds gVisor.
+const HOST_TASKS: u32 = 512;
+
+/// Refuses a memory cap the sandbox cannot live in.
+fn check_memory(limits: &Limits) -> Result<(), Error> {
+    if limits.memory_bytes < MIN_MEMORY_BYTES {
+        return Err(Error::invalid(
+            "limits.memory_bytes",
+            format!(
+                "a gVisor sandbox needs at least {}: its Sentry, Gofer and runsc (about 20 MiB) count against the cap",
+                airlock_spec::format_size(MIN_MEMORY_BYTES)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn host_limits(limits: &Limits) -> CgroupLimits {
+    CgroupLimits {
+        memory_bytes: limits.memory_bytes,
+        cpus: limits.cpus,
+        pids: limits.pids + HOST_TASKS,
+    }
+}
+
+/// One gVisor sandbox. Dropping it kills runsc, the Sentry and the Gofer (through its
+/// cgroup), and removes its bundle, runsc state and cgroup.
+#[derive(Debug)]
+pub struct GvisorSandbox {
+    id: String,
+    /// Owned: `runsc run`, whose Sentry and Gofer are in `cgroup`.
+    runsc: Child,
+    /// Owned: the pipes to the agent.
+    channel: Channel,
+    /// Owned: the host cgroup around runsc, the Sentry and the Gofer.
+    cgroup: Option<Cgroup>,
+    /// Owned: the bundle directory (with runsc's state and log).
+    dir: PathBuf,
+    /// The limits it was built with.
+    limits: Limits,
+    setup: Duration,
+    /// False once the agent or the Sentry is gone.
+    alive: bool,
+    /// Built ahead for a pool with others ready: in the background until its first exec.
+    background: bool,
+    /// Owned: proxy mode's egress proxy, served on the host.
+    egress: Option<HostProxy>,
+}
+
+/// The pipes of `runsc run`'s stdio: ours, then the child's.
+fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::host("creating a pipe", e))
+}
+
+impl GvisorSandbox {
+    /// Builds and boots a sandbox of `limits` (disk, memory, CPU), system directories
+    /// from `rootfs`; `background`: its CPU share is the smallest until its first exec;
+    /// `warm`: one `/bin/true` runs in it first (a pool's sandbox).
+    pub(crate) fn create(
+        prepared: &Prepared,
+        shape: &Shape,
+        background: bool,
+        warm: bool,
+    ) -> Result<GvisorSandbox, Error> {
+        let limits = &shape.limits;
+        check_memory(limits)?;
+        if let Some(rootfs) = shape.rootfs.as_deref()
+            && !rootfs.join("usr").is_dir()
+        {
+            return Err(Error::invalid(
+                "rootfs",
+                format!(
+                    "{} has no usr directory to take system directories from",
+                    rootfs.display()
+                ),
+            ));
+        }
+        // Proxy mode's policy, checked before anything is built.
+        let policy = match &shape.network {
+            NetworkPolicy::None => None,
+            NetworkPolicy::Proxy { allow, allow_cidrs } => Some(
+                airlock_egress::Policy::new(allow, allow_cidrs)
+                    .map_err(|e| Error::Invalid(SpecError::new(e.field, e.message)))?,
+            ),
+        };
+        let t0 = Instant::now();
+        let id = new_id()?;
+        let dir = crate::bundle::dir_of(&prepared.owner_dir, &id);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::host(format!("creating {}", dir.display()), e))?;
+        // From here on, `Partial` removes what was made if a step fails.
+        let mut partial = Partial {
+            dir: Some(dir.clone()),
+            cgroup: None,
+        };
+        let egress_dir = dir.join("egress");
+        crate::bundle::write(
+            &dir,
+            &crate::bundle::BundleSpec {
+                rootfs: shape.rootfs.as_deref(),
+                agent: &prepared.agent,
+                egress_dir: policy.is_some().then_some(egress_dir.as_path()),
+            },
+        )
+        .map_err(|e| Error::host("writing the OCI bundle", e))?;
+        let egress = match policy {
+            Some(policy) => Some(
+                HostProxy::start(policy, &egress_dir, &id)
+                    .map_err(|e| Error::host("starting the egress proxy", e))?,
+            ),
+            None => None,
+        };
+        let cgroup = prepared
+            .cgroups
+            .create(&id, &host_limits(limits))
+            .map_err(|e| Error::host("creating the sandbox's cgroup", e))?;
+        if background {
+            let _ = cgroup.set_background(true);
+        }
+        let procs: Vec<CString> = cgroup
+            .paths()
+            .map(|p| CString::new(p.join("cgroup.procs").as_os_str().as_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::host("cgroup path", e))?;
+        partial.cgroup = Some(cgroup);
+
+        let (to_agent_r, to_agent_w) = pipe()?;
+        let (from_agent_r, from_agent_w) = pipe()?;
+        let log = std::fs::File::create(dir.join("runsc.stderr"))
+            .map_err(|e| Error::host("creating runsc's log", e))?;
+        let mut cmd = Command::new(&prepared.runsc);
+        cmd.arg("--root")
+            .arg(dir.join("state"))
+            .arg(format!("--platform={}", prepared.platform.as_str()))
+            .args(["--network=none", "--ignore-cgroups"])
+            // Proxy mode: the Sentry may connect to the host's Unix socket bound in (the
+            // proxy's, the only one there is).
+            .args(egress.is_some().then_some("--host-uds=open"))
+            .args(["run", "--bundle"])
+            .arg(&dir)
+            .arg(&id)
+            .stdin(Stdio::from(to_agent_r))
+            .stdout(Stdio::from(from_agent_w))
+            .stderr(Stdio::from(log))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        // SAFETY: the closure runs between fork and exec: it only calls prctl, open,
+        // write and close on the prepared CStrings, all async-signal-safe, and allocates
+        // nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                // runsc (and through it the Sentry and the Gofer) dies with the thread
+                // that created the sandbox.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Into the sandbox's cgroup before runsc starts anything: the Sentry and
+                // the Gofer are born there.
+                for path in &procs {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                    if n != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let runsc = cmd.spawn().map_err(|e| Error::host("starting runsc", e))?;
+        drop(cmd);
+        let channel = Channel::new(to_agent_w, from_agent_r).map_err(|e| Error::host("agent pipes", e))?;
+        let mut sandbox = GvisorSandbox {
+            id,
+            runsc,
+            channel,
+            cgroup: partial.cgroup.take(),
+            dir: partial.dir.take().unwrap_or_default(),
+            limits: limits.clone(),
+            setup: Duration::ZERO,
+            alive: true,
+            // Set once built: the warm-up exec runs in the background as well.
+            background: false,
+            egress,
+        };
+        // From here on, dropping `sandbox` purges everything.
+        // A sandbox that never came up is the host's failure (runsc refused the bundle,
+        // the platform broke), not a sandbox that went away.
+        match sandbox.recv(Some(Instant::now() + BOOT_TIMEOUT), &[]) {
+            Ok(ToHost::Ready(_)) => {}
+            Ok(other) => {
+                return Err(Error::host(
+                    "booting the gVisor sandbox",
+                    format!("unexpected {other:?}"),
+                ));
+            }
+            Err(Error::Gone(reason)) => return Err(Error::host("booting the gVisor sandbox", reason)),
+            Err(e) => return Err(e),
+        }
+        sandbox.send(
+            &ToGuest::Create {
+                limits: limits.clone(),
+                fixed_layout: false,
+            },
+            &[],
+        )?;
+        sandbox.expect_ok("creating the sandbox")?;
+        if sandbox.egress.is_some() {
+            sandbox.send(&ToGuest::Egress, &[])?;
+            sandbox.expect_ok("starting the egress relay")?;
+        }
+        if warm {
+            sandbox.warm_up()?;
+        }
+        sandbox.background = background;
+        sandbox.setup = t0.elapsed();
+        Ok(sandbox)
+    }
+
+    /// Runs `/bin/true` once, as a session exec, so that the exec path (the Sentry's
+    /// execve, the loader and libc looked up through the Gofer and cached, the agent's
+    /// supervision) is warm when the pool hands the sandbox its one program. The agent
+    /// forks a fresh ready child after it, as after any exec: nothing of it remains.
+    fn warm_up(&mut self) -> Result<(), Error> {
+        let mut spec = Spec::new(vec!["/bin/true".into()]);
+        spec.limits = self.limits.clone();
+        let r = self.exec_inner(&spec, &mut airlock_backend::Capture, &[])?;
+        if r.exit_code != Some(0) {
+            return Err(Error::host(
+                "warming up the gVisor sandbox",
+                format!("/bin/true ended {:?} ({})", r.outcome, r.stderr.trim()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> Result<(), Error> {
+        if let Err(e) = self.channel.send(msg, payload) {
+            self.alive = false;
+            return Err(if e.kind() == std::io::ErrorKind::BrokenPipe {
+                Error::Gone(self.gone_reason())
+            } else {
+                Error::host("writing to the gVisor agent", e)
+            });
+        }
+        Ok(())
+    }
+
+    /// Why the sandbox is gone, from runsc's log when it says.
+    fn gone_reason(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("runsc.stderr")).unwrap_or_default();
+        match log.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(line) => format!("the gVisor sandbox is gone (runsc: {})", line.trim()),
+            None => "the gVisor sandbox is gone (its Sentry or agent died)".into(),
+        }
+    }
+
+    /// The next frame (not an output chunk).
+    fn recv(&mut self, deadline: Option<Instant>, cancel: &[BorrowedFd<'_>]) -> Result<ToHost, Error> {
+        Ok(self.recv_frame(deadline, cancel)?.0)
+    }
+
+    fn recv_frame(
+        &mut self,
+        deadline: Option<Instant>,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<(ToHost, Vec<u8>), Error> {
+        match self.channel.recv(deadline, cancel) {
+            Ok(Recv::Frame(f)) => Ok((f.msg, f.payload)),
+            Ok(Recv::Closed) => {
+                self.alive = false;
+                Err(Error::Gone(self.gone_reason()))
+            }
+            Ok(Recv::Deadline) => {
+                self.kill();
+                Err(Error::Gone(
+                    "the gVisor agent stopped answering: the sandbox was killed".into(),
+                ))
+            }
+            Ok(Recv::Cancelled) => Err(Error::Cancelled),
+            Err(e) => {
+                self.kill();
+                Err(Error::host("reading from the gVisor agent", e))
+            }
+        }
+    }
+
+    fn expect_ok(&mut self, what: &str) -> Result<(), Error> {
+        match self.recv(Some(Instant::now() + REQUEST_TIMEOUT), &[])? {
+            ToHost::Ok => Ok(()),
+            ToHost::Error { kind, field, message } => Err(match wire_error(kind, field, message) {
+                Error::Host { source, .. } => Error::Host {
+                    what: what.to_owned(),
+                    source,
+                },
+                e => e,
+            }),
+            other => Err(Error::host(
+                what.to_owned(),
+                format!("unexpected answer {other:?}"),
+            )),
+        }
+    }
+
+    /// Kills everything of the sandbox; it is gone after.
+    fn kill(&mut self) {
+        self.alive = false;
+        if let Some(cg) = self.cgroup.as_ref() {
+            let _ = cg.kill();
+        }
+        let _ = self.runsc.kill();
+    }
+
+    fn usage(&self) -> Usage {
+        self.cgroup.as_ref().map(Cgroup::usage).unwrap_or_default()
+    }
+
+    fn exec_inner(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, Error> {
+        spec.validate()?;
+        check_memory(&spec.limits)?;
+        if !self.alive {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        }
+        // The network is the sandbox's, fixed when it was built: an exec's own is not
+        // consulted (a session's execs carry none), as in the other tiers.
+        if spec.limits.disk_bytes != self.limits.disk_bytes {
+            return Err(Error::invalid(
+                "limits.disk_bytes",
+                "differs from the sandbox's disk, which is fixed when it is built",
+            ));
+        }
+        let t0 = Instant::now();
+        if let Some(cg) = self.cgroup.as_ref() {
+            cg.set_limits(&host_limits(&spec.limits))
+                .map_err(|e| Error::host("setting the sandbox's limits", e))?;
+            if std::mem::take(&mut self.background) {
+                let _ = cg.set_background(false);
+            }
+            cg.reset_peak();
+        }
+        let before = self.usage();
+        for chunk in spec.stdin.chunks(CHUNK) {
+            self.send(&ToGuest::Stdin, chunk)?;
+        }
+        self.send(
+            &ToGuest::Exec {
+                command: spec.command.clone(),
+                env: spec.env.clone(),
+                limits: spec.limits.clone(),
+            },
+            &[],
+        )?;
+        let sent = Instant::now();
+        let deadline = sent + Duration::from_millis(spec.limits.timeout_ms) + DEADLINE_GRACE;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let mut cancel_sent = false;
+        let result = loop {
+            let watch: &[BorrowedFd<'_>] = if cancel_sent { &[] } else { cancel };
+            let frame = match self.channel.recv(Some(deadline), watch) {
+                Ok(Recv::Frame(f)) => f,
+                Ok(Recv::Cancelled) => {
+                    self.send(&ToGuest::Cancel, &[])?;
+                    cancel_sent = true;
+                    continue;
+                }
+                Ok(Recv::Deadline) => {
+                    // The agent did not end the exec at its deadline: the host does,
+                    // with the whole sandbox.
+                    self.kill();
+                    break self.died(spec, stdout, stderr, before, sent, true);
+                }
+                Ok(Recv::Closed) => {
+                    self.alive = false;
+                    break self.died(spec, stdout, stderr, before, sent, false);
+                }
+                Err(e) => {
+                    self.kill();
+                    return Err(Error::host("reading from the gVisor agent", e));
+                }
+            };
+            match frame.msg {
+                ToHost::Stdout => {
+                    sink.stdout(&frame.payload);
+                    stdout.extend_from_slice(&frame.payload);
+                }
+                ToHost::Stderr => {
+                    sink.stderr(&frame.payload);
+                    stderr.extend_from_slice(&frame.payload);
+                }
+                ToHost::Exited { result } => {
+                    let mut r = *result;
+                    r.stdout = String::from_utf8_lossy(&stdout).into_owned();
+                    r.stderr = String::from_utf8_lossy(&stderr).into_owned();
+                    break Ok(r);
+                }
+                ToHost::Error { kind, field, message } => return Err(wire_error(kind, field, message)),
+                other => {
+                    self.kill();
+                    return Err(Error::host(
+                        "running the program",
+                        format!("unexpected answer {other:?}"),
+                    ));
+                }
+            }
+        };
+        let mut result = result?;
+        let after = self.usage();
+        result.id = self.id.clone();
+        result.cpu_ms = (after.cpu_ns.saturating_sub(before.cpu_ns) as f64 / 1e3).round() / 1e3;
+        result.memory_peak_bytes = after.memory_peak_bytes;
+        if let Some(proxy) = self.egress.as_mut() {
+            result.egress = proxy.take_new();
+        }
+        result.oom_killed = after.oom_kills > before.oom_kills;
+        result.outcome = Outcome::of(result.oom_killed, result.timed_out, result.exit_code.is_some());
+        result.setup_ms = ((result.setup_ms + ms_between(t0, sent)) * 1e3).round() / 1e3;
+        Ok(result)
+    }
+
+    /// The result of an exec whose sandbox died under it: the memory cap (the host's
+    /// OOM killer killed the Sentry or a part of it) or the host's deadline; otherwise
+    /// the sandbox is just gone.
+    ///
+    /// At the memory cap the OOM killer picks the Sentry: the program's pages are the
+    /// Sentry's memory file, mapped (and counted) in the Sentry itself. So unlike the
+    /// namespace tier's, a gVisor sandbox does not outlive its memory cap: the exec ends
+    /// as `oom` and the sandbox is gone. (Tried: raising the ptrace stubs' OOM score
+    /// only makes the killer go through the stubs, two seconds each, before the Sentry;
+    /// lowering the Sentry's needs CAP_SYS_RESOURCE, and this release has no memory
+    /// limit of its own.)
+    fn died(
+        &mut self,
+        spec: &Spec,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        before: Usage,
+        started: Instant,
+        timed_out: bool,
+    ) -> Result<ExecResult, Error> {
+        self.kill();
+        let after = self.usage();
+        let oom = after.oom_kills > before.oom_kills;
+        if !oom && !timed_out {
+            return Err(Error::Gone(self.gone_reason()));
+        }
+        let kept = |v: &[u8]| v.len() as u64;
+        Ok(ExecResult {
+            id: self.id.clone(),
+            outcome: Outcome::of(oom, timed_out, false),
+            exit_code: None,
+            signal: Some(libc::SIGKILL),
+            timed_out,
+            oom_killed: oom,
+            stdout_truncated: kept(&stdout) >= spec.limits.output_bytes && !stdout.is_empty(),
+            stderr_truncated: kept(&stderr) >= spec.limits.output_bytes && !stderr.is_empty(),
+            stdout_bytes: kept(&stdout),
+            stderr_bytes: kept(&stderr),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            // From the request to the sandbox's death (the agent, which would have
+            // timed the program itself, died with it).
+            wall_ms: (ms_between(started, Instant::now()) * 1e3).round() / 1e3,
+            setup_ms: 0.0,
+            cpu_ms: (after.cpu_ns.saturating_sub(before.cpu_ns) as f64 / 1e3).round() / 1e3,
+            memory_peak_bytes: after.memory_peak_bytes,
+            egress: Vec::new(),
+        })
+    }
+}
+
+/// The error the agent sent, by its kind.
+fn wire_error(kind: airlock_backend::ErrorKind, field: Option<String>, message: String) -> Error {
+    Error::from_wire(kind, field, message, Isolation::Gvisor)
+}
+
+fn ms_between(a: Instant, b: Instant) -> f64 {
+    b.saturating_duration_since(a).as_secs_f64() * 1e3
+}
+
+/// A fresh sandbox id: `gv-` and 16 random hex digits (runsc container ids and cgroup
+/// names both take it).
+fn new_id() -> Result<String, Error> {
+    let mut bytes = [0u8; 8];
+    airlock_sandbox::sys::getrandom(&mut bytes).map_err(|e| Error::host("getrandom", e))?;
+    Ok(format!(
+        "gv-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
+}
+
+/// What a failed `create` has made so far, removed on drop.
+struct Partial {
+    dir: Option<PathBuf>,
+    cgroup: Option<Cgroup>,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if let Some(cg) = self.cgroup.take() {
+            let _ = cg.destroy();
+        }
+        if let Some(dir) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl Sandbox for GvisorSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn setup_time(&self) -> Duration {
+        self.setup
+    }
+
+    fn exec(
+        &mut self,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, Error> {
+        self.exec_inner(spec, sink, cancel)
+    }
+
+    fn write_file(
+        &mut self,
+        path: &str,
+        mode: u32,
+        content: &[u8],
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), Error> {
+        if !self.alive {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        }
+        let disk = self.limits.disk_bytes;
+        if content.len() as u64 > disk {
+            return Err(Error::DiskFull(DiskFull {
+                path: path.into(),
+                bytes: content.len() as u64,
+                disk_bytes: disk,
+                free_bytes: None,
+                memory_bytes: None,
+            }));
+        }
+        let mut parts = content.chunks(CHUNK).peekable();
+        let mut first = true;
+        loop {
+            if poll_any(cancel) {
+                if first {
+                    return Err(Error::Cancelled); // nothing of it was sent
+                }
+                // The parts sent so far are finished with an empty last part.
+                self.send(
+                    &ToGuest::WriteFile {
+                        path: path.into(),
+                        mode,
+                        first,
+                        last: true,
+                    },
+                    &[],
+                )?;
+                let _ = self.recv(Some(Instant::now() + REQUEST_TIMEOUT), &[]);
+                return Err(Error::Cancelled);
+            }
+            let part = parts.next().unwrap_or(&[]);
+            let last = parts.peek().is_none();
+            self.send(
+                &ToGuest::WriteFile {
+                    path: path.into(),
+                    mode,
+                    first,
+                    last,
+                },
+                part,
+            )?;
+            first = false;
+            if last {
+                break;
+            }
+        }
+        match self.recv(Some(Instant::now() + REQUEST_TIMEOUT), &[])? {
+            ToHost::Ok => Ok(()),
+            ToHost::NoRoom {
+                free_bytes,
+                memory_bytes,
+            } => Err(Error::DiskFull(DiskFull {
+                path: path.into(),
+                bytes: content.len() as u64,
+                disk_bytes: disk,
+                free_bytes,
+                memory_bytes,
+            })),
+            ToHost::Error { kind, field, message } => Err(wire_error(kind, field, message)),
+            other => Err(Error::host(
+                "writing a file",
+                format!("unexpected answer {other:?}"),
+            )),
+        }
+    }
+
+    fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, Error> {
+        if !self.alive {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        }
+        self.send(
+            &ToGuest::ReadFile {
+                path: path.into(),
+                max_bytes,
+            },
+            &[],
+        )?;
+        let mut data = Vec::new();
+        loop {
+            let deadline = Some(Instant::now() + REQUEST_TIMEOUT);
+            match self.recv_frame(deadline, &[])? {
+                (ToHost::FileChunk { last }, payload) => {
+                    data.extend_from_slice(&payload);
+                    if last {
+                        return Ok(data);
+                    }
+                }
+                (ToHost::Error { kind, field, message }, _) => return Err(wire_error(kind, field, message)),
+                (other, _) => {
+                    return Err(Error::host(
+                        "reading a file",
+                        format!("unexpected answer {other:?}"),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn list_files(&mut self) -> Result<Vec<FileEntry>, Error> {
+        if !self.alive {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        }
+        self.send(&ToGuest::ListFiles, &[])?;
+        match self.recv(Some(Instant::now() + REQUEST_TIMEOUT), &[])? {
+            ToHost::Listing { entries } => Ok(entries),
+            ToHost::Error { kind, field, message } => Err(wire_error(kind, field, message)),
+            other => Err(Error::host(
+                "listing /workspace",
+                format!("unexpected answer {other:?}"),
+            )),
+        }
+    }
+
+    fn is_alive(&mut self) -> bool {
+        if self.alive && matches!(self.runsc.try_wait(), Ok(Some(_))) {
+            self.alive = false;
+        }
+        self.alive
+    }
+}
+
+/// Whether any of `fds` is readable now.
+fn poll_any(fds: &[BorrowedFd<'_>]) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    if fds.is_empty() {
+        return false;
+    }
+    let mut p: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)).collect();
+    poll(&mut p, PollTimeout::ZERO).is_ok_and(|n| n > 0)
+}
+
+impl Drop for GvisorSandbox {
+    fn drop(&mut self) {
+        // Every process of the sandbox (runsc, the Sentry, the Gofer, ptrace stubs) is in
+        // the cgroup: kill them all, reap runsc, then remove the cgroup, the bundle and
+        // runsc's state (inside the bundle directory).
+        self.kill();
+        let _ = self.runsc.wait();
+        if let Some(cg) = self.cgroup.take()
+            && let Err(e) = cg.destroy()
+        {
+            tracing::warn!(sandbox = %self.id, "removing the gVisor sandbox's cgroup: {e}");
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::warn!(sandbox = %self.id, "removing {}: {e}", self.dir.display());
+        }
+        // This process's directory goes with its last sandbox (a later one recreates
+        // it), so nothing is left even if the process never drops its backend.
+        if let Some(owner_dir) = self.dir.parent() {
+            let _ = std::fs::remove_dir(owner_dir);
+        }
+    }
+}
