@@ -384,6 +384,11 @@ impl GvisorSandbox {
             }
             cg.reset_peak();
         }
+        // The spec's files first (a write cut short by `cancel` leaves nothing half
+        // written: see `write_file`).
+        for file in &spec.files {
+            airlock_backend::Sandbox::write_file(self, &file.path, file.mode, &file.content, cancel)?;
+        }
         let before = self.usage();
         for chunk in spec.stdin.chunks(CHUNK) {
             self.send(&ToGuest::Stdin, chunk)?;

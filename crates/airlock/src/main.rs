@@ -33,6 +33,8 @@ const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     airlock_sandbox::maybe_run_init();
+    // Inside a gVisor sandbox, airlock is its own agent (see `tiers::gvisor`).
+    airlock_gvisor::agent::maybe_serve();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e)

@@ -48,9 +48,8 @@ macro_rules! contract {
 }
 
 contract! {
-    // Every tier airlock has; a new tier is one more name here (gvisor, once
-    // `--isolation gvisor` runs).
-    tiers: [namespaces, microvm],
+    // Every tier airlock has; a new tier is one more name here.
+    tiers: [namespaces, gvisor, microvm],
     cases: [
         output_and_exit_statuses,
         command_not_found_exits_127,
@@ -630,16 +629,17 @@ out["interfaces"] = interfaces()
 out["env"] = sorted(k for k in os.environ if "proxy" in k.lower())
 "#,
     );
-    // TCP is refused by landlock (EACCES) or finds no route (ENETUNREACH); UDP, which
-    // landlock does not cover, shows there is no route at all.
+    // TCP is refused by landlock (EACCES) or finds no route (ENETUNREACH, or gVisor's
+    // EHOSTUNREACH); UDP, which landlock does not cover, shows there is no route at all.
     for k in ["allowed", "metadata", "metadata6", "proxy_port"] {
         let got = out[k].as_str().unwrap_or_default();
         assert!(
-            ["EACCES", "ENETUNREACH", "ECONNREFUSED"].contains(&got),
+            ["EACCES", "ENETUNREACH", "EHOSTUNREACH", "ECONNREFUSED"].contains(&got),
             "{k}: a direct connection must fail, got {got}: {v:#}"
         );
     }
-    assert_eq!(out["udp"], "ENETUNREACH", "{v:#}");
+    let udp = out["udp"].as_str().unwrap_or_default();
+    assert!(["ENETUNREACH", "EHOSTUNREACH"].contains(&udp), "udp: {v:#}");
     assert_eq!(out["interfaces"], json!(["lo"]), "{v:#}");
     assert_eq!(out["env"], json!([]), "{v:#}");
     assert_eq!(v["egress"], json!([]), "{v:#}");
@@ -682,7 +682,10 @@ out["direct"] = direct("10.9.9.9", 80)
     );
     // No way around the proxy.
     let direct = out["direct"].as_str().unwrap_or_default();
-    assert!(["EACCES", "ENETUNREACH"].contains(&direct), "{v:#}");
+    assert!(
+        ["EACCES", "ENETUNREACH", "EHOSTUNREACH"].contains(&direct),
+        "{v:#}"
+    );
 
     // The log has each request, allowed or refused, with its reason and bytes.
     let log = egress(&v);

@@ -1,4 +1,5 @@
 //! `airlock doctor`: one line per host feature; non-zero exit when a required one is missing.
+//! The gVisor lines say whether runsc runs here, on which platform, and which walls apply.
 //! The micro-VM lines come last: they boot a VM (a few seconds under emulation; skipped
 //! with `--no-boot`), and use the cached KVM verdict unless `--probe-kvm`.
 
@@ -14,12 +15,20 @@ pub struct DoctorArgs {
     /// Do not boot a micro-VM to run /bin/true (the slowest check under emulation).
     #[arg(long)]
     no_boot: bool,
+    /// Try every gVisor platform again instead of using the cached verdict (a platform
+    /// that hangs here, like kvm under a nested /dev/kvm, is tried until its deadline).
+    #[arg(long)]
+    probe_gvisor: bool,
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut missing = false;
     let mut checks = airlock_sandbox::doctor::run();
-    // Micro-VM readiness: not required (the namespace backend runs without it).
+    // gVisor and micro-VM readiness: not required (the namespace tier runs without them).
+    checks.extend(airlock_gvisor::doctor::run(
+        &crate::tiers::gvisor_options(),
+        args.probe_gvisor,
+    ));
     checks.extend(airlock_microvm::doctor::run(
         airlock_microvm::doctor::DoctorOptions {
             probe_kvm: args.probe_kvm,

@@ -93,6 +93,7 @@ impl Tier {
     pub fn serve_args(&self) -> &'static [&'static str] {
         match self.name {
             "microvm" => &["--pool", "0", "--vm-pool", "1"],
+            "gvisor" => &["--pool", "0", "--gvisor-pool", "1"],
             _ => &["--pool", "1"],
         }
     }
