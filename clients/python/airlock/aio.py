@@ -250,7 +250,8 @@ class AsyncAirlock:
         isolation: str | None = None,
     ) -> ExecResult:
         """Runs ``code`` (``python``, ``javascript`` or ``bash``) in a fresh sandbox;
-        ``isolation="microvm"`` runs it inside a micro-VM of its own."""
+        ``isolation="gvisor"`` runs it under gVisor's user-space kernel,
+        ``isolation="microvm"`` inside a micro-VM of its own."""
         body = _core.exec_body(
             language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
             network=network, isolation=isolation,
@@ -319,8 +320,8 @@ class AsyncAirlock:
         isolation: str | None = None,
     ) -> _SandboxCreation:
         """Creates a session sandbox: ``async with al.sandbox() as sb:`` (deleted on
-        exit) or ``sb = await al.sandbox()``. ``isolation="microvm"`` gives the session
-        a micro-VM of its own."""
+        exit) or ``sb = await al.sandbox()``. ``isolation="gvisor"`` or ``"microvm"`` gives the
+        session a gVisor sandbox or a micro-VM of its own."""
         return _SandboxCreation(self, ttl_s, limits, network, isolation)
 
     async def _create(

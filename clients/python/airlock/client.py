@@ -256,7 +256,8 @@ class Airlock:
         isolation: str | None = None,
     ) -> ExecResult:
         """Runs ``code`` (``python``, ``javascript`` or ``bash``) in a fresh sandbox;
-        ``isolation="microvm"`` runs it inside a micro-VM of its own."""
+        ``isolation="gvisor"`` runs it under gVisor's user-space kernel,
+        ``isolation="microvm"`` inside a micro-VM of its own."""
         body = _core.exec_body(
             language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
             network=network, isolation=isolation,
@@ -332,7 +333,8 @@ class Airlock:
         """Creates a session sandbox (files in /workspace and /tmp persist between its
         execs). Use it in a ``with`` block to delete it on exit, or call
         :meth:`Sandbox.delete`; otherwise it lives ``ttl_s`` seconds (server default 600).
-        ``isolation="microvm"`` gives the session a micro-VM of its own."""
+        ``isolation="gvisor"`` gives the session a gVisor sandbox of its own,
+        ``isolation="microvm"`` a micro-VM of its own."""
         body = _core.create_body(ttl_s, limits, network, isolation)
         resp = self._send("POST", "/v1/sandboxes", json=body)
         data = _core.parse_json(resp)

@@ -275,7 +275,7 @@ class SandboxInfo:
     expires_at: float
     usage: SandboxUsage
     isolation: str = "namespaces"
-    """``"namespaces"`` or ``"microvm"``."""
+    """``"namespaces"``, ``"gvisor"`` or ``"microvm"``."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxInfo:

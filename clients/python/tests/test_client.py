@@ -317,6 +317,25 @@ def test_a_microvm_session_keeps_its_files(al: Airlock) -> None:
         assert r.ok and r.stdout == "kept\n", r
 
 
+def test_gvisor_isolation_runs_under_the_user_space_kernel(al: Airlock) -> None:
+    # gVisor's Sentry answers uname with its own kernel version, not the host's.
+    with open("/proc/sys/kernel/osrelease") as f:
+        host_kernel = f.read().strip()
+    r = al.run("import os; print(os.uname().release)", isolation="gvisor")
+    assert r.ok, r
+    assert r.stdout.strip() and r.stdout.strip() != host_kernel, r
+    assert r.id.startswith("gv-"), r
+
+
+def test_a_gvisor_session_keeps_its_files(al: Airlock) -> None:
+    with al.sandbox(isolation="gvisor") as sb:
+        info = next(i for i in al.list_sandboxes() if i.id == sb.id)
+        assert info.isolation == "gvisor", info
+        sb.files.write("notes/a.txt", "kept\n")
+        assert sb.exec(["sh", "-c", "cat notes/a.txt > /workspace/b.txt"]).ok
+        assert sb.files.read("b.txt") == b"kept\n"
+
+
 def test_a_bad_isolation_names_the_field(al: Airlock) -> None:
     from airlock import InvalidRequest
 

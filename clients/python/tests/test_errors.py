@@ -16,7 +16,9 @@ from airlock import (
     AirlockConnectionError,
     AirlockError,
     AsyncAirlock,
+    GvisorUnavailable,
     InvalidRequest,
+    IsolationUnavailable,
     Limits,
     MicroVmUnavailable,
     NotFound,
@@ -349,6 +351,28 @@ async def test_async_session_quota(tmp_path) -> None:
             assert ei.value.code == "session_quota"
             assert [s.id for s in await al.list_sandboxes()] == [sb.id]
             await sb.delete()
+    finally:
+        d.stop()
+
+
+# --- 503 gvisor_unavailable ----------------------------------------------------------------
+
+
+def test_a_host_without_gvisor_raises_gvisor_unavailable_at_once(tmp_path) -> None:
+    # runsc is missing for this daemon.
+    d = start_daemon(tmp_path / "d", "--pool", "0", env={"AIRLOCK_RUNSC": str(tmp_path / "no-runsc")})
+    try:
+        with Airlock(d.url, max_retries=3) as al:
+            for call in (lambda: al.sandbox(isolation="gvisor"), lambda: al.exec(["true"], isolation="gvisor")):
+                t0 = time.monotonic()
+                with pytest.raises(GvisorUnavailable) as ei:
+                    call()
+                assert time.monotonic() - t0 < 5, "retried"
+                e = ei.value
+                assert isinstance(e, IsolationUnavailable) and isinstance(e, ServiceUnavailable)
+                assert e.status == 503 and e.code == "gvisor_unavailable", e
+                assert "runsc" in str(e), e
+            assert al.exec(["echo", "ok"]).stdout == "ok\n"
     finally:
         d.stop()
 

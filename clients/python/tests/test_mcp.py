@@ -334,6 +334,35 @@ def test_run_code_in_a_microvm_runs_under_the_guest_kernel(connect: Callable[[],
     run(go)
 
 
+def test_run_code_and_a_session_under_gvisor(connect: Callable[[], Any]) -> None:
+    # gVisor's Sentry answers uname with its own kernel version, not the host's.
+    with open("/proc/sys/kernel/osrelease") as f:
+        host_kernel = f.read().strip()
+
+    async def go() -> None:
+        async with connect() as s:
+            schemas = await output_schemas(s)
+            r = await s.call_tool("run_code", {
+                "language": "python", "code": "import os; print(os.uname().release)",
+                "isolation": "gvisor",
+            })
+            assert r.is_error is False, texts(r)
+            out = check_structured(schemas, "run_code", r)
+            assert out["stdout"].strip() and out["stdout"].strip() != host_kernel, out
+            assert out["id"].startswith("gv-"), out
+            created = await s.call_tool("create_sandbox", {"isolation": "gvisor"})
+            assert created.is_error is False, texts(created)
+            sid = created.structured_content["sandbox_id"]
+            w = await s.call_tool("exec", {"sandbox_id": sid, "cmd": ["sh", "-c", "echo kept > f"]})
+            assert w.is_error is False, texts(w)
+            r = await s.call_tool("exec", {"sandbox_id": sid, "cmd": ["cat", "f"]})
+            assert check_structured(schemas, "exec", r)["stdout"] == "kept\n", texts(r)
+            closed = await s.call_tool("close_sandbox", {"sandbox_id": sid})
+            assert closed.is_error is False, texts(closed)
+
+    run(go)
+
+
 def test_run_code_with_files_and_stdin_and_no_network(connect: Callable[[], Any]) -> None:
     async def go() -> None:
         async with connect() as s:
