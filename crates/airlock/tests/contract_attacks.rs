@@ -1,0 +1,786 @@
+//! THE ATTACKS THAT MATTER, ON EVERY TIER (issue 13): each case is written once and runs
+//! on every isolation tier as its own test, `contract_attacks::<tier>::<case>`
+//! (`cargo test --test contract_attacks microvm` runs one tier). A case asserts what a
+//! caller relies on whatever the tier: the attack failed, was refused, or changed nothing
+//! on the host; never a tier's own errno or mechanism (tests/security.rs keeps the
+//! namespace tier's seccomp answers, tests/microvm.rs the VMM's own confinement).
+//!
+//! The cases: the program's identity (non-root, no capability, no way to gain one, a
+//! syscall filter), syscall escapes (one compiled program makes every call in one run,
+//! tests/attacks/escapes.c), the host's files and kernel tunables, the pid namespace and
+//! signals, what the caller holds (fds, environment), the host's loopback with egress
+//! `none`, and cloud-metadata SSRF through the egress proxy. Fork and memory bombs are
+//! contract cases already (tests/contract.rs: `pids_limit_holds_a_fork_bomb`,
+//! `oom_is_reported`, `memfds_over_the_memory_cap_end_as_oom`); they are not repeated
+//! here. After every run, nothing of it may be left on the host (tests/tierutil).
+//!
+//! Every attack is harmless should it ever get through, since these tests run as root:
+//! mounts target an empty directory the program made, reboot and kexec carry invalid
+//! magic, sysctls, the hostname and the clock are written back with the values just read,
+//! no real file is written, signals are ones whose default action is to be ignored, and
+//! all traffic stays on a loopback (the metadata server is a fake one in a network
+//! namespace of the test's own: tests/egressutil).
+//!
+//! Micro-VMs run emulated on hosts without a usable KVM (seconds per run): each case makes
+//! one run per tier, and nothing is timed.
+
+mod common;
+mod egressutil;
+mod serverutil;
+mod tierutil;
+
+use egressutil::{METADATA, Net, PRELUDE, egress, in_netns};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+use tierutil::{Tier, assert_run_left_nothing};
+
+/// Generates `mod <tier> { #[test] fn <case>() }` for every tier and case, as in
+/// tests/contract.rs: each case is a function `fn(Tier)` below.
+macro_rules! contract {
+    (tiers: [$($tier:ident),* $(,)?], cases: $cases:tt $(,)?) => {
+        const TIERS: &[&str] = &[$(stringify!($tier)),*];
+        $( contract!(@tier $tier $cases); )*
+    };
+    (@tier $tier:ident [$($case:ident),* $(,)?]) => {
+        mod $tier {
+            $(
+                #[test]
+                fn $case() {
+                    if let Some(tier) = crate::Tier::selected(stringify!($tier), crate::TIERS) {
+                        crate::$case(tier);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+contract! {
+    // Every tier airlock has; a new tier is one more name here (gvisor, once
+    // `--isolation gvisor` runs).
+    tiers: [namespaces, microvm],
+    cases: [
+        identity_is_unprivileged_and_filtered,
+        syscall_escapes_are_refused,
+        host_files_and_kernel_tunables_are_out_of_reach,
+        pid_namespace_hides_the_host_and_signals_stay_inside,
+        nothing_of_the_caller_is_inherited,
+        host_loopback_is_unreachable_with_egress_none,
+        metadata_ssrf_is_refused_through_the_proxy,
+    ],
+}
+
+/// Generous for an emulated micro-VM on a loaded machine; no case relies on it.
+const TIMEOUT: &str = "120s";
+
+/// The uid and gid the program runs as, user and group `sandbox`: what every tier
+/// documents today (`airlock run --help` and the README). A tier that documents another
+/// says so here, by name.
+fn documented_ids(t: Tier) -> (u32, &'static str) {
+    match t.name {
+        "namespaces" | "microvm" => (1000, "sandbox"),
+        other => panic!("which uid and gid does tier {other} document? Say it here"),
+    }
+}
+
+/// `airlock run --isolation TIER --timeout 120s ARGS --json -- python3 -c CODE`: the
+/// program must exit 0 and print one JSON document, returned with the result.
+#[track_caller]
+fn python(t: Tier, args: &[&str], code: &str) -> (Value, Value) {
+    let mut full = vec!["--timeout", TIMEOUT];
+    full.extend_from_slice(args);
+    let v = t.json(&full, &["python3", "-c", code]);
+    (v.clone(), printed(&v))
+}
+
+/// The JSON document the program printed last, after checking it exited 0.
+#[track_caller]
+fn printed(v: &Value) -> Value {
+    let out = common::ok_stdout(v);
+    serde_json::from_str(out.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("the program printed no JSON ({e}): {v:#}"))
+}
+
+/// The name of errno `n` (`EPERM`), or the number.
+fn errno_name(n: i64) -> String {
+    let known = [
+        (libc::EPERM, "EPERM"),
+        (libc::ENOENT, "ENOENT"),
+        (libc::ESRCH, "ESRCH"),
+        (libc::EBADF, "EBADF"),
+        (libc::EACCES, "EACCES"),
+        (libc::EBUSY, "EBUSY"),
+        (libc::EINVAL, "EINVAL"),
+        (libc::ENOSPC, "ENOSPC"),
+        (libc::EROFS, "EROFS"),
+        (libc::EDOM, "EDOM"),
+        (libc::ENOSYS, "ENOSYS"),
+        (libc::ESTALE, "ESTALE"),
+    ];
+    known
+        .iter()
+        .find(|(k, _)| i64::from(*k) == n)
+        .map_or_else(|| n.to_string(), |(_, name)| (*name).to_owned())
+}
+
+// ---------------------------------------------------------------------------------------
+// Identity.
+// ---------------------------------------------------------------------------------------
+
+fn identity_is_unprivileged_and_filtered(t: Tier) {
+    let (uid, user) = documented_ids(t);
+    let v = t.json(
+        &["--timeout", TIMEOUT],
+        &["sh", "-c", "id -un; id -gn; cat /proc/self/status"],
+    );
+    let out = common::ok_stdout(&v);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some(user), "user name: {v:#}");
+    assert_eq!(lines.next(), Some(user), "group name: {v:#}");
+    let status: Vec<(&str, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k, v.split_whitespace().collect::<Vec<_>>().join(" ")))
+        .collect();
+    let field = |key: &str| {
+        status
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {key} in /proc/self/status: {v:#}"))
+    };
+    // Real, effective, saved and filesystem ids; no other group.
+    for key in ["Uid", "Gid"] {
+        assert_eq!(field(key), vec![uid.to_string(); 4].join(" "), "{key}: {v:#}");
+    }
+    assert_eq!(field("Groups"), uid.to_string(), "Groups: {v:#}");
+    // No capability in any set, none to gain by exec, and a syscall filter in force.
+    for key in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(field(key), "0000000000000000", "{key}: {v:#}");
+    }
+    assert_eq!(field("NoNewPrivs"), "1", "NoNewPrivs: {v:#}");
+    assert_eq!(field("Seccomp"), "2", "Seccomp (2: a filter): {v:#}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Syscall escapes.
+// ---------------------------------------------------------------------------------------
+
+/// tests/attacks/escapes.c, compiled once per test process (into a private directory,
+/// then renamed into a shared one: concurrent test processes never see half a binary).
+fn escapes_program() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let shared = Path::new(env!("CARGO_TARGET_TMPDIR")).join("airlock-contract-attacks");
+        std::fs::create_dir_all(&shared).unwrap();
+        let private = tempfile::tempdir_in(&shared).unwrap();
+        let built = common::compile_attack("escapes", private.path());
+        let dest = shared.join("escapes");
+        std::fs::rename(&built, &dest).unwrap();
+        dest
+    })
+}
+
+/// Every call tests/attacks/escapes.c makes, each of which must be refused: mounts and the
+/// root (chroot_escape: the classic climb out of a chroot, then a look for a file of the
+/// host's), new user and mount namespaces (the first step to holding every capability),
+/// other namespaces, tracing, kexec and reboot, kernel modules, kernel attack surface
+/// (bpf, perf, keyrings, userfaultfd, file handles), port I/O, swap, the clock and the
+/// hostname.
+const ESCAPES: &[&str] = &[
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "chroot_escape",
+    "unshare_user",
+    "unshare_user_mount",
+    "unshare_mount",
+    "clone_user",
+    "clone_mount",
+    "clone3_user",
+    "setns",
+    "ptrace",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "init_module",
+    "finit_module",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "userfaultfd",
+    "open_by_handle_at",
+    "iopl",
+    "ioperm",
+    "swapon",
+    "settimeofday",
+    "clock_adjtime",
+    "sethostname",
+];
+
+/// How a call may be refused, whatever the tier's mechanism: not permitted (EPERM,
+/// EACCES), not there at all (ENOSYS), or the caller killed. Each call's arguments are
+/// such that a caller holding the privilege gets anything but these (escapes.c).
+const REFUSALS: &[i32] = &[libc::EPERM, libc::EACCES, libc::ENOSYS];
+
+fn syscall_escapes_are_refused(t: Tier) {
+    let (dir, _) = common::setup("contract-escapes");
+    // A file only the host has: visible to the program only if it got out.
+    let marker = dir.path().join("host-only-marker");
+    std::fs::write(&marker, "host\n").unwrap();
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let file = format!("{}:escapes", escapes_program().display());
+    let v = t.json(
+        &["--timeout", TIMEOUT, "--file", &file],
+        &["./escapes", marker.to_str().unwrap()],
+    );
+    let r = printed(&v);
+    assert_eq!(r["marker_visible"], 0, "the program sees the host's /tmp: {r:#}");
+    // The harness reaches the kernel: an ordinary call succeeds.
+    assert!(
+        r["getpid"]["ret"].as_i64().is_some_and(|p| p > 0),
+        "getpid failed: {r:#}"
+    );
+    let mut got_through = Vec::new();
+    for name in ESCAPES {
+        let c = &r[*name];
+        let refused = c["signal"].is_i64()
+            || (c["ret"] == -1
+                && c["errno"]
+                    .as_i64()
+                    .is_some_and(|e| REFUSALS.iter().any(|&x| i64::from(x) == e)));
+        if !refused {
+            let how = match (c["ret"].as_i64(), c["errno"].as_i64()) {
+                (Some(-1), Some(e)) => format!("failed with {}, past the permission check", errno_name(e)),
+                (Some(ret), _) => format!("succeeded (returned {ret})"),
+                _ => format!("no verdict: {c}"),
+            };
+            got_through.push(format!("{name}: {how}"));
+        }
+    }
+    assert!(
+        got_through.is_empty(),
+        "calls not refused on {}:\n{}\n{v:#}",
+        t.name,
+        got_through.join("\n")
+    );
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        hostname,
+        "the host's hostname changed"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Host files and kernel tunables.
+// ---------------------------------------------------------------------------------------
+
+/// Content and modification time of a host file (None if it is not there).
+fn snapshot(path: &str) -> Option<(Vec<u8>, std::time::SystemTime)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((std::fs::read(path).ok()?, meta.modified().ok()?))
+}
+
+fn host_files_and_kernel_tunables_are_out_of_reach(t: Tier) {
+    let tag = format!("airlock-contract-probe-{}", std::process::id());
+    let dirs = [
+        "/",
+        "/usr",
+        "/usr/bin",
+        "/usr/lib",
+        "/usr/local",
+        "/etc",
+        "/bin",
+        "/sbin",
+        "/lib",
+    ];
+    let files = [
+        "/etc/passwd",
+        "/etc/hosts",
+        "/etc/ld.so.cache",
+        "/usr/bin/python3",
+        "/bin/sh",
+    ];
+    // Kernel tunables, each written back with the value just read: the hostname, the
+    // swappiness, and core_pattern (a pipe there runs a program as root on the host: the
+    // classic container escape).
+    let sysctls = [
+        "/proc/sys/kernel/hostname",
+        "/proc/sys/vm/swappiness",
+        "/proc/sys/kernel/core_pattern",
+    ];
+    let watched: Vec<&str> = files.iter().chain(&sysctls).copied().collect();
+    let before: Vec<_> = watched.iter().map(|p| snapshot(p)).collect();
+    let code = format!(
+        r#"
+import errno, json, os
+def err(e):
+    return errno.errorcode.get(e.errno, str(e.errno))
+res = {{}}
+for d in {dirs:?}:
+    p = os.path.join(d, '{tag}')
+    try:
+        os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        res[p] = 'created'
+    except OSError as e:
+        res[p] = err(e)
+    try:
+        os.mkdir(p + '.d')
+        res[p + '.d'] = 'created'
+    except OSError as e:
+        res[p + '.d'] = err(e)
+# Existing files: opened for writing, nothing written.
+for p in {files:?}:
+    try:
+        os.close(os.open(p, os.O_WRONLY | os.O_APPEND))
+        res[p] = 'opened'
+    except OSError as e:
+        res[p] = err(e)
+for p in {sysctls:?}:
+    try:
+        value = open(p, 'rb').read()
+        fd = os.open(p, os.O_WRONLY)
+    except OSError as e:
+        res[p] = err(e)
+        continue
+    try:
+        os.write(fd, value)
+        res[p] = 'written'
+    except OSError as e:
+        res[p] = 'opened, write ' + err(e)
+    os.close(fd)
+print(json.dumps(res))
+"#
+    );
+    let (v, r) = python(t, &[], &code);
+    let mut reached = Vec::new();
+    for (path, res) in r.as_object().unwrap() {
+        let res = res.as_str().unwrap_or_default();
+        if res == "created" || res == "written" || res.starts_with("opened") {
+            reached.push(format!("{path}: {res}"));
+        }
+    }
+    assert!(
+        reached.is_empty(),
+        "writes that got through on {}:\n{}\n{v:#}",
+        t.name,
+        reached.join("\n")
+    );
+    assert_eq!(
+        r.as_object().unwrap().len(),
+        2 * dirs.len() + files.len() + sysctls.len(),
+        "{r:#}"
+    );
+    // And the host's own files and tunables are as they were.
+    for d in dirs {
+        let p = Path::new(d).join(&tag);
+        assert!(!p.exists(), "{} appeared on the host", p.display());
+        let p = PathBuf::from(format!("{}.d", p.display()));
+        assert!(!p.exists(), "{} appeared on the host", p.display());
+    }
+    let after: Vec<_> = watched.iter().map(|p| snapshot(p)).collect();
+    for ((p, b), a) in watched.iter().zip(&before).zip(&after) {
+        assert!(b.is_some(), "no host file {p} to watch");
+        assert!(b == a, "the host's {p} changed");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes and signals.
+// ---------------------------------------------------------------------------------------
+
+/// A host process that counts the SIGWINCH and SIGURG it receives (both ignored by
+/// default, so the signal is harmless to any other process it might reach), its argv
+/// naming it so the program can look for it.
+struct Canary {
+    child: std::process::Child,
+    marker: String,
+}
+
+impl Canary {
+    fn start() -> Canary {
+        use std::io::BufRead;
+        let marker = format!("airlock-canary-{}", std::process::id());
+        let code = "import signal, sys\n\
+                    sigs = [signal.SIGWINCH, signal.SIGURG]\n\
+                    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)\n\
+                    print('ready', flush=True)\n\
+                    while True:\n\
+                    \x20   print('got', int(signal.sigwait(sigs)), flush=True)\n";
+        let mut child = Command::new(egressutil::python3())
+            .args(["-c", code, &marker])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the canary");
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert_eq!(first, "ready\n", "the canary did not start");
+        Canary { child, marker }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops it; what it received meanwhile, one `got N` line per signal.
+    fn stop(mut self) -> String {
+        use std::io::Read;
+        assert!(
+            self.child.try_wait().unwrap().is_none(),
+            "the host's canary died during the run"
+        );
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let mut got = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut got)
+            .unwrap();
+        got
+    }
+}
+
+fn pid_namespace_hides_the_host_and_signals_stay_inside(t: Tier) {
+    let canary = Canary::start();
+    let me = std::process::id();
+    let host_init = std::fs::read("/proc/1/cmdline").unwrap_or_default();
+    let code = format!(
+        r#"
+import errno, json, os, select, signal
+def err(e):
+    return errno.errorcode.get(e.errno, str(e.errno))
+out = {{'pid': os.getpid(), 'procs': {{}}}}
+for p in os.listdir('/proc'):
+    if p.isdigit():
+        try:
+            out['procs'][p] = open('/proc/%s/cmdline' % p, 'rb').read().decode('latin-1')
+        except OSError as e:
+            out['procs'][p] = err(e)
+# A process of the sandbox's own that waits for SIGWINCH: kill(-1) must reach it.
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGWINCH])
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.write(w, b'r')
+    signal.sigwait([signal.SIGWINCH])
+    os.write(w, b'g')
+    os._exit(0)
+os.read(r, 1)
+for name, target in (('test', {me}), ('canary', {canary})):
+    out[name] = []
+    for sig in (signal.SIGWINCH, signal.SIGURG):
+        try:
+            os.kill(target, sig)
+            out[name].append('delivered')
+        except OSError as e:
+            out[name].append(err(e))
+try:
+    os.kill(-1, signal.SIGWINCH)
+    os.kill(-1, signal.SIGURG)
+    out['all'] = 'sent'
+except OSError as e:
+    out['all'] = err(e)
+ready, _, _ = select.select([r], [], [], 60)
+out['sibling'] = os.read(r, 1).decode() if ready else 'nothing'
+os.waitpid(child, 0)
+print(json.dumps(out))
+"#,
+        canary = canary.pid()
+    );
+    let (v, r) = python(t, &[], &code);
+    let marker = canary.marker.clone();
+    let got = canary.stop();
+
+    // The program sees its own sandbox: a handful of processes, none of the host's.
+    let procs = r["procs"].as_object().unwrap();
+    assert!(
+        procs.contains_key(&r["pid"].to_string()),
+        "the program does not see itself: {r:#}"
+    );
+    assert!(procs.len() <= 3, "more than the sandbox's processes: {r:#}");
+    let host_init = String::from_utf8_lossy(&host_init);
+    for (pid, cmdline) in procs {
+        let cmdline = cmdline.as_str().unwrap_or_default();
+        assert!(
+            !cmdline.contains(&marker),
+            "the host's canary is visible as pid {pid}: {r:#}"
+        );
+        assert!(
+            pid != "1" || host_init.is_empty() || cmdline != host_init,
+            "pid 1 is the host's init: {r:#}"
+        );
+    }
+    // Signals to host pids (the test's own, the canary's) find no such process; kill(-1)
+    // reaches the sandbox's own processes and nothing on the host.
+    for k in ["test", "canary"] {
+        let sent = r[k].as_array().unwrap_or_else(|| panic!("{k}: {r:#}"));
+        assert!(
+            sent.len() == 2 && !sent.contains(&json!("delivered")),
+            "a signal was delivered to the host's {k} pid (the test is {me}): {r:#}"
+        );
+    }
+    assert_eq!(
+        r["sibling"], "g",
+        "kill(-1) did not reach the sandbox's own process: {v:#}"
+    );
+    assert_eq!(got, "", "the host's canary received signals from the sandbox");
+}
+
+// ---------------------------------------------------------------------------------------
+// What the caller holds.
+// ---------------------------------------------------------------------------------------
+
+const SECRET_VAR: &str = "AIRLOCK_CONTRACT_SECRET";
+const SECRET: &str = "airlock-contract-secret-7d41a9";
+
+fn nothing_of_the_caller_is_inherited(t: Tier) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+
+    let (dir, _) = common::setup("contract-inherit");
+    let secret_path = dir.path().join("secret-fd.txt");
+    std::fs::write(&secret_path, SECRET).unwrap();
+    let secret = std::fs::File::open(&secret_path).unwrap();
+    let secret_fd = secret.as_raw_fd();
+    let code = format!(
+        r#"
+import json, os
+fds = {{}}
+for fd in range(4096):
+    try:
+        os.fstat(fd)
+    except OSError:
+        continue
+    try:
+        fds[fd] = os.readlink('/proc/self/fd/%d' % fd)
+    except OSError:
+        fds[fd] = '?'
+environs = []
+for p in os.listdir('/proc'):
+    if not p.isdigit():
+        continue
+    try:
+        data = open('/proc/%s/environ' % p, 'rb').read()
+    except OSError:
+        continue
+    if b'{SECRET_VAR}' in data or b'{SECRET}' in data:
+        environs.append(p)
+print(json.dumps({{'fds': fds, 'env': dict(os.environ), 'environs': environs}}))
+"#
+    );
+    let mut cmd = Command::new(common::airlock_bin());
+    cmd.args(["run", "--isolation", t.name, "--timeout", TIMEOUT])
+        .args(["--env", "GIVEN=given", "--json", "--", "python3", "-c", &code])
+        .env(SECRET_VAR, SECRET)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: between fork and exec only dup2 (async-signal-safe) runs; the new fd 9 has
+    // no CLOEXEC flag, so airlock inherits an open file of the caller's.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(secret_fd, 9) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn airlock");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait for airlock");
+    assert_run_left_nothing(pid);
+    drop(secret);
+    let run = common::host::Run {
+        pid,
+        out,
+        elapsed: Duration::ZERO,
+    };
+    let v = t.parse(&run);
+    let r = printed(&v);
+    let fds: Vec<&String> = r["fds"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        fds,
+        ["0", "1", "2"],
+        "the program holds more than its stdio: {r:#}"
+    );
+    assert!(
+        !r["fds"].to_string().contains("secret-fd"),
+        "the caller's open file reached the program: {r:#}"
+    );
+    // The environment is what --env gave, not the caller's, and no process inside can
+    // read the caller's either.
+    assert_eq!(r["env"]["GIVEN"], "given", "--env did not arrive: {r:#}");
+    let env = r["env"].to_string();
+    assert!(
+        !env.contains(SECRET_VAR) && !env.contains(SECRET),
+        "the caller's environment leaked in: {r:#}"
+    );
+    assert_eq!(
+        r["environs"],
+        json!([]),
+        "a /proc/*/environ inside holds the caller's: {r:#}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The network.
+// ---------------------------------------------------------------------------------------
+
+fn host_loopback_is_unreachable_with_egress_none(t: Tier) {
+    // Services only the host's loopback offers: TCP on IPv4 and IPv6, and UDP.
+    let tcp4 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp6 = std::net::TcpListener::bind("[::1]:0").ok();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for l in std::iter::once(&tcp4).chain(&tcp6) {
+        l.set_nonblocking(true).unwrap();
+    }
+    udp.set_nonblocking(true).unwrap();
+    let port = |a: std::io::Result<std::net::SocketAddr>| a.unwrap().port();
+    let code = format!(
+        r#"
+{PRELUDE}
+out["tcp4"] = direct("127.0.0.1", {tcp4})
+out["tcp6"] = direct("::1", {tcp6})
+out["udp"] = udp("127.0.0.1", {udp})
+print(json.dumps(out))
+"#,
+        tcp4 = port(tcp4.local_addr()),
+        tcp6 = tcp6.as_ref().map_or(0, |l| port(l.local_addr())),
+        udp = port(udp.local_addr()),
+    );
+    let (v, r) = python(t, &["--net", "none"], &code);
+    assert_ne!(r["tcp4"], "connected", "{v:#}");
+    if tcp6.is_some() {
+        assert_ne!(r["tcp6"], "connected", "{v:#}");
+    }
+    // Whatever the program was told, the host's services saw nothing.
+    for l in std::iter::once(&tcp4).chain(&tcp6) {
+        match l.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("a host loopback listener saw a connection: {other:?}; {v:#}"),
+        }
+    }
+    let mut buf = [0u8; 16];
+    match udp.recv_from(&mut buf) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the host's UDP socket received a datagram: {other:?}; {v:#}"),
+    }
+    assert_eq!(v["egress"], json!([]), "{v:#}");
+}
+
+fn metadata_ssrf_is_refused_through_the_proxy(t: Tier) {
+    let net = Net::start();
+    // A UDP socket on the fake metadata address: a datagram that found a way past the
+    // proxy would land here.
+    let metadata_udp = in_netns(&net, || {
+        let s = std::net::UdpSocket::bind((METADATA, 53)).expect("bind the metadata UDP port");
+        s.set_nonblocking(true).unwrap();
+        s
+    });
+    let program = format!(
+        "{PRELUDE}\n{}\nprint(json.dumps(out))\n",
+        r#"
+out["control"] = urlopen("http://10.9.9.9/hello")
+out["ip"] = urlopen("http://169.254.169.254/latest/meta-data/iam/security-credentials/")
+out["name"] = urlopen("http://metadata.google.internal/computeMetadata/v1/")
+out["short_name"] = urlopen("http://metadata/computeMetadata/v1/")
+out["ipv6"] = urlopen("http://[fd00:ec2::254]/latest/meta-data/")
+out["rebind"] = urlopen("http://rebind.allowed.test/latest/meta-data/")
+# The namespace's own loopback, where a host's local services listen (urllib would not
+# use the proxy for it: the program asks the proxy itself).
+out["loopback"] = proxy_get("127.0.0.1", "/")[::2]
+out["connect443"] = list(proxy_connect("169.254.169.254:443")[::2])
+out["direct"] = direct("169.254.169.254", 80)
+out["direct443"] = direct("169.254.169.254", 443)
+out["direct6"] = direct("fd00:ec2::254", 80)
+out["udp"] = udp("169.254.169.254", 53)
+"#
+    );
+    let child = net
+        .airlock()
+        .args(["run", "--isolation", t.name, "--timeout", TIMEOUT])
+        .args(["--net", "proxy", "--allow-cidr", "10.9.9.9/32"])
+        .args(["--allow", "rebind.allowed.test"])
+        .args(["--json", "--", "python3", "-c", &program])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn airlock");
+    // `unshare` and `nsenter` exec in place: the child's pid is airlock's.
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait for airlock");
+    assert_run_left_nothing(pid);
+    let run = common::host::Run {
+        pid,
+        out,
+        elapsed: Duration::ZERO,
+    };
+    let v = t.parse(&run);
+    let r = printed(&v);
+
+    // The proxy route works (the refusals below are its decisions, not a dead route).
+    assert_eq!(r["control"], json!([200, "hello from allowed\n"]), "{v:#}");
+    let link_local = "link-local address 169.254.169.254";
+    let wants = [
+        ("ip", link_local),
+        ("name", "cloud metadata name"),
+        ("short_name", "cloud metadata name"),
+        ("ipv6", "unique-local address fd00:ec2::254"),
+        ("rebind", link_local),
+    ];
+    for (k, reason) in wants {
+        assert_eq!(r[k], json!([403, format!("{reason}\n")]), "{k}: {v:#}");
+    }
+    let forbidden = |reason: &str| json!(["HTTP/1.1 403 Forbidden", format!("{reason}\n")]);
+    assert_eq!(r["connect443"], forbidden(link_local), "{v:#}");
+    assert_eq!(r["loopback"], forbidden("loopback address 127.0.0.1"), "{v:#}");
+    // No way around the proxy.
+    for k in ["direct", "direct443", "direct6"] {
+        assert_ne!(r[k], "connected", "{k}: {v:#}");
+    }
+    // Each refusal is in the run's egress log, with its reason; the one allowed request
+    // too.
+    let log = egress(&v);
+    let denied: Vec<(String, String)> = log
+        .iter()
+        .filter(|e| e["allowed"] == false)
+        .map(|e| {
+            (
+                e["host"].as_str().unwrap_or_default().to_owned(),
+                e["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        (METADATA, link_local),
+        ("metadata.google.internal", "cloud metadata name"),
+        ("metadata", "cloud metadata name"),
+        ("[fd00:ec2::254]", "unique-local address fd00:ec2::254"),
+        ("rebind.allowed.test", link_local),
+        ("127.0.0.1", "loopback address 127.0.0.1"),
+        (METADATA, link_local),
+    ]
+    .iter()
+    .map(|(h, r)| ((*h).to_owned(), (*r).to_owned()))
+    .collect();
+    assert_eq!(denied, want, "the refused requests in the log: {log:#?}");
+    assert_eq!(log.len(), want.len() + 1, "{log:#?}");
+    // The fake metadata servers (and the namespace's loopback ones) saw nothing.
+    net.assert_no_forbidden_connections();
+    let mut buf = [0u8; 16];
+    match metadata_udp.recv_from(&mut buf) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("a datagram reached the metadata address: {other:?}; {v:#}"),
+    }
+}
