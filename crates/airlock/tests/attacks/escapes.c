@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -43,6 +44,9 @@
 
 #ifndef SYS_clone3
 #define SYS_clone3 435
+#endif
+#ifndef AF_VSOCK
+#define AF_VSOCK 40
 #endif
 #ifndef UFFD_USER_MODE_ONLY
 #define UFFD_USER_MODE_ONLY 1
@@ -242,6 +246,14 @@ static long attack(const char *name) {
     if (!strcmp(name, "userfaultfd"))
         /* User-mode faults only: what an unprivileged caller may ask for. */
         return syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
+    if (!strcmp(name, "io_uring_setup")) {
+        char params[120]; /* struct io_uring_params, zeroed: one entry, default flags */
+        memset(params, 0, sizeof params);
+        return syscall(SYS_io_uring_setup, 1U, params);
+    }
+    if (!strcmp(name, "socket_vsock"))
+        /* The channel between a VM and its host. */
+        return syscall(SYS_socket, AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (!strcmp(name, "open_by_handle_at"))
         return open_by_handle();
     if (!strcmp(name, "iopl"))
@@ -264,7 +276,7 @@ static const char *const ATTACKS[] = {
     "unshare_user", "unshare_user_mount", "unshare_mount", "clone_user", "clone_mount",
     "clone3_user", "setns", "ptrace", "kexec_load", "kexec_file_load", "reboot",
     "init_module", "finit_module", "bpf", "perf_event_open", "keyctl", "add_key",
-    "userfaultfd", "open_by_handle_at", "iopl", "ioperm", "swapon", "settimeofday",
+    "userfaultfd", "io_uring_setup", "socket_vsock", "open_by_handle_at", "iopl", "ioperm", "swapon", "settimeofday",
     "clock_adjtime", "sethostname",
 };
 
