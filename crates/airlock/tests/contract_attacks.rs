@@ -131,38 +131,95 @@ fn errno_name(n: i64) -> String {
 // Identity.
 // ---------------------------------------------------------------------------------------
 
+/// What the program learns about itself from the kernel it talks to (the calls, not
+/// /proc, so that every tier answers the same questions): its ids, its capability sets
+/// (capget; the bounding and ambient sets, one capability at a time), no_new_privs and
+/// its seccomp mode (prctl), and its /proc/self/status for a cross-check.
+const IDENTITY: &str = r#"
+import ctypes, grp, json, os, pwd
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+def prctl(option, arg2=0, arg3=0):
+    r = libc.prctl(option, arg2, arg3, 0, 0)
+    return r if r >= 0 else -ctypes.get_errno()
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+capget = libc.capget(ctypes.byref(header), data)
+caps = {k: getattr(data[0], k) | getattr(data[1], k) << 32 for k in ("effective", "permitted", "inheritable")}
+PR_GET_SECCOMP, PR_CAPBSET_READ, PR_GET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET = 21, 23, 39, 47, 1
+def each_cap(ask):
+    """The answer for every capability the kernel knows (it says EINVAL past the last)."""
+    answers = []
+    for cap in range(64):
+        r = ask(cap)
+        if r == -22:
+            break
+        answers.append(r)
+    return answers
+out = {
+    "user": pwd.getpwuid(os.getuid()).pw_name,
+    "group": grp.getgrgid(os.getgid()).gr_name,
+    "uids": list(os.getresuid()),
+    "gids": list(os.getresgid()),
+    "groups": os.getgroups(),
+    "capget": capget,
+    "caps": caps,
+    "bounding": each_cap(lambda c: prctl(PR_CAPBSET_READ, c)),
+    "ambient": each_cap(lambda c: prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, c)),
+    "no_new_privs": prctl(PR_GET_NO_NEW_PRIVS),
+    "seccomp": prctl(PR_GET_SECCOMP),
+    "status": dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l),
+}
+print(json.dumps(out))
+"#;
+
 fn identity_is_unprivileged_and_filtered(t: Tier) {
-    let (uid, user) = documented_ids(t);
-    let v = t.json(
-        &["--timeout", TIMEOUT],
-        &["sh", "-c", "id -un; id -gn; cat /proc/self/status"],
-    );
-    let out = common::ok_stdout(&v);
-    let mut lines = out.lines();
-    assert_eq!(lines.next(), Some(user), "user name: {v:#}");
-    assert_eq!(lines.next(), Some(user), "group name: {v:#}");
-    let status: Vec<(&str, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k, v.split_whitespace().collect::<Vec<_>>().join(" ")))
-        .collect();
-    let field = |key: &str| {
-        status
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_else(|| panic!("no {key} in /proc/self/status: {v:#}"))
-    };
-    // Real, effective, saved and filesystem ids; no other group.
-    for key in ["Uid", "Gid"] {
-        assert_eq!(field(key), vec![uid.to_string(); 4].join(" "), "{key}: {v:#}");
-    }
-    assert_eq!(field("Groups"), uid.to_string(), "Groups: {v:#}");
+    let (id, name) = documented_ids(t);
+    let (v, r) = python(t, &[], IDENTITY);
+    // Not root: the documented user, every id of it (real, effective, saved), and no
+    // group but its own.
+    assert_eq!((&r["user"], &r["group"]), (&json!(name), &json!(name)), "{r:#}");
+    assert_eq!(r["uids"], json!([id, id, id]), "uids: {r:#}");
+    assert_eq!(r["gids"], json!([id, id, id]), "gids: {r:#}");
+    let groups = r["groups"].as_array().unwrap();
+    assert!(groups.iter().all(|g| *g == id), "groups beyond its own: {r:#}");
     // No capability in any set, none to gain by exec, and a syscall filter in force.
-    for key in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-        assert_eq!(field(key), "0000000000000000", "{key}: {v:#}");
+    assert_eq!(r["capget"], 0, "capget failed: {r:#}");
+    assert_eq!(
+        r["caps"],
+        json!({"effective": 0, "permitted": 0, "inheritable": 0}),
+        "{r:#}"
+    );
+    // One answer per capability, each "not in the set" (0); CAP_AUDIT_READ (37) is the
+    // last one every kernel since Linux 3.16 knows.
+    for set in ["bounding", "ambient"] {
+        let answers = r[set].as_array().unwrap();
+        assert!(answers.len() >= 38, "{set}: too few answers: {r:#}");
+        assert!(answers.iter().all(|a| *a == 0), "{set} set: {r:#}");
     }
-    assert_eq!(field("NoNewPrivs"), "1", "NoNewPrivs: {v:#}");
-    assert_eq!(field("Seccomp"), "2", "Seccomp (2: a filter): {v:#}");
+    assert_eq!(r["no_new_privs"], 1, "no_new_privs: {r:#}");
+    assert_eq!(r["seccomp"], 2, "seccomp mode (2: a filter): {r:#}");
+    // /proc/self/status says the same, in each field the tier reports.
+    let want = [
+        ("Uid", vec![id.to_string(); 4].join(" ")),
+        ("Gid", vec![id.to_string(); 4].join(" ")),
+        ("CapInh", "0".repeat(16)),
+        ("CapPrm", "0".repeat(16)),
+        ("CapEff", "0".repeat(16)),
+        ("CapBnd", "0".repeat(16)),
+        ("CapAmb", "0".repeat(16)),
+        ("NoNewPrivs", "1".to_owned()),
+        ("Seccomp", "2".to_owned()),
+    ];
+    for (key, value) in want {
+        if let Some(got) = r["status"][key].as_str() {
+            let got = got.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert_eq!(got, value, "/proc/self/status {key}: {v:#}");
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
