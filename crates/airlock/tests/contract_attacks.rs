@@ -377,8 +377,11 @@ fn host_files_and_kernel_tunables_are_out_of_reach(t: Tier) {
         "/proc/sys/vm/swappiness",
         "/proc/sys/kernel/core_pattern",
     ];
-    let watched: Vec<&str> = files.iter().chain(&sysctls).copied().collect();
-    let before: Vec<_> = watched.iter().map(|p| snapshot(p)).collect();
+    let before: Vec<_> = files.iter().map(|p| snapshot(p)).collect();
+    // (A /proc file's times are its inode's, made again whenever it is looked up anew:
+    // the values alone are compared.)
+    let tunables = || sysctls.map(|p| std::fs::read_to_string(p).ok());
+    let tunables_before = tunables();
     let code = format!(
         r#"
 import errno, json, os
@@ -446,10 +449,14 @@ print(json.dumps(res))
         let p = PathBuf::from(format!("{}.d", p.display()));
         assert!(!p.exists(), "{} appeared on the host", p.display());
     }
-    let after: Vec<_> = watched.iter().map(|p| snapshot(p)).collect();
-    for ((p, b), a) in watched.iter().zip(&before).zip(&after) {
+    let after: Vec<_> = files.iter().map(|p| snapshot(p)).collect();
+    for ((p, b), a) in files.iter().zip(&before).zip(&after) {
         assert!(b.is_some(), "no host file {p} to watch");
         assert!(b == a, "the host's {p} changed");
+    }
+    for ((p, b), a) in sysctls.iter().zip(tunables_before).zip(tunables()) {
+        assert!(b.is_some(), "no host tunable {p} to watch");
+        assert_eq!(b, a, "the host's {p} changed");
     }
 }
 

@@ -54,12 +54,26 @@
 
 static const char *marker;
 
-/* A fresh empty directory under /tmp: the only place a mount is ever aimed at. */
+/* A fresh empty directory under /tmp, made for each call before its child starts: the
+ * only place a mount is ever aimed at. The parent unmounts whatever got mounted there and
+ * removes it once the child has ended (tidy_up), from outside any chroot the child made. */
+static char made[sizeof "/tmp/airlock-escape-XXXXXX"];
+
 static const char *empty_dir(void) {
-    static char path[] = "/tmp/airlock-escape-XXXXXX";
-    if (!mkdtemp(path))
-        _exit(3);
-    return path;
+    return made;
+}
+
+static void make_dir(void) {
+    strcpy(made, "/tmp/airlock-escape-XXXXXX");
+    if (!mkdtemp(made)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+}
+
+static void tidy_up(void) {
+    umount2(made, MNT_DETACH);
+    rmdir(made);
 }
 
 /* A child made by a clone that should have been refused leaves at once. */
@@ -283,6 +297,7 @@ static const char *const ATTACKS[] = {
 /* Runs one attack in a child; prints `"NAME": {...}`. */
 static void run(const char *name) {
     int fds[2];
+    make_dir();
     if (pipe(fds) != 0) {
         perror("pipe");
         exit(2);
@@ -308,6 +323,7 @@ static void run(const char *name) {
     close(fds[0]);
     int status = 0;
     waitpid(pid, &status, 0);
+    tidy_up();
     if (n == sizeof r)
         printf("\"%s\": {\"ret\": %ld, \"errno\": %ld}", name, r[0], r[1]);
     else if (WIFSIGNALED(status))
