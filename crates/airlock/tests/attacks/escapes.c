@@ -13,10 +13,11 @@
  * would get past the permission check to an error of its own (EINVAL, EBADF, ENOENT,
  * ESTALE): a refusal (EPERM, EACCES, ENOSYS, or the caller killed) shows the sandbox at
  * work, whatever its mechanism. And each is harmless should it ever get through: the mount
- * is a tmpfs on an empty directory this program made, reboot and kexec carry invalid
- * magic and flags, swapon names a nonexistent path, the hostname, the kernel time zone and
- * the clock tick are written back with the values just read, keys and maps live as long as
- * the child, the traced process is this program's own child.
+ * is a tmpfs on an empty directory this program made (and takes down again), reboot and
+ * kexec carry invalid magic and flags, swapon names a nonexistent path, the hostname, the
+ * kernel time zone and the clock tick are written back with the values just read, keys,
+ * maps, rings and sockets live as long as the child, the traced process is this program's
+ * own child, and nothing is connected to.
  */
 #define _GNU_SOURCE
 #include <errno.h>
