@@ -30,12 +30,14 @@ mod serverutil;
 mod tierutil;
 
 use egressutil::{METADATA, Net, PRELUDE, egress, in_netns};
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
+use serverutil::{Daemon, poll};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
-use tierutil::{Tier, assert_run_left_nothing};
+use tierutil::{Tier, assert_run_left_nothing, daemon_leftovers};
 
 /// Generates `mod <tier> { #[test] fn <case>() }` for every tier and case, as in
 /// tests/contract.rs: each case is a function `fn(Tier)` below.
@@ -70,6 +72,7 @@ contract! {
         nothing_of_the_caller_is_inherited,
         host_loopback_is_unreachable_with_egress_none,
         metadata_ssrf_is_refused_through_the_proxy,
+        the_service_sandboxes_have_the_same_walls,
     ],
 }
 
@@ -162,8 +165,15 @@ print(json.dumps(out))
 "#;
 
 fn identity_is_unprivileged_and_filtered(t: Tier) {
-    let (id, name) = documented_ids(t);
     let (v, r) = python(t, &[], IDENTITY);
+    assert_identity(t, &v, &r);
+}
+
+/// What [`IDENTITY`] printed (`r`, from the result `v`) shows a program that is not
+/// root, holds no capability and cannot gain one, under a syscall filter.
+#[track_caller]
+fn assert_identity(t: Tier, v: &Value, r: &Value) {
+    let (id, name) = documented_ids(t);
     // Not root: the documented user, every id of it (real, effective, saved), and no
     // group but its own.
     assert_eq!((&r["user"], &r["group"]), (&json!(name), &json!(name)), "{r:#}");
@@ -290,7 +300,18 @@ fn syscall_escapes_are_refused(t: Tier) {
         &["--timeout", TIMEOUT, "--file", &file],
         &["./escapes", marker.to_str().unwrap()],
     );
-    let r = printed(&v);
+    assert_escapes_refused(t, &v);
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        hostname,
+        "the host's hostname changed"
+    );
+}
+
+/// The result `v` of escapes.c shows every call refused and the host's marker unseen.
+#[track_caller]
+fn assert_escapes_refused(t: Tier, v: &Value) {
+    let r = printed(v);
     assert_eq!(r["marker_visible"], 0, "the program sees the host's /tmp: {r:#}");
     // The harness reaches the kernel: an ordinary call succeeds.
     assert!(
@@ -316,11 +337,6 @@ fn syscall_escapes_are_refused(t: Tier) {
         "calls not refused on {}:\n{}\n{v:#}",
         t.name,
         got_through.join("\n")
-    );
-    assert_eq!(
-        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
-        hostname,
-        "the host's hostname changed"
     );
 }
 
@@ -839,4 +855,60 @@ out["udp"] = udp("169.254.169.254", 53)
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
         other => panic!("a datagram reached the metadata address: {other:?}; {v:#}"),
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The service.
+// ---------------------------------------------------------------------------------------
+
+/// `airlock serve` hands out sandboxes it started ahead (its warm pool) and keeps
+/// sessions: a one-shot exec and a session's execs meet the same walls as `airlock run`.
+fn the_service_sandboxes_have_the_same_walls(t: Tier) {
+    let (dir, _) = common::setup("contract-service-walls");
+    let marker = dir.path().join("host-only-marker");
+    std::fs::write(&marker, "host\n").unwrap();
+    let mut d = Daemon::start(t.serve_args());
+    let ready = poll(Duration::from_secs(600), || {
+        (d.client().get("/readyz").status == 200).then_some(())
+    });
+    assert!(ready.is_some(), "/readyz never answered 200; log:\n{}", d.log());
+    let c = d.client();
+
+    // A one-shot exec, from the pool.
+    let v = c.exec_ok(&json!({"cmd": ["python3", "-c", IDENTITY], "isolation": t.name}));
+    assert_identity(t, &v, &printed(&v));
+
+    // A session: the attack program goes in through the files API.
+    let id = c.create_session(&json!({"isolation": t.name, "ttl_s": 600}));
+    let binary = std::fs::read(escapes_program()).unwrap();
+    c.put(
+        &format!("/v1/sandboxes/{id}/files?path=escapes&mode=755"),
+        &binary,
+    )
+    .expect(204);
+    let exec = |cmd: Value| c.session_exec(&id, &json!({"cmd": cmd})).expect(200).json();
+    let v = exec(json!(["python3", "-c", IDENTITY]));
+    assert_identity(t, &v, &printed(&v));
+    let v = exec(json!(["./escapes", marker.to_str().unwrap()]));
+    assert_escapes_refused(t, &v);
+    c.delete(&format!("/v1/sandboxes/{id}")).expect(204);
+
+    // Stopped, the daemon leaves nothing.
+    assert!(
+        !daemon_leftovers(&d.owner).is_empty(),
+        "nothing on the host for the running daemon"
+    );
+    d.signal(Signal::SIGTERM);
+    let status = d
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("still running 60 s after SIGTERM; log:\n{}", d.log()));
+    assert_eq!(status.code(), Some(0), "{status:?}; log:\n{}", d.log());
+    let gone = poll(Duration::from_secs(5), || {
+        daemon_leftovers(&d.owner).is_empty().then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "left after SIGTERM: {:?}",
+        daemon_leftovers(&d.owner)
+    );
 }
