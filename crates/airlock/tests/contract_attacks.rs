@@ -9,20 +9,21 @@
 //! syscall filter), syscall escapes (one compiled program makes every call in one run,
 //! tests/attacks/escapes.c), the host's files and kernel tunables, the pid namespace and
 //! signals, what the caller holds (fds, environment), the host's loopback with egress
-//! `none`, and cloud-metadata SSRF through the egress proxy. Fork and memory bombs are
+//! `none`, cloud-metadata SSRF through the egress proxy, and the service's pooled and
+//! session sandboxes meeting the same walls as `airlock run`. Fork and memory bombs are
 //! contract cases already (tests/contract.rs: `pids_limit_holds_a_fork_bomb`,
 //! `oom_is_reported`, `memfds_over_the_memory_cap_end_as_oom`); they are not repeated
 //! here. After every run, nothing of it may be left on the host (tests/tierutil).
 //!
 //! Every attack is harmless should it ever get through, since these tests run as root:
-//! mounts target an empty directory the program made, reboot and kexec carry invalid
-//! magic, sysctls, the hostname and the clock are written back with the values just read,
-//! no real file is written, signals are ones whose default action is to be ignored, and
-//! all traffic stays on a loopback (the metadata server is a fake one in a network
-//! namespace of the test's own: tests/egressutil).
+//! mounts target an empty directory the program made and takes down, reboot and kexec
+//! carry invalid magic, sysctls, the hostname and the clock are written back with the
+//! values just read, no real file is written, signals are ones whose default action is to
+//! be ignored, and all traffic stays on a loopback (the metadata server is a fake one in a
+//! network namespace of the test's own: tests/egressutil).
 //!
 //! Micro-VMs run emulated on hosts without a usable KVM (seconds per run): each case makes
-//! one run per tier, and nothing is timed.
+//! one run per tier (the service case a few execs), and nothing is timed.
 
 mod common;
 mod egressutil;
