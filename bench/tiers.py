@@ -10,8 +10,10 @@
      per tier, and `python3 -c pass` from the pool.
   3. Host memory: PSS (/proc/PID/smaps_rollup) of the processes each pooled sandbox
      adds to the host, once the pools are full and idle: the daemon's descendants
-     grouped by tier (namespaces: the sandbox's init and ready child; gvisor: runsc,
-     its Sentry and Gofer; microvm: the VMM), divided by the pool's size.
+     grouped by tier (namespaces: the zygote and the inits it cloned, ready children
+     included; gvisor: runsc, its Gofer and Sentry; microvm: the VMM), divided by the
+     pool's size. Kernel memory (page tables, a sandbox's cgroup and namespaces) is
+     not in PSS.
 
     sudo python3 bench/tiers.py [--airlock PATH] [--tiers namespaces,gvisor,microvm]
                                 [--cold 5] [--requests 100] [--vm-requests 20]
@@ -165,20 +167,20 @@ def pss_kb(pid):
     return 0
 
 
-def tier_of(procs, pid):
-    """Which tier a descendant of the daemon belongs to, by the first ancestor below the
-    daemon that names one (a runsc or VMM process, or a namespace sandbox's init)."""
+def tier_of(procs, root, pid):
+    """Which tier a descendant of the daemon `root` belongs to, by its ancestors below
+    the daemon: runsc (and its Gofer and Sentry) for gvisor, the VMM for microvm, the
+    zygote whose clones are the namespace sandboxes' inits for namespaces."""
     chain = []
-    while pid in procs:
+    while pid in procs and pid != root:
         chain.append(procs[pid])
         pid = procs[pid][0]
     for _, comm, cmd in reversed(chain):
-        if "runsc" in comm or "runsc" in cmd or "gvisor" in cmd:
+        if comm.startswith("runsc") or cmd.startswith("/usr/bin/runsc") or cmd.startswith("runsc"):
             return "gvisor"
-        if "qemu" in comm:
+        if comm.startswith("qemu"):
             return "microvm"
-    for _, comm, cmd in reversed(chain):
-        if "airlock" in comm and "init" in cmd:
+        if "zygote" in cmd:
             return "namespaces"
     return None
 
@@ -263,7 +265,7 @@ def main():
         per = {t: 0 for t in tiers}
         count = {t: 0 for t in tiers}
         for pid in procs:
-            t = tier_of(procs, pid)
+            t = tier_of(procs, d.proc.pid, pid)
             if t in per:
                 per[t] += pss_kb(pid)
                 count[t] += 1

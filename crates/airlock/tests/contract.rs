@@ -52,6 +52,7 @@ contract! {
     tiers: [namespaces, gvisor, microvm],
     cases: [
         output_and_exit_statuses,
+        the_readme_example_prints_42,
         command_not_found_exits_127,
         stdin_env_and_files_go_in,
         timeout_kills_everything,
@@ -122,6 +123,17 @@ fn output_and_exit_statuses(t: Tier) {
     assert!(v["exit_code"].is_null(), "{v:#}");
     assert_eq!(v["timed_out"], false, "{v:#}");
     assert_eq!(v["oom_killed"], false, "{v:#}");
+}
+
+/// The README's example for every tier ("Three isolation tiers, one contract"), as typed.
+fn the_readme_example_prints_42(t: Tier) {
+    let run = t.run(&["--", "python3", "-c", "print(6*7)"]);
+    assert_eq!(
+        (run.code(), run.stdout().as_str()),
+        (Some(0), "42\n"),
+        "{}",
+        run.stderr()
+    );
 }
 
 fn command_not_found_exits_127(t: Tier) {
