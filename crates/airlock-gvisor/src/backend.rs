@@ -16,6 +16,9 @@ pub struct GvisorOptions {
     pub runsc: Option<PathBuf>,
     /// The agent binary (`airlock-gvisor-agent`), bound into every sandbox as its init.
     pub agent: PathBuf,
+    /// The compatibility library preloaded into every program (`airlock-gvisor-compat`:
+    /// see that crate); `None`, or a path that does not exist: programs run without it.
+    pub compat: Option<PathBuf>,
     /// Bundles and runsc state: one directory per airlock process below it.
     pub state: PathBuf,
     /// Where the platform verdict is cached.
@@ -33,6 +36,7 @@ impl GvisorOptions {
         GvisorOptions {
             runsc: var("AIRLOCK_RUNSC"),
             agent: var("AIRLOCK_GVISOR_AGENT").unwrap_or_else(default_agent_path),
+            compat: var("AIRLOCK_GVISOR_COMPAT").or_else(default_compat_path),
             state: var("AIRLOCK_GVISOR_STATE").unwrap_or_else(|| "/run/airlock/gvisor".into()),
             cache: var("AIRLOCK_GVISOR_CACHE").unwrap_or_else(|| "/var/cache/airlock/gvisor".into()),
             platform: std::env::var("AIRLOCK_GVISOR_PLATFORM")
@@ -58,12 +62,27 @@ pub fn default_agent_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/libexec/airlock/airlock-gvisor-agent"))
 }
 
+/// `libairlock_gvisor_compat.so` next to the running executable or in its parent
+/// directory (as cargo builds it beside `airlock`), else in `/usr/libexec/airlock`.
+pub fn default_compat_path() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(Path::to_path_buf)
+        .chain([PathBuf::from("/usr/libexec/airlock")])
+        .map(|d| d.join("libairlock_gvisor_compat.so"))
+        .find(|p| p.is_file())
+}
+
 /// What `prepare` found, for every sandbox.
 #[derive(Debug)]
 pub(crate) struct Prepared {
     pub runsc: PathBuf,
     pub platform: Platform,
     pub agent: PathBuf,
+    /// The compatibility library, when installed.
+    pub compat: Option<PathBuf>,
     pub cgroups: CgroupHost,
     /// This process's directory under the state directory (bundles and runsc state).
     pub owner_dir: PathBuf,
@@ -146,6 +165,7 @@ fn prepare(options: &GvisorOptions) -> Result<Prepared, String> {
         runsc,
         platform,
         agent: options.agent.clone(),
+        compat: options.compat.clone().filter(|p| p.is_file()),
         cgroups,
         owner_dir,
     })

@@ -39,6 +39,10 @@ const GENERATED_ETC: &[(&str, &str)] = &[
 /// Where the agent is inside the sandbox.
 pub const AGENT_PATH: &str = "/.airlock/agent";
 
+/// Where the compatibility library is inside the sandbox, when airlock has one: the
+/// agent preloads it into every program it starts.
+pub const COMPAT_PATH: &str = "/.airlock/compat.so";
+
 /// Capabilities of the agent inside the sandbox (root of gVisor's user namespace, not
 /// of the host): mount the disk, chown files to the sandbox user, drop to it, kill every
 /// process of an exec. The program has none.
@@ -60,6 +64,8 @@ pub struct BundleSpec<'a> {
     pub rootfs: Option<&'a Path>,
     /// The agent binary on the host.
     pub agent: &'a Path,
+    /// The compatibility library on the host, bound at [`COMPAT_PATH`] when given.
+    pub compat: Option<&'a Path>,
     /// Proxy mode: the host directory holding the egress proxy's socket, bound at
     /// `/.airlock/egress` (root-only inside: the agent's relay connects to it).
     pub egress_dir: Option<&'a Path>,
@@ -147,6 +153,10 @@ pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
     }
     touch(&root.join(AGENT_PATH.trim_start_matches('/')))?;
     mounts.push(bind(spec.agent, AGENT_PATH));
+    if let Some(compat) = spec.compat {
+        touch(&root.join(COMPAT_PATH.trim_start_matches('/')))?;
+        mounts.push(bind(compat, COMPAT_PATH));
+    }
     if let Some(egress) = spec.egress_dir {
         mkdir(&root.join(".airlock/egress"))?;
         // Not read-only: connecting to a socket is a write to it.
@@ -214,6 +224,7 @@ mod tests {
             &BundleSpec {
                 rootfs: None,
                 agent: &agent,
+                compat: None,
                 egress_dir: None,
             },
         )

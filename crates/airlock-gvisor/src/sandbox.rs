@@ -137,6 +137,7 @@ impl GvisorSandbox {
             &crate::bundle::BundleSpec {
                 rootfs: shape.rootfs.as_deref(),
                 agent: &prepared.agent,
+                compat: prepared.compat.as_deref(),
                 egress_dir: policy.is_some().then_some(egress_dir.as_path()),
             },
         )

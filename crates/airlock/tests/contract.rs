@@ -53,6 +53,7 @@ contract! {
     cases: [
         output_and_exit_statuses,
         the_readme_example_prints_42,
+        everyday_tools_work,
         command_not_found_exits_127,
         stdin_env_and_files_go_in,
         timeout_kills_everything,
@@ -123,6 +124,19 @@ fn output_and_exit_statuses(t: Tier) {
     assert!(v["exit_code"].is_null(), "{v:#}");
     assert_eq!(v["timed_out"], false, "{v:#}");
     assert_eq!(v["oom_killed"], false, "{v:#}");
+}
+
+/// What agents run all day works on every tier: coreutils that stat files (`ls -l`,
+/// `stat`, `cp -a`, `du`), `find`, `tar`, a pipe and a redirect.
+fn everyday_tools_work(t: Tier) {
+    let script = "set -e; mkdir d; printf 'x\\n' > d/f; ls -la d | grep -c ' f$'; stat -c '%s %U' d/f; \
+                  cp -a d e; du -s e > /dev/null; find . -name f | sort; tar cf t.tar d; tar tf t.tar | sort";
+    let v = t.json(&[], &["sh", "-c", script]);
+    assert_eq!(
+        common::ok_stdout(&v),
+        "1\n2 sandbox\n./d/f\n./e/f\nd/\nd/f\n",
+        "{v:#}"
+    );
 }
 
 /// The README's example for every tier ("Three isolation tiers, one contract"), as typed.

@@ -435,6 +435,13 @@ fn environment(extra: &[(String, String)], request: Vec<(String, String)>) -> Ve
         env.retain(|(key, _)| *key != k);
         env.push((k, v));
     }
+    // The compatibility library first, before any the request preloads itself.
+    if std::path::Path::new(crate::bundle::COMPAT_PATH).is_file() {
+        match env.iter_mut().find(|(k, _)| k == "LD_PRELOAD") {
+            Some((_, v)) => *v = format!("{}:{v}", crate::bundle::COMPAT_PATH),
+            None => env.push(("LD_PRELOAD".into(), crate::bundle::COMPAT_PATH.into())),
+        }
+    }
     env
 }
 
