@@ -208,6 +208,11 @@ class ExecResult:
     cpu_ms: float
     memory_peak_bytes: int
     egress: list[EgressEntry] = field(default_factory=list)
+    isolation: str = "namespaces"
+    """The tier that ran the program: ``"namespaces"``, ``"gvisor"`` or ``"microvm"``."""
+    platform: str | None = None
+    """How the tier ran it: gVisor's platform (``"ptrace"``...), a micro-VM's accelerator
+    (``"kvm"``, ``"tcg"``); ``None`` for namespaces."""
     queue_ms: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields this SDK version does not know (added by a newer server)."""

@@ -325,6 +325,7 @@ def test_gvisor_isolation_runs_under_the_user_space_kernel(al: Airlock) -> None:
     assert r.ok, r
     assert r.stdout.strip() and r.stdout.strip() != host_kernel, r
     assert r.id.startswith("gv-"), r
+    assert r.isolation == "gvisor" and r.platform, r
 
 
 def test_a_gvisor_session_keeps_its_files(al: Airlock) -> None:

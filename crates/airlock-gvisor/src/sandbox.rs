@@ -84,6 +84,8 @@ pub struct GvisorSandbox {
     background: bool,
     /// Owned: proxy mode's egress proxy, served on the host.
     egress: Option<HostProxy>,
+    /// The platform runsc runs it on (reported in every result).
+    platform: crate::Platform,
 }
 
 /// The pipes of `runsc run`'s stdio: ours, then the child's.
@@ -224,6 +226,7 @@ impl GvisorSandbox {
             // Set once built: the warm-up exec runs in the background as well.
             background: false,
             egress,
+            platform: prepared.platform,
         };
         // From here on, dropping `sandbox` purges everything.
         // A sandbox that never came up is the host's failure (runsc refused the bundle,
@@ -516,6 +519,8 @@ impl GvisorSandbox {
             cpu_ms: (after.cpu_ns.saturating_sub(before.cpu_ns) as f64 / 1e3).round() / 1e3,
             memory_peak_bytes: after.memory_peak_bytes,
             egress: Vec::new(),
+            isolation: Isolation::Gvisor,
+            platform: None,
         })
     }
 }
@@ -572,7 +577,10 @@ impl Sandbox for GvisorSandbox {
         sink: &mut dyn OutputSink,
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, Error> {
-        self.exec_inner(spec, sink, cancel)
+        let mut result = self.exec_inner(spec, sink, cancel)?;
+        result.isolation = Isolation::Gvisor;
+        result.platform = Some(self.platform.as_str().to_owned());
+        Ok(result)
     }
 
     fn write_file(

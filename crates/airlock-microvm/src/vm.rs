@@ -15,7 +15,7 @@
 
 use airlock_sandbox::OutputSink;
 use airlock_sandbox::cgroup::{Cgroup, CgroupHost, CgroupLimits};
-use airlock_spec::{ExecResult, FileEntry, Limits, NetworkPolicy, Outcome, Spec, SpecError};
+use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, NetworkPolicy, Outcome, Spec, SpecError};
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read, Write};
@@ -911,6 +911,9 @@ impl BootedVm {
                 ToHost::Exited { result } => {
                     let mut result = *result;
                     result.id = self.id.clone();
+                    // The guest's sandbox is a namespace one: the tier is the VM.
+                    result.isolation = Isolation::Microvm;
+                    result.platform = Some(self.accel_name().to_owned());
                     result.stdout_truncated |= out.cut;
                     result.stderr_truncated |= err.cut;
                     result.stdout = String::from_utf8_lossy(&out.kept).into_owned();
@@ -1099,7 +1102,14 @@ impl BootedVm {
             cpu_ms: 0.0,
             memory_peak_bytes: 0,
             egress: Vec::new(),
+            isolation: Isolation::Microvm,
+            platform: Some(self.accel_name().to_owned()),
         }
+    }
+
+    /// The accelerator it runs on, as results report it.
+    fn accel_name(&self) -> &'static str {
+        if self.emulated { "tcg" } else { "kvm" }
     }
 
     /// Kills the VMM and everything in its cgroup, and reaps it.

@@ -481,5 +481,7 @@ pub(crate) fn exec(
         cpu_ms: after.cpu_ns.saturating_sub(before.cpu_ns) as f64 / 1e6,
         memory_peak_bytes: after.memory_peak_bytes,
         egress: sb.take_egress(),
+        isolation: airlock_spec::Isolation::Namespaces,
+        platform: None,
     })
 }

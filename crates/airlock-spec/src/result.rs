@@ -80,6 +80,13 @@ pub struct ExecResult {
     /// when the network policy is `none`).
     #[serde(default)]
     pub egress: Vec<EgressEntry>,
+    /// The tier that ran the program.
+    #[serde(default)]
+    pub isolation: crate::Isolation,
+    /// How that tier ran it: gVisor's platform (`ptrace`, `systrap`, `kvm`), a
+    /// micro-VM's accelerator (`kvm`, `tcg`); `null` for namespaces.
+    #[serde(default)]
+    pub platform: Option<String>,
 }
 
 /// One connection or request through the egress proxy.
@@ -172,6 +179,8 @@ mod tests {
             cpu_ms: 1.0,
             memory_peak_bytes: 1,
             egress: vec![],
+            isolation: crate::Isolation::Gvisor,
+            platform: Some("ptrace".into()),
         };
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["outcome"], "oom");
@@ -193,6 +202,8 @@ mod tests {
             "setup_ms",
             "cpu_ms",
             "memory_peak_bytes",
+            "isolation",
+            "platform",
         ] {
             assert!(v.get(key).is_some(), "{key}");
         }

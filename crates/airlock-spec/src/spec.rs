@@ -139,6 +139,7 @@ impl NetworkPolicy {
 /// Which isolation runs the program. Both answer the same [`Spec`] with the same
 /// `ExecResult`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Isolation {
     /// Linux namespaces, cgroup, seccomp and landlock on the host's kernel.

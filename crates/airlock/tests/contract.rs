@@ -109,6 +109,17 @@ fn output_and_exit_statuses(t: Tier) {
     assert!(v["cpu_ms"].as_f64().unwrap() > 0.0, "{v:#}");
     assert!(v["memory_peak_bytes"].as_u64().unwrap() > 0, "{v:#}");
     assert_eq!(v["egress"], json!([]), "{v:#}");
+    // Which tier ran it, and how: a platform or accelerator for the tiers that have one.
+    assert_eq!(v["isolation"], t.name, "{v:#}");
+    let platforms: &[&str] = match t.name {
+        "gvisor" => &["ptrace", "systrap", "kvm"],
+        "microvm" => &["kvm", "tcg"],
+        _ => &[],
+    };
+    match v["platform"].as_str() {
+        Some(p) => assert!(platforms.contains(&p), "{v:#}"),
+        None => assert!(platforms.is_empty() && v["platform"].is_null(), "{v:#}"),
+    }
 
     // Without --json, airlock's exit status is the program's, 128+N for signal N, and
     // the output streams through.

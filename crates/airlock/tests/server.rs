@@ -1322,8 +1322,12 @@ fn a_sessions_ready_child_waits_unprivileged_and_a_killed_one_is_replaced() {
     let ready = poll(Duration::from_secs(5), || {
         let procs = d.sandbox_processes();
         let init = procs.iter().find(|p| p.ppid == d.pid)?.pid;
-        // Freshly forked, it is still init's uid for a moment, until it drops.
-        procs.into_iter().find(|p| p.ppid == init && p.uid != 0)
+        // Freshly forked, it is still init's uid for a moment, until it drops; then it
+        // sleeps, waiting for the next exec (read while it runs, it may be between
+        // dropping its uid and its capabilities).
+        procs
+            .into_iter()
+            .find(|p| p.ppid == init && p.uid != 0 && p.state == "S")
     })
     .expect("no ready child in the idle session");
     let status = std::fs::read_to_string(format!("/proc/{}/status", ready.pid)).expect("its status");

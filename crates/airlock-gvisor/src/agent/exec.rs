@@ -256,6 +256,9 @@ pub fn run(
         cpu_ms: 0.0,
         memory_peak_bytes: 0,
         egress: Vec::new(),
+        // The host side says which platform it was.
+        isolation: airlock_spec::Isolation::Gvisor,
+        platform: None,
     }))
 }
 

@@ -180,6 +180,8 @@ mod tests {
                 cpu_ms: 3.0,
                 memory_peak_bytes: 1 << 20,
                 egress: Vec::new(),
+                isolation: airlock_spec::Isolation::Namespaces,
+                platform: None,
             },
             queue_ms: 0.0,
         }
