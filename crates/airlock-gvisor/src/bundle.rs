@@ -12,29 +12,9 @@ use std::io;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-/// System directories taken from the host or the rootfs (as the namespace tier's).
-const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
-
-/// /etc files written fresh (identity files: never the host's).
-const GENERATED_ETC: &[(&str, &str)] = &[
-    (
-        "passwd",
-        "root:x:0:0:root:/root:/usr/sbin/nologin\n\
-         sandbox:x:1000:1000:airlock sandbox:/workspace:/bin/sh\n\
-         nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-    ),
-    ("group", "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"),
-    ("hostname", "airlock\n"),
-    (
-        "hosts",
-        "127.0.0.1\tlocalhost airlock\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-    ),
-    (
-        "nsswitch.conf",
-        "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
-    ),
-    ("resolv.conf", ""),
-];
+// System directories taken from the host or the rootfs, and the /etc files written
+// fresh: the namespace tier's own lists.
+use airlock_sandbox::{GENERATED_ETC, SYSTEM_DIRS};
 
 /// Where the agent is inside the sandbox.
 pub const AGENT_PATH: &str = "/.airlock/agent";

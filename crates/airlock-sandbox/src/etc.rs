@@ -7,8 +7,8 @@ use std::path::Path;
 
 use crate::mounts::{MountError, bind_dir_readonly, mkdir_p, remount_readonly};
 
-/// Files written fresh into /etc.
-const GENERATED: &[(&str, &str)] = &[
+/// Files written fresh into /etc (identity files: never the host's), by name and content.
+pub const GENERATED: &[(&str, &str)] = &[
     (
         "passwd",
         "root:x:0:0:root:/root:/usr/sbin/nologin\n\

@@ -40,8 +40,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 pub use egress::{PROXY_PORT, proxy_env};
-pub use etc::{BOUND_DIRS as HOST_ETC_DIRS, BOUND_FILES as HOST_ETC_FILES};
+pub use etc::{BOUND_DIRS as HOST_ETC_DIRS, BOUND_FILES as HOST_ETC_FILES, GENERATED as GENERATED_ETC};
 pub use init::{INIT_ARG, maybe_run_init};
+pub use mounts::SYSTEM_DIRS;
 pub use sandbox::{HOST_UID_BASE, HOST_UID_SLOTS, Sandbox, SandboxConfig};
 pub use supervisor::{Capture, OutputSink};
 pub use workspace::DiskFull;

@@ -32,7 +32,7 @@ const SCRATCH: &str = "/.scratch";
 
 /// System directories taken from the host (or the rootfs): real directories are bound
 /// read-only, symlinks (merged-/usr hosts) are recreated as symlinks.
-const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+pub const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
 /// Device nodes bound from the host's /dev. No tty, no pts: the program gets no terminal.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];

@@ -26,48 +26,23 @@ use serverutil::{Client, Daemon, metric, poll};
 use std::time::Duration;
 use tierutil::{Tier, assert_run_left_nothing, daemon_leftovers, sandbox_leftovers};
 
-/// Generates `mod <tier> { #[test] fn <case>() }` for every tier and case: each case is a
-/// function `fn(Tier)` below.
-macro_rules! contract {
-    (tiers: [$($tier:ident),* $(,)?], cases: $cases:tt $(,)?) => {
-        const TIERS: &[&str] = &[$(stringify!($tier)),*];
-        $( contract!(@tier $tier $cases); )*
-    };
-    (@tier $tier:ident [$($case:ident),* $(,)?]) => {
-        mod $tier {
-            $(
-                #[test]
-                fn $case() {
-                    if let Some(tier) = crate::Tier::selected(stringify!($tier), crate::TIERS) {
-                        crate::$case(tier);
-                    }
-                }
-            )*
-        }
-    };
-}
-
-contract! {
-    // Every tier airlock has; a new tier is one more name here.
-    tiers: [namespaces, gvisor, microvm],
-    cases: [
-        output_and_exit_statuses,
-        the_readme_example_prints_42,
-        everyday_tools_work,
-        command_not_found_exits_127,
-        stdin_env_and_files_go_in,
-        timeout_kills_everything,
-        oom_is_reported,
-        memfds_over_the_memory_cap_end_as_oom,
-        pids_limit_holds_a_fork_bomb,
-        output_cap_truncates_and_counts,
-        files_api_writes_reads_lists_and_reports_missing_and_full,
-        session_keeps_files_and_ends_each_execs_processes,
-        egress_none_has_no_route,
-        egress_proxy_allows_one_host_and_refuses_another,
-        egress_proxy_through_the_service_logs_every_exec,
-        kill_9_of_airlock_leaves_nothing_after_the_next_start,
-    ],
+tierutil::contract! {
+    output_and_exit_statuses,
+    the_readme_example_prints_42,
+    everyday_tools_work,
+    command_not_found_exits_127,
+    stdin_env_and_files_go_in,
+    timeout_kills_everything,
+    oom_is_reported,
+    memfds_over_the_memory_cap_end_as_oom,
+    pids_limit_holds_a_fork_bomb,
+    output_cap_truncates_and_counts,
+    files_api_writes_reads_lists_and_reports_missing_and_full,
+    session_keeps_files_and_ends_each_execs_processes,
+    egress_none_has_no_route,
+    egress_proxy_allows_one_host_and_refuses_another,
+    egress_proxy_through_the_service_logs_every_exec,
+    kill_9_of_airlock_leaves_nothing_after_the_next_start,
 }
 
 const MIB: u64 = 1 << 20;

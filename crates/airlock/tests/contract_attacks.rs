@@ -40,40 +40,15 @@ use std::sync::OnceLock;
 use std::time::Duration;
 use tierutil::{Tier, assert_run_left_nothing, daemon_leftovers};
 
-/// Generates `mod <tier> { #[test] fn <case>() }` for every tier and case, as in
-/// tests/contract.rs: each case is a function `fn(Tier)` below.
-macro_rules! contract {
-    (tiers: [$($tier:ident),* $(,)?], cases: $cases:tt $(,)?) => {
-        const TIERS: &[&str] = &[$(stringify!($tier)),*];
-        $( contract!(@tier $tier $cases); )*
-    };
-    (@tier $tier:ident [$($case:ident),* $(,)?]) => {
-        mod $tier {
-            $(
-                #[test]
-                fn $case() {
-                    if let Some(tier) = crate::Tier::selected(stringify!($tier), crate::TIERS) {
-                        crate::$case(tier);
-                    }
-                }
-            )*
-        }
-    };
-}
-
-contract! {
-    // Every tier airlock has; a new tier is one more name here.
-    tiers: [namespaces, gvisor, microvm],
-    cases: [
-        identity_is_unprivileged_and_filtered,
-        syscall_escapes_are_refused,
-        host_files_and_kernel_tunables_are_out_of_reach,
-        pid_namespace_hides_the_host_and_signals_stay_inside,
-        nothing_of_the_caller_is_inherited,
-        host_loopback_is_unreachable_with_egress_none,
-        metadata_ssrf_is_refused_through_the_proxy,
-        the_service_sandboxes_have_the_same_walls,
-    ],
+tierutil::contract! {
+    identity_is_unprivileged_and_filtered,
+    syscall_escapes_are_refused,
+    host_files_and_kernel_tunables_are_out_of_reach,
+    pid_namespace_hides_the_host_and_signals_stay_inside,
+    nothing_of_the_caller_is_inherited,
+    host_loopback_is_unreachable_with_egress_none,
+    metadata_ssrf_is_refused_through_the_proxy,
+    the_service_sandboxes_have_the_same_walls,
 }
 
 /// Generous for an emulated micro-VM on a loaded machine; no case relies on it.

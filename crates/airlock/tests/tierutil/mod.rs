@@ -20,6 +20,33 @@ use std::time::Duration;
 /// fails its cases: a missing tier never passes silently.
 pub const TIERS_ENV: &str = "AIRLOCK_TEST_TIERS";
 
+/// Generates, for every tier airlock has, `mod <tier> { #[test] fn <case>() }` for each
+/// case named: each case is a function `fn(Tier)` of the test file, which also imports
+/// [`Tier`] at its root. A new tier is one more name here, and every contract suite runs
+/// on it.
+macro_rules! contract {
+    ($($case:ident),* $(,)?) => {
+        const TIERS: &[&str] = &["namespaces", "gvisor", "microvm"];
+        $crate::tierutil::contract!(@tier namespaces [$($case),*]);
+        $crate::tierutil::contract!(@tier gvisor [$($case),*]);
+        $crate::tierutil::contract!(@tier microvm [$($case),*]);
+    };
+    (@tier $tier:ident [$($case:ident),*]) => {
+        mod $tier {
+            $(
+                #[test]
+                fn $case() {
+                    if let Some(tier) = crate::Tier::selected(stringify!($tier), crate::TIERS) {
+                        crate::$case(tier);
+                    }
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use contract;
+
 /// Where airlock keeps per-run state (VM state directories today: `/run/airlock/vm`).
 const STATE_ROOT: &str = "/run/airlock";
 
