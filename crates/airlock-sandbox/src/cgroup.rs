@@ -1195,14 +1195,15 @@ impl Cgroup {
         Ok(())
     }
 
-    /// How many file pages of the sandbox were read back soon after being evicted
-    /// (`workingset_refault_file` in `memory.stat`): pages its programs still used. A
-    /// sandbox at its cap whose count climbs fast is thrashing. `None` where the kernel
-    /// does not count them.
-    pub fn refaults(&self) -> Option<u64> {
+    /// How many times the sandbox's programs touched a mapped page (their code, their
+    /// libraries, an mmap'd file) that had to be read back from disk (`pgmajfault` in
+    /// `memory.stat`). A sandbox at its cap whose count climbs fast is thrashing: its own
+    /// code is evicted and read back. (Pages a program reads with `read()` are not
+    /// counted: re-reading a file larger than the cap is slow, not stuck.) `None` where
+    /// the kernel does not count them.
+    pub fn major_faults(&self) -> Option<u64> {
         let stat = self.dir_with("memory")?.join("memory.stat");
-        read_u64(&stat, Some("workingset_refault_file"))
-            .or_else(|| read_u64(&stat, Some("total_workingset_refault_file")))
+        read_u64(&stat, Some("pgmajfault")).or_else(|| read_u64(&stat, Some("total_pgmajfault")))
     }
 
     /// Whether the sandbox's memory use is at its cap, within a sixteenth of it: where a

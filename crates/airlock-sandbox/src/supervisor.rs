@@ -22,9 +22,9 @@ const DRAIN_GRACE: Duration = Duration::from_millis(250);
 const KILL_GRACE: Duration = Duration::from_secs(1);
 /// How often a running program's memory is looked at for thrashing.
 const THRASH_TICK: Duration = Duration::from_millis(250);
-/// File pages read back within one [`THRASH_TICK`] that make the tick a thrashing one
-/// (25 pages: 400 KB/s of a program's own pages evicted and read again).
-const THRASH_REFAULTS: u64 = 25;
+/// Major faults (a mapped page read back from disk) within one [`THRASH_TICK`] that make
+/// the tick a thrashing one: 25, a hundred a second.
+const THRASH_FAULTS: u64 = 25;
 /// Thrashing ticks in a row, with the sandbox at its memory cap all along, that end the
 /// program as `oom` (two seconds). At its cap, a program whose anonymous and shared
 /// memory cannot be dropped (no swap) keeps only its file pages (its own code, its
@@ -217,8 +217,8 @@ pub(crate) fn exec(
     for fd in [&stdout_r, &stderr_r] {
         set_nonblocking(fd).map_err(SandboxError::Spawn)?;
     }
-    // Thrashing at the memory cap (see THRASH_TICKS): the last look, its refault count,
-    // and how many thrashing ticks in a row.
+    // Thrashing at the memory cap (see THRASH_TICKS): the last look, its major-fault
+    // count, and how many thrashing ticks in a row.
     let mut thrash: Option<(Instant, u64, u32)> = None;
     let mut thrashed = false;
     let mut out = Stream::new(stdout_r, spec.limits.output_bytes);
@@ -286,13 +286,13 @@ pub(crate) fn exec(
             && !(finished || timed_out || cancelled || thrashed)
             && thrash.is_none_or(|(at, _, _)| now >= at + THRASH_TICK)
             && let Some(cg) = sb.cgroup()
-            && let Some(refaults) = cg.refaults()
+            && let Some(faults) = cg.major_faults()
         {
             let hot = match thrash {
-                Some((_, last, hot)) if refaults >= last + THRASH_REFAULTS && cg.at_memory_cap() => hot + 1,
+                Some((_, last, hot)) if faults >= last + THRASH_FAULTS && cg.at_memory_cap() => hot + 1,
                 _ => 0,
             };
-            thrash = Some((now, refaults, hot));
+            thrash = Some((now, faults, hot));
             if hot >= THRASH_TICKS {
                 thrashed = true;
                 if one_shot {

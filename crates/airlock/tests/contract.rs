@@ -35,6 +35,7 @@ tierutil::contract! {
     timeout_kills_everything,
     oom_is_reported,
     memfds_over_the_memory_cap_end_as_oom,
+    rereading_a_file_larger_than_the_cap_is_not_oom,
     pids_limit_holds_a_fork_bomb,
     output_cap_truncates_and_counts,
     files_api_writes_reads_lists_and_reports_missing_and_full,
@@ -267,6 +268,51 @@ fn memfds_over_the_memory_cap_end_as_oom(t: Tier) {
         peak <= 96 * MIB + MEMORY_SLACK,
         "peak {peak} above the 96M cap: {v:#}"
     );
+}
+
+/// The other side of the memfd case: a program that streams a system file larger than its
+/// memory cap, over and over, is slow (its page cache is evicted and read again), not out
+/// of memory, and must not be ended as `oom` for it.
+fn rereading_a_file_larger_than_the_cap_is_not_oom(t: Tier) {
+    // The largest file under /usr/lib, which every tier's sandbox sees.
+    let mut biggest: Option<(u64, std::path::PathBuf)> = None;
+    let mut dirs = vec![std::path::PathBuf::from("/usr/lib")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                dirs.push(e.path());
+            } else if meta.is_file() && biggest.as_ref().is_none_or(|(size, _)| meta.len() > *size) {
+                biggest = Some((meta.len(), e.path()));
+            }
+        }
+    }
+    let (size, path) = biggest.expect("a file under /usr/lib");
+    assert!(
+        size >= 80 * MIB,
+        "this host's largest file under /usr/lib, {} ({size} bytes), is too small for this case",
+        path.display()
+    );
+    let cap = format!("{}M", (size / MIB / 2).max(48));
+    let code = format!(
+        "import time\n\
+         t, n = time.monotonic(), 0\n\
+         while time.monotonic() - t < 4 or n < 2:\n\
+         \x20   with open({path:?}, 'rb') as f:\n\
+         \x20       while f.read(1 << 20):\n\
+         \x20           pass\n\
+         \x20   n += 1\n\
+         print('passes', n)\n",
+        path = path.display().to_string()
+    );
+    let v = t.json(
+        &["--memory", &cap, "--timeout", "120s"],
+        &["python3", "-c", &code],
+    );
+    assert!(common::ok_stdout(&v).starts_with("passes "), "{v:#}");
+    assert_eq!(v["oom_killed"], false, "{v:#}");
 }
 
 fn pids_limit_holds_a_fork_bomb(t: Tier) {
