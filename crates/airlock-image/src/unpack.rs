@@ -11,6 +11,7 @@
 //! paths, `..` components, a path whose parent is a symlink or a file, hard links whose
 //! target is outside the layer or not (yet) in it.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
@@ -129,8 +130,9 @@ pub(crate) fn unpack(
         source,
     };
     let mut report = UnpackReport::default();
-    // Directory modes are applied last so a read-only directory can still be filled.
-    let mut dir_modes: Vec<(Vec<std::ffi::OsString>, u32)> = Vec::new();
+    // Directory modes are applied last so a read-only directory can still be filled; a
+    // directory listed twice gets the later entry's mode.
+    let mut dir_modes: BTreeMap<Vec<std::ffi::OsString>, u32> = BTreeMap::new();
     let mut ar = tar::Archive::new(archive);
     for entry in ar.entries().map_err(archive_err)? {
         let mut entry = entry.map_err(archive_err)?;
@@ -205,7 +207,7 @@ pub(crate) fn unpack(
                 }
                 let fd = fsutil::open_dir(&parent, last).map_err(io_fail)?;
                 params.owner.apply(&fd).map_err(io_fail)?;
-                dir_modes.push((comps.iter().map(|c| c.to_os_string()).collect(), mode));
+                dir_modes.insert(comps.iter().map(|c| c.to_os_string()).collect(), mode);
             }
             EntryType::Regular | EntryType::Continuous => {
                 let size = entry.size();
