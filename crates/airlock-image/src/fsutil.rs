@@ -50,6 +50,14 @@ pub(crate) fn open_dir_path(root: &OwnedFd, comps: &[&OsStr], create: Option<Own
                 owner.apply(&fd)?;
                 fd
             }
+            // O_NOFOLLOW | O_DIRECTORY on a symlink says ENOTDIR: tell the two apart, so
+            // the caller can say "through a symlink" (ELOOP) or "through a file" (ENOTDIR).
+            Err(e) if e.raw_os_error() == Some(Errno::NOTDIR.raw_os_error()) => {
+                let st = lstat(&cur, &cstr(comp)?)?;
+                let is_link =
+                    st.is_some_and(|st| rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Symlink);
+                return Err(if is_link { Errno::LOOP.into() } else { e });
+            }
             Err(e) => return Err(e),
         };
     }
