@@ -248,3 +248,55 @@ fn whiteouts_are_kept_in_the_layer_for_flatten() {
     assert!(s.layer_path(&d).join("etc/.wh.passwd").is_file());
     assert!(s.layer_path(&d).join("var/.wh..wh..opq").is_file());
 }
+
+#[test]
+fn long_names_and_deep_paths_unpack() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    // Past ustar's 100-byte name field: the Builder writes a GNU long-name entry.
+    let long = format!("{}/{}", "d".repeat(120), "f".repeat(150));
+    let deep: String = (0..60).map(|i| format!("l{i}/")).collect::<String>() + "leaf";
+    let d = put(
+        &s,
+        &Layer::new()
+            .file(&long, b"long", 0o644)
+            .file(&deep, b"deep", 0o644)
+            .hardlink("short", &long)
+            .tar(),
+    );
+    s.unpack_layer(&d, None).unwrap();
+    let root = s.layer_path(&d);
+    assert_eq!(fs::read(root.join(&long)).unwrap(), b"long");
+    assert_eq!(fs::read(root.join(&deep)).unwrap(), b"deep");
+    assert_eq!(fs::read(root.join("short")).unwrap(), b"long");
+}
+
+#[test]
+fn usage_counts_a_hard_linked_file_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let blob = Layer::new()
+        .file("a", &[1u8; 10_000], 0o644)
+        .hardlink("b", "a")
+        .hardlink("c", "a")
+        .file("d", &[2u8; 500], 0o644)
+        .tar();
+    let d = put(&s, &blob);
+    s.unpack_layer(&d, None).unwrap();
+    assert_eq!(s.usage().unwrap(), blob.len() as u64 + 10_500);
+}
+
+#[test]
+fn corrupt_compressed_stream_is_an_archive_error_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let mut blob = sample().file("big", &[7u8; 100_000], 0o644).gzip();
+    let n = blob.len();
+    blob.truncate(n / 2);
+    let d = put(&s, &blob);
+    let err = s.unpack_layer(&d, None).unwrap_err();
+    assert!(matches!(err, airlock_image::Error::Archive { .. }), "{err}");
+    assert!(err.to_string().contains(&d.to_string()), "{err}");
+    assert!(!s.has_layer(&d));
+    assert!(common::leftovers(&s).is_empty());
+}
