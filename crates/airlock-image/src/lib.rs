@@ -25,7 +25,12 @@
 //! - A disk budget ([`StoreOptions::max_bytes`]) over blobs plus unpacked layers: a write
 //!   that would exceed it is refused ([`Error::OverBudget`] names the budget and the size),
 //!   a stream as soon as it passes it, and nothing half-stored remains. [`Store::prune`]
-//!   removes what the caller does not name as kept.
+//!   removes what the caller does not name as kept, and work in progress that a crashed
+//!   process left behind.
+//!
+//! Not restored from archives: timestamps, extended attributes (so no file capabilities),
+//! the archive's uids and gids. Flattened trees are written outside the store and are not
+//! counted in its budget.
 //!
 //! Unpacking needs to be able to `chown` to the configured owner (root, or the owner being
 //! the process's own uid).

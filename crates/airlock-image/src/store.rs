@@ -57,6 +57,8 @@ pub struct PruneReport {
     pub layers: Vec<Digest>,
     /// Bytes freed (as [`Store::usage`] counts them).
     pub freed_bytes: u64,
+    /// Entries removed from `tmp/` that a crashed process left there.
+    pub stale_work: usize,
 }
 
 /// An image store rooted at one directory:
@@ -66,8 +68,13 @@ pub struct PruneReport {
 /// <root>/locks/<kind>-<hex>   flock'd while one digest's blob or layer is being made
 /// <root>/blobs/sha256/<hex>   verified blobs, read-only
 /// <root>/layers/sha256/<hex>/ unpacked layers
+/// <root>/layers/sha256/<hex>.size  the layer's size, so `usage` need not walk it
 /// <root>/tmp/                 work in progress, renamed into place when complete
+///                             (`blob-<hex>-*`, `layer-<hex>-*`: covered by that lock)
 /// ```
+///
+/// A layer is keyed by the digest of its blob as stored (compressed), not by its
+/// uncompressed `diff_id`.
 #[derive(Debug)]
 pub struct Store {
     /// The store's directory (owned by the store; nothing else writes in it).
@@ -132,13 +139,17 @@ impl Store {
     }
 
     fn lock(&self, path: PathBuf) -> Result<FileLock, Error> {
+        self.lock_with(path, FlockOperation::LockExclusive)
+    }
+
+    fn lock_with(&self, path: PathBuf, op: FlockOperation) -> Result<FileLock, Error> {
         let f = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
             .map_err(io_err("open lock file", &path))?;
-        rfs::flock(&f, FlockOperation::LockExclusive).map_err(|e| Error::Io {
+        rfs::flock(&f, op).map_err(|e| Error::Io {
             op: "lock",
             path,
             source: e.into(),
@@ -170,9 +181,25 @@ impl Store {
             total += self.blob_size(&d)?;
         }
         for d in self.list_dir("layers/sha256")? {
-            total += tree_size(&self.layer_path(&d))?;
+            total += self.layer_size(&d)?;
         }
         Ok(total)
+    }
+
+    /// An unpacked layer's size: recorded beside it when it was stored, measured when the
+    /// record is missing (a crash between storing the layer and writing the record).
+    fn layer_size(&self, d: &Digest) -> Result<u64, Error> {
+        let recorded = fs::read_to_string(self.layer_size_path(d))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        match recorded {
+            Some(size) => Ok(size),
+            None => tree_size(&self.layer_path(d)),
+        }
+    }
+
+    fn layer_size_path(&self, d: &Digest) -> PathBuf {
+        self.root.join("layers/sha256").join(format!("{}.size", d.hex()))
     }
 
     fn blob_size(&self, d: &Digest) -> Result<u64, Error> {
@@ -242,7 +269,7 @@ impl Store {
         let mut reader = fetch().map_err(fetch_err)?;
         let tmp_dir = self.root.join("tmp");
         let mut tmp = tempfile::Builder::new()
-            .prefix("blob-")
+            .prefix(&format!("blob-{}-", digest.hex()))
             .tempfile_in(&tmp_dir)
             .map_err(io_err("create temporary blob", &tmp_dir))?;
         let mut hasher = Hasher::new();
@@ -309,6 +336,25 @@ impl Store {
         Ok(BlobStatus::Stored(got))
     }
 
+    /// Writes the layer's size record (temporary file, renamed), so that `usage` need not
+    /// walk every layer.
+    fn record_layer_size(&self, d: &Digest, size: u64) -> Result<(), Error> {
+        let tmp_dir = self.root.join("tmp");
+        let mut tmp = tempfile::Builder::new()
+            .prefix("size-")
+            .tempfile_in(&tmp_dir)
+            .map_err(io_err("create temporary file", &tmp_dir))?;
+        tmp.write_all(size.to_string().as_bytes())
+            .map_err(io_err("write layer size", tmp.path()))?;
+        let dest = self.layer_size_path(d);
+        tmp.persist(&dest).map_err(|e| Error::Io {
+            op: "store layer size",
+            path: dest,
+            source: e.error,
+        })?;
+        Ok(())
+    }
+
     /// With the store lock held: refuses `size` more bytes if they exceed the budget.
     fn check_budget(&self, size: u64) -> Result<(), Error> {
         if let Some(budget) = self.options.max_bytes {
@@ -339,7 +385,7 @@ impl Store {
         })?;
         let tmp_dir = self.root.join("tmp");
         let tmp = tempfile::Builder::new()
-            .prefix("layer-")
+            .prefix(&format!("layer-{}-", digest.hex()))
             .tempdir_in(&tmp_dir)
             .map_err(io_err("create temporary layer directory", &tmp_dir))?;
         let root_fd = open_dir_fd(tmp.path())?;
@@ -360,12 +406,14 @@ impl Store {
             path: tmp.path().into(),
             source: e.into(),
         })?;
+        let size = tree_size(tmp.path())?;
         let _store = self.store_lock()?;
-        self.check_budget(tree_size(tmp.path())?)?;
+        self.check_budget(size)?;
         let dest = self.layer_path(digest);
         fs::rename(tmp.path(), &dest).map_err(io_err("store layer", &dest))?;
         // The directory now lives at `dest`; nothing for the guard to remove.
         let _ = tmp.keep();
+        self.record_layer_size(digest, size)?;
         Ok(LayerStatus::Unpacked(report))
     }
 
@@ -441,7 +489,50 @@ impl Store {
                 report.layers.push(d);
             }
         }
+        report.stale_work = self.remove_stale_work()?;
         Ok(report)
+    }
+
+    /// With the store lock held: removes from `tmp/` what no live process is working on.
+    /// A blob's or layer's work in progress is named after its digest and covered by that
+    /// digest's lock, so it is stale when the lock is free; anything else there (size
+    /// records, removed layers) is only made with the store lock held, so it is stale now.
+    fn remove_stale_work(&self) -> Result<usize, Error> {
+        let tmp_dir = self.root.join("tmp");
+        let mut removed = 0;
+        for e in fs::read_dir(&tmp_dir).map_err(io_err("list", &tmp_dir))? {
+            let e = e.map_err(io_err("list", &tmp_dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let owner = ["blob", "layer"].into_iter().find_map(|kind| {
+                let hex = name.strip_prefix(kind)?.strip_prefix('-')?.get(..64)?;
+                Some((kind, Digest::from_hex(hex).ok()?))
+            });
+            // Held until the entry is gone, so no process starts on it meanwhile.
+            let _guard = match owner {
+                Some((kind, d)) => {
+                    let path = self.root.join("locks").join(format!("{kind}-{}", d.hex()));
+                    match self.lock_with(path, FlockOperation::NonBlockingLockExclusive) {
+                        Ok(guard) => Some(guard),
+                        Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                None => None,
+            };
+            let path = e.path();
+            let is_dir = fs::symlink_metadata(&path)
+                .map_err(io_err("stat", &path))?
+                .is_dir();
+            if is_dir {
+                fs::remove_dir_all(&path).map_err(io_err("remove stale work", &path))?;
+            } else {
+                fs::remove_file(&path).map_err(io_err("remove stale work", &path))?;
+            }
+            removed += 1;
+        }
+        Ok(removed)
     }
 
     fn remove_blob(&self, d: &Digest) -> Result<u64, Error> {
@@ -454,7 +545,7 @@ impl Store {
     /// Renames the layer out of `layers/` first, so it disappears at once, then deletes it.
     fn remove_layer(&self, d: &Digest) -> Result<u64, Error> {
         let p = self.layer_path(d);
-        let size = tree_size(&p)?;
+        let size = self.layer_size(d)?;
         let tmp_dir = self.root.join("tmp");
         let graveyard = tempfile::Builder::new()
             .prefix("removed-")
@@ -462,6 +553,12 @@ impl Store {
             .map_err(io_err("create temporary directory", &tmp_dir))?;
         let moved = graveyard.path().join("layer");
         fs::rename(&p, &moved).map_err(io_err("remove layer", &p))?;
+        let record = self.layer_size_path(d);
+        match fs::remove_file(&record) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove layer size", record)(e)),
+        }
         fs::remove_dir_all(&moved).map_err(io_err("remove layer", &moved))?;
         Ok(size)
     }

@@ -259,3 +259,45 @@ fn prune_keeps_named_digests_and_removes_the_rest() {
     assert!(s.blobs().unwrap().is_empty() && s.layers().unwrap().is_empty());
     assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
 }
+
+#[test]
+fn usage_of_a_layer_is_the_same_with_or_without_its_size_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let blob = Layer::new()
+        .file("a", &[1u8; 7000], 0o644)
+        .file("b/c", &[2u8; 300], 0o644)
+        .gzip();
+    let d = put(&s, &blob);
+    s.unpack_layer(&d, None).unwrap();
+    let with_record = s.usage().unwrap();
+    assert_eq!(with_record, blob.len() as u64 + 7300);
+    let record = dir.path().join(format!("layers/sha256/{}.size", d.hex()));
+    assert_eq!(std::fs::read_to_string(&record).unwrap(), "7300");
+    std::fs::remove_file(&record).unwrap();
+    assert_eq!(s.usage().unwrap(), with_record);
+    assert_eq!(s.layers().unwrap(), vec![d]);
+}
+
+#[test]
+fn prune_clears_work_left_by_a_crash_but_not_work_in_progress() {
+    use rustix::fs::{FlockOperation, flock};
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let crashed = Digest::of(b"crashed");
+    let busy = Digest::of(b"busy");
+    let tmp = dir.path().join("tmp");
+    std::fs::write(tmp.join(format!("blob-{}-x1", crashed.hex())), b"partial").unwrap();
+    std::fs::create_dir_all(tmp.join(format!("layer-{}-x2/usr", crashed.hex()))).unwrap();
+    std::fs::create_dir_all(tmp.join("removed-x3/layer")).unwrap();
+    std::fs::write(tmp.join(format!("blob-{}-x4", busy.hex())), b"partial").unwrap();
+    // Another process is still writing `busy`: it holds the blob's lock.
+    let lock = std::fs::File::create(dir.path().join(format!("locks/blob-{}", busy.hex()))).unwrap();
+    flock(&lock, FlockOperation::LockExclusive).unwrap();
+    let report = s.prune(&HashSet::new()).unwrap();
+    assert_eq!(report.stale_work, 3);
+    assert_eq!(leftovers(&s), [format!("blob-{}-x4", busy.hex())]);
+    drop(lock);
+    assert_eq!(s.prune(&HashSet::new()).unwrap().stale_work, 1);
+    assert!(leftovers(&s).is_empty());
+}
