@@ -48,6 +48,8 @@ pub(crate) fn open_dir_path(root: &OwnedFd, comps: &[&OsStr], create: Option<Own
                 }
                 let fd = open_dir(&cur, comp)?;
                 owner.apply(&fd)?;
+                // Exactly 0755, whatever the process's umask.
+                rfs::fchmod(&fd, Mode::from_raw_mode(0o755))?;
                 fd
             }
             // O_NOFOLLOW | O_DIRECTORY on a symlink says ENOTDIR: tell the two apart, so

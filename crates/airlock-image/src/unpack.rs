@@ -11,7 +11,7 @@
 //! paths, `..` components, a path whose parent is a symlink or a file, hard links whose
 //! target is outside the layer or not (yet) in it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
@@ -133,6 +133,8 @@ pub(crate) fn unpack(
     // Directory modes are applied last so a read-only directory can still be filled; a
     // directory listed twice gets the later entry's mode.
     let mut dir_modes: BTreeMap<Vec<std::ffi::OsString>, u32> = BTreeMap::new();
+    // Normalised paths of dropped nodes: a hard link to one is dropped too.
+    let mut dropped: HashSet<Vec<std::ffi::OsString>> = HashSet::new();
     let mut ar = tar::Archive::new(archive);
     for entry in ar.entries().map_err(archive_err)? {
         let mut entry = entry.map_err(archive_err)?;
@@ -155,6 +157,9 @@ pub(crate) fn unpack(
             | EntryType::Symlink
             | EntryType::Link => {}
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
+                if let Ok(comps) = components(&raw) {
+                    dropped.insert(comps.iter().map(|c| c.to_os_string()).collect());
+                }
                 report.dropped.push(name);
                 continue;
             }
@@ -249,6 +254,11 @@ pub(crate) fn unpack(
                     .into_owned();
                 let tcomps = components(&target)
                     .map_err(|_| unsafe_entry("hard link target escapes the layer root"))?;
+                let key: Vec<_> = tcomps.iter().map(|c| c.to_os_string()).collect();
+                if dropped.contains(&key) {
+                    report.dropped.push(name);
+                    continue;
+                }
                 let Some((tlast, tparents)) = tcomps.split_last() else {
                     return Err(unsafe_entry("hard link to the layer root"));
                 };

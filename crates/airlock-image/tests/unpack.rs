@@ -127,14 +127,16 @@ fn device_nodes_and_fifos_are_dropped() {
             .node("dev/sda", EntryType::Block)
             .node("run/fifo", EntryType::Fifo)
             .file("dev/keep", b"k", 0o644)
+            // A hard link to a dropped node is dropped with it.
+            .hardlink("dev/null2", "dev/null")
             .tar(),
     );
     let LayerStatus::Unpacked(UnpackReport { dropped, .. }) = s.unpack_layer(&d, None).unwrap() else {
         panic!("not unpacked")
     };
-    assert_eq!(dropped, ["dev/null", "dev/sda", "run/fifo"]);
+    assert_eq!(dropped, ["dev/null", "dev/sda", "run/fifo", "dev/null2"]);
     let root = s.layer_path(&d);
-    for p in ["dev/null", "dev/sda", "run/fifo"] {
+    for p in ["dev/null", "dev/sda", "run/fifo", "dev/null2"] {
         assert!(fs::symlink_metadata(root.join(p)).is_err(), "{p} created");
     }
     assert!(root.join("dev/keep").is_file());
@@ -299,4 +301,23 @@ fn corrupt_compressed_stream_is_an_archive_error_and_leaves_nothing() {
     assert!(err.to_string().contains(&d.to_string()), "{err}");
     assert!(!s.has_layer(&d));
     assert!(common::leftovers(&s).is_empty());
+}
+
+#[test]
+fn implicit_parents_are_0755_and_a_missing_blob_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let d = put(&s, &Layer::new().file("a/b/c", b"x", 0o644).tar());
+    s.unpack_layer(&d, None).unwrap();
+    for p in ["a", "a/b"] {
+        let md = fs::metadata(s.layer_path(&d).join(p)).unwrap();
+        assert_eq!(md.permissions().mode() & 0o7777, 0o755, "{p}");
+    }
+    let absent = airlock_image::Digest::of(b"never stored");
+    let err = s.unpack_layer(&absent, None).unwrap_err();
+    assert!(
+        matches!(&err, airlock_image::Error::BlobMissing(x) if *x == absent),
+        "{err}"
+    );
+    assert!(!s.has_layer(&absent));
 }
