@@ -156,3 +156,33 @@ fn missing_layer_or_existing_destination_is_refused() {
     let err = s.flatten(&[l], &dest).unwrap_err();
     assert!(matches!(err, Error::DestinationExists(_)), "{err}");
 }
+
+#[test]
+fn a_lower_symlink_does_not_redirect_an_upper_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(&dir.path().join("store"));
+    let out = dir.path().join("outside");
+    fs::create_dir(&out).unwrap();
+    let lower = unpacked(
+        &s,
+        Layer::new()
+            .symlink("etc", out.to_str().unwrap())
+            .symlink("up", "../../.."),
+    );
+    let upper = unpacked(
+        &s,
+        Layer::new()
+            .file("etc/passwd", b"mine", 0o644)
+            .file("up/x", b"mine", 0o644),
+    );
+    let dest = dir.path().join("rootfs");
+    s.flatten(&[lower, upper], &dest).unwrap();
+    assert_eq!(
+        fs::read_dir(&out).unwrap().count(),
+        0,
+        "written through the symlink"
+    );
+    assert!(fs::symlink_metadata(dest.join("etc")).unwrap().is_dir());
+    assert_eq!(fs::read(dest.join("etc/passwd")).unwrap(), b"mine");
+    assert_eq!(fs::read(dest.join("up/x")).unwrap(), b"mine");
+}
