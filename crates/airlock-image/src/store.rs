@@ -1,6 +1,6 @@
 //! The content-addressed store: blobs by sha256, layers unpacked once per digest.
 
-use std::collections::{HashSet, hash_map::HashMap};
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
@@ -66,6 +66,7 @@ pub struct PruneReport {
 /// ```text
 /// <root>/lock                 flock'd exclusively to commit, remove or prune
 /// <root>/locks/<kind>-<hex>   flock'd while one digest's blob or layer is being made
+///                             (prune deletes those of digests neither stored nor held)
 /// <root>/blobs/sha256/<hex>   verified blobs, read-only
 /// <root>/layers/sha256/<hex>/ unpacked layers
 /// <root>/layers/sha256/<hex>.size  the layer's size, so `usage` need not walk it
@@ -142,19 +143,32 @@ impl Store {
         self.lock_with(path, FlockOperation::LockExclusive)
     }
 
+    /// Locks the file at `path`. Prune deletes the lock files of digests nobody holds, so
+    /// a lock is only taken once the locked file is still the one at `path` (else a second
+    /// process could lock a fresh file of the same name at the same time).
     fn lock_with(&self, path: PathBuf, op: FlockOperation) -> Result<FileLock, Error> {
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err("open lock file", &path))?;
-        rfs::flock(&f, op).map_err(|e| Error::Io {
-            op: "lock",
-            path,
-            source: e.into(),
-        })?;
-        Ok(FileLock { _file: f })
+        loop {
+            let f = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(io_err("open lock file", &path))?;
+            rfs::flock(&f, op).map_err(|e| Error::Io {
+                op: "lock",
+                path: path.clone(),
+                source: e.into(),
+            })?;
+            let held = f.metadata().map_err(io_err("stat lock file", &path))?;
+            match fs::metadata(&path) {
+                Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => {
+                    return Ok(FileLock { _file: f });
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("stat lock file", &path)(e)),
+            }
+        }
     }
 
     /// The store-wide lock: commits, removals and prunes hold it.
@@ -231,7 +245,7 @@ impl Store {
         self.list_dir("layers/sha256")
     }
 
-    /// How many bytes may still be stored, measured now (`None`: no budget).
+    /// The budget and the usage measured now (`None`: no budget).
     fn headroom(&self) -> Result<Option<(u64, u64)>, Error> {
         match self.options.max_bytes {
             None => Ok(None),
@@ -490,6 +504,7 @@ impl Store {
             }
         }
         report.stale_work = self.remove_stale_work()?;
+        self.remove_idle_locks()?;
         Ok(report)
     }
 
@@ -533,6 +548,37 @@ impl Store {
             removed += 1;
         }
         Ok(removed)
+    }
+
+    /// With the store lock held: deletes the lock files of digests that are neither stored
+    /// nor being worked on (each taken without waiting first, and deleted while held).
+    fn remove_idle_locks(&self) -> Result<(), Error> {
+        let dir = self.root.join("locks");
+        for e in fs::read_dir(&dir).map_err(io_err("list", &dir))? {
+            let e = e.map_err(io_err("list", &dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some((kind, hex)) = name.split_once('-') else {
+                continue;
+            };
+            let Ok(d) = Digest::from_hex(hex) else { continue };
+            let in_use = match kind {
+                "blob" => self.has_blob(&d),
+                "layer" => self.has_layer(&d),
+                _ => continue,
+            };
+            if in_use {
+                continue;
+            }
+            let _guard = match self.lock_with(e.path(), FlockOperation::NonBlockingLockExclusive) {
+                Ok(guard) => guard,
+                Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            fs::remove_file(e.path()).map_err(io_err("remove lock file", e.path()))?;
+        }
+        Ok(())
     }
 
     fn remove_blob(&self, d: &Digest) -> Result<u64, Error> {
@@ -579,20 +625,20 @@ fn open_dir_fd(path: &Path) -> Result<OwnedFd, Error> {
 
 /// The sizes of the regular files below `path`, each inode once; symlinks not followed.
 fn tree_size(path: &Path) -> Result<u64, Error> {
-    fn walk(p: &Path, seen: &mut HashMap<(u64, u64), ()>, total: &mut u64) -> Result<(), Error> {
+    fn walk(p: &Path, seen: &mut HashSet<(u64, u64)>, total: &mut u64) -> Result<(), Error> {
         for e in fs::read_dir(p).map_err(io_err("list", p))? {
             let e = e.map_err(io_err("list", p))?;
             let path = e.path();
             let md = fs::symlink_metadata(&path).map_err(io_err("stat", &path))?;
             if md.is_dir() {
                 walk(&path, seen, total)?;
-            } else if md.is_file() && seen.insert((md.dev(), md.ino()), ()).is_none() {
+            } else if md.is_file() && seen.insert((md.dev(), md.ino())) {
                 *total += md.len();
             }
         }
         Ok(())
     }
     let mut total = 0;
-    walk(path, &mut HashMap::new(), &mut total)?;
+    walk(path, &mut HashSet::new(), &mut total)?;
     Ok(total)
 }

@@ -258,6 +258,10 @@ fn prune_keeps_named_digests_and_removes_the_rest() {
     assert_eq!(s.usage().unwrap(), 0);
     assert!(s.blobs().unwrap().is_empty() && s.layers().unwrap().is_empty());
     assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+    // The per-digest lock files of what is gone go with the next prune.
+    assert!(std::fs::read_dir(dir.path().join("locks")).unwrap().count() > 0);
+    s.prune(&HashSet::new()).unwrap();
+    assert_eq!(std::fs::read_dir(dir.path().join("locks")).unwrap().count(), 0);
 }
 
 #[test]
@@ -297,6 +301,7 @@ fn prune_clears_work_left_by_a_crash_but_not_work_in_progress() {
     let report = s.prune(&HashSet::new()).unwrap();
     assert_eq!(report.stale_work, 3);
     assert_eq!(leftovers(&s), [format!("blob-{}-x4", busy.hex())]);
+    assert!(dir.path().join(format!("locks/blob-{}", busy.hex())).exists());
     drop(lock);
     assert_eq!(s.prune(&HashSet::new()).unwrap().stale_work, 1);
     assert!(leftovers(&s).is_empty());
