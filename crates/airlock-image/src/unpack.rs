@@ -204,6 +204,8 @@ pub(crate) fn unpack(
                 (false, _) => remove_all_at(&parent, &cname).map_err(io_fail)?,
             }
         }
+        // Whatever was dropped at this path before is replaced by this entry.
+        dropped.remove(&comps.iter().map(|c| c.to_os_string()).collect::<Vec<_>>());
         match kind {
             EntryType::Directory => {
                 if existing.is_none() {

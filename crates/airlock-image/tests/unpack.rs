@@ -127,14 +127,22 @@ fn device_nodes_and_fifos_are_dropped() {
             .node("dev/sda", EntryType::Block)
             .node("run/fifo", EntryType::Fifo)
             .file("dev/keep", b"k", 0o644)
-            // A hard link to a dropped node is dropped with it.
+            // A hard link to a dropped node is dropped with it...
             .hardlink("dev/null2", "dev/null")
+            // ...but not to a file that later took a dropped node's place.
+            .node("dev/zero", EntryType::Char)
+            .file("dev/zero", b"z", 0o644)
+            .hardlink("dev/zero2", "dev/zero")
             .tar(),
     );
     let LayerStatus::Unpacked(UnpackReport { dropped, .. }) = s.unpack_layer(&d, None).unwrap() else {
         panic!("not unpacked")
     };
-    assert_eq!(dropped, ["dev/null", "dev/sda", "run/fifo", "dev/null2"]);
+    assert_eq!(
+        dropped,
+        ["dev/null", "dev/sda", "run/fifo", "dev/null2", "dev/zero"]
+    );
+    assert_eq!(fs::read(s.layer_path(&d).join("dev/zero2")).unwrap(), b"z");
     let root = s.layer_path(&d);
     for p in ["dev/null", "dev/sda", "run/fifo", "dev/null2"] {
         assert!(fs::symlink_metadata(root.join(p)).is_err(), "{p} created");
