@@ -161,3 +161,17 @@ fn file_replacing_a_directory_of_the_same_layer_is_refused() {
     let blob = Layer::new().file("d/f", b"x", 0o644).file("d", b"y", 0o644).tar();
     refused(&s, &blob, "d");
 }
+
+#[test]
+fn pax_path_escaping_the_root_is_refused() {
+    // The ustar name is harmless; the PAX header that overrides it is not.
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(&dir.path().join("store"));
+    let out = outside(dir.path());
+    let blob = Layer::new()
+        .pax_path("../../../../../outside/pwned")
+        .file("harmless", b"x", 0o644)
+        .tar();
+    refused(&s, &blob, "../../../../../outside/pwned");
+    nothing_in(&out);
+}

@@ -72,6 +72,13 @@ impl Layer {
         self
     }
 
+    /// A PAX extended header that renames the next entry to `path`, whatever its own
+    /// header says.
+    pub fn pax_path(mut self, path: &str) -> Self {
+        self.0.append_pax_extensions([("path", path.as_bytes())]).unwrap();
+        self
+    }
+
     pub fn tar(self) -> Vec<u8> {
         self.0.into_inner().unwrap()
     }
