@@ -1,0 +1,105 @@
+//! The crate's one error type: every variant names what failed and on what.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::Digest;
+
+/// Why a store, unpack or flatten operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A string that is not `sha256:` followed by 64 lowercase hex digits.
+    #[error("invalid digest {0:?}: expected sha256:<64 lowercase hex digits>")]
+    InvalidDigest(String),
+    /// A blob's content hashes to another digest than the one it was stored under.
+    #[error("blob digest mismatch: expected {expected}, content is {actual}")]
+    DigestMismatch {
+        /// The digest the caller asked for.
+        expected: Digest,
+        /// The digest of the bytes received.
+        actual: Digest,
+    },
+    /// The stream ended before the blob's declared size.
+    #[error("blob {digest} truncated: expected {expected} bytes, got {got}")]
+    Truncated {
+        /// The blob.
+        digest: Digest,
+        /// The size its descriptor declared.
+        expected: u64,
+        /// The bytes that arrived.
+        got: u64,
+    },
+    /// The stream went on past the blob's declared size.
+    #[error("blob {digest} longer than its declared {expected} bytes")]
+    TooLong {
+        /// The blob.
+        digest: Digest,
+        /// The size its descriptor declared.
+        expected: u64,
+    },
+    /// Storing this would take the store past its disk budget.
+    #[error("image store budget of {budget} bytes exceeded: {usage} bytes in use, {size} more needed")]
+    OverBudget {
+        /// The store's `max_bytes`.
+        budget: u64,
+        /// Bytes in the store before this write.
+        usage: u64,
+        /// Bytes this write needed (at least; a stream is cut off as soon as it is over).
+        size: u64,
+    },
+    /// The blob is not in the store.
+    #[error("blob {0} is not in the store")]
+    BlobMissing(Digest),
+    /// The layer has not been unpacked.
+    #[error("layer {0} is not unpacked in the store")]
+    LayerMissing(Digest),
+    /// A tar entry would land outside the layer root or go through a symlink.
+    #[error("layer {layer}: entry {entry:?} refused: {reason}")]
+    UnsafeEntry {
+        /// The layer.
+        layer: Digest,
+        /// The entry's path as written in the archive.
+        entry: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// A tar entry of a kind the unpacker does not handle (e.g. GNU sparse files).
+    #[error("layer {layer}: entry {entry:?} has unsupported type {kind}")]
+    UnsupportedEntry {
+        /// The layer.
+        layer: Digest,
+        /// The entry's path as written in the archive.
+        entry: String,
+        /// The tar type flag.
+        kind: String,
+    },
+    /// The layer archive could not be read (corrupt tar or compressed stream).
+    #[error("layer {layer}: cannot read archive")]
+    Archive {
+        /// The layer.
+        layer: Digest,
+        /// The decoder's or tar reader's error.
+        #[source]
+        source: io::Error,
+    },
+    /// `flatten`'s destination already exists.
+    #[error("flatten destination {0} already exists")]
+    DestinationExists(PathBuf),
+    /// A filesystem operation failed.
+    #[error("{op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Shorthand for [`Error::Io`] in `map_err`.
+pub(crate) fn io_err(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io { op, path, source }
+}

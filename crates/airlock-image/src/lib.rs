@@ -1,0 +1,65 @@
+//! airlock's image store: the part of running OCI images that needs no network.
+//!
+//! - [`Store`]: a content-addressed directory. Blobs are kept under `blobs/sha256/<hex>`,
+//!   each written to a temporary file in the store, hashed while written, and renamed into
+//!   place only once its sha256 (and its declared size, when known) matched: a blob whose
+//!   bytes are wrong, short or too long is refused with an error naming both digests or
+//!   sizes, and leaves nothing behind.
+//! - [`Store::unpack_layer`]: a layer blob (plain, gzip or zstd tar) unpacked once per
+//!   digest into `layers/sha256/<hex>/`, in a temporary directory renamed into place when
+//!   every entry was accepted. Each path is created component by component from directory
+//!   descriptors with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` and `O_NOFOLLOW`, so
+//!   no symlink, earlier or in the archive, can redirect a write outside the layer. Entries
+//!   with absolute paths, `..`, a path through a symlink, or a hard link to anything but an
+//!   earlier file of the same layer refuse the whole layer ([`Error::UnsafeEntry`] names
+//!   the entry). Device nodes and FIFOs are dropped; setuid, setgid and sticky bits are
+//!   cleared; every file is owned by the store's [`Owner`] (root by default), never the
+//!   archive's uids. Symlinks are kept with whatever target text they have. OCI whiteouts
+//!   are kept as the files they are, for [`Store::flatten`] to apply.
+//! - [`Store::flatten`]: the layers of an image applied in order into one new tree,
+//!   whiteouts (`.wh.<name>`) and opaque directories (`.wh..wh..opq`) honoured, hard links
+//!   within a layer kept.
+//! - Sharing: an exclusive `flock` on `<root>/lock` serialises commits, removals and
+//!   prunes across processes; a per-digest `flock` makes two threads or processes that want
+//!   the same blob or layer do the work once (the second waits and finds it there).
+//! - A disk budget ([`StoreOptions::max_bytes`]) over blobs plus unpacked layers: a write
+//!   that would exceed it is refused ([`Error::OverBudget`] names the budget and the size),
+//!   a stream as soon as it passes it, and nothing half-stored remains. [`Store::prune`]
+//!   removes what the caller does not name as kept, and work in progress that a crashed
+//!   process left behind.
+//!
+//! Not restored from archives: timestamps, extended attributes (so no file capabilities),
+//! the archive's uids and gids. Flattened trees are written outside the store and are not
+//! counted in its budget.
+//!
+//! Unpacking needs to be able to `chown` to the configured owner (root, or the owner being
+//! the process's own uid).
+//!
+//! ```no_run
+//! use airlock_image::{Digest, Store, StoreOptions};
+//!
+//! # fn main() -> Result<(), airlock_image::Error> {
+//! let store = Store::open("/var/lib/airlock/images", StoreOptions::default())?;
+//! let layer: Digest = "sha256:4f2a…".parse()?;
+//! store.ensure_blob(&layer, Some(1234), || std::fs::File::open("layer.tar.gz"))?;
+//! store.unpack_layer(&layer, Some("application/vnd.oci.image.layer.v1.tar+gzip"))?;
+//! store.flatten(&[layer], std::path::Path::new("/var/lib/airlock/roots/img"))?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![deny(missing_docs)]
+
+mod digest;
+mod error;
+mod flatten;
+mod fsutil;
+mod owner;
+mod store;
+mod unpack;
+
+pub use digest::Digest;
+pub use error::Error;
+pub use owner::Owner;
+pub use store::{BlobStatus, DEFAULT_ROOT, LayerStatus, PruneReport, Store, StoreOptions};
+pub use unpack::{Compression, MAX_ENTRIES, UnpackReport};

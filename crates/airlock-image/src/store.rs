@@ -1,0 +1,644 @@
+//! The content-addressed store: blobs by sha256, layers unpacked once per digest.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{self as rfs, FlockOperation, Mode, OFlags};
+
+use crate::digest::Hasher;
+use crate::error::io_err;
+use crate::flatten::{apply_layer, parent_of};
+use crate::unpack::{UnpackParams, UnpackReport, decoder, unpack};
+use crate::{Digest, Error, Owner};
+
+/// Where airlock keeps its images unless told otherwise.
+pub const DEFAULT_ROOT: &str = "/var/lib/airlock/images";
+
+/// Size of the buffer blobs are streamed through.
+const CHUNK: usize = 64 * 1024;
+
+/// How a store is configured.
+#[derive(Debug, Clone, Default)]
+pub struct StoreOptions {
+    /// The most bytes blobs and unpacked layers may take together (`None`: no limit).
+    pub max_bytes: Option<u64>,
+    /// Who owns every unpacked file (default root).
+    pub owner: Owner,
+}
+
+/// What [`Store::ensure_blob`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlobStatus {
+    /// The blob was already stored; the fetch was not called.
+    Present,
+    /// The blob was fetched, verified and stored; this many bytes.
+    Stored(u64),
+}
+
+/// What [`Store::unpack_layer`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayerStatus {
+    /// The layer was already unpacked.
+    Present,
+    /// The layer was unpacked now.
+    Unpacked(UnpackReport),
+}
+
+/// What [`Store::prune`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Blobs removed.
+    pub blobs: Vec<Digest>,
+    /// Unpacked layers removed.
+    pub layers: Vec<Digest>,
+    /// Bytes freed (as [`Store::usage`] counts them).
+    pub freed_bytes: u64,
+    /// Entries removed from `tmp/` that a crashed process left there.
+    pub stale_work: usize,
+}
+
+/// An image store rooted at one directory:
+///
+/// ```text
+/// <root>/lock                 flock'd exclusively to commit, remove or prune
+/// <root>/locks/<kind>-<hex>   flock'd while one digest's blob or layer is being made
+///                             (prune deletes those of digests neither stored nor held)
+/// <root>/blobs/sha256/<hex>   verified blobs, read-only
+/// <root>/layers/sha256/<hex>/ unpacked layers
+/// <root>/layers/sha256/<hex>.size  the layer's size, so `usage` need not walk it
+/// <root>/tmp/                 work in progress, renamed into place when complete
+///                             (`blob-<hex>-*`, `layer-<hex>-*`: covered by that lock)
+/// ```
+///
+/// A layer is keyed by the digest of its blob as stored (compressed), not by its
+/// uncompressed `diff_id`.
+#[derive(Debug)]
+pub struct Store {
+    /// The store's directory (owned by the store; nothing else writes in it).
+    root: PathBuf,
+    /// Budget and ownership.
+    options: StoreOptions,
+}
+
+/// An exclusive `flock`, released when dropped (the file is closed).
+#[derive(Debug)]
+struct FileLock {
+    /// Held open for the lock's lifetime; closing it releases the lock.
+    _file: File,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `root`.
+    pub fn open(root: impl Into<PathBuf>, options: StoreOptions) -> Result<Self, Error> {
+        let root = root.into();
+        for dir in ["blobs/sha256", "layers/sha256", "tmp", "locks"] {
+            let p = root.join(dir);
+            fs::create_dir_all(&p).map_err(io_err("create store directory", &p))?;
+        }
+        Ok(Self { root, options })
+    }
+
+    /// The store's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the blob `digest` is (or would be) stored.
+    pub fn blob_path(&self, digest: &Digest) -> PathBuf {
+        self.root.join("blobs/sha256").join(digest.hex())
+    }
+
+    /// Where the layer `digest` is (or would be) unpacked.
+    pub fn layer_path(&self, digest: &Digest) -> PathBuf {
+        self.root.join("layers/sha256").join(digest.hex())
+    }
+
+    /// Whether the blob is stored.
+    pub fn has_blob(&self, digest: &Digest) -> bool {
+        self.blob_path(digest).is_file()
+    }
+
+    /// Whether the layer is unpacked.
+    pub fn has_layer(&self, digest: &Digest) -> bool {
+        self.layer_path(digest).is_dir()
+    }
+
+    /// Opens a stored blob for reading.
+    pub fn open_blob(&self, digest: &Digest) -> Result<File, Error> {
+        File::open(self.blob_path(digest)).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => Error::BlobMissing(digest.clone()),
+            _ => Error::Io {
+                op: "open blob",
+                path: self.blob_path(digest),
+                source: e,
+            },
+        })
+    }
+
+    fn lock(&self, path: PathBuf) -> Result<FileLock, Error> {
+        self.lock_with(path, FlockOperation::LockExclusive)
+    }
+
+    /// Locks the file at `path`. Prune deletes the lock files of digests nobody holds, so
+    /// a lock is only taken once the locked file is still the one at `path` (else a second
+    /// process could lock a fresh file of the same name at the same time).
+    fn lock_with(&self, path: PathBuf, op: FlockOperation) -> Result<FileLock, Error> {
+        loop {
+            let f = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(io_err("open lock file", &path))?;
+            rfs::flock(&f, op).map_err(|e| Error::Io {
+                op: "lock",
+                path: path.clone(),
+                source: e.into(),
+            })?;
+            let held = f.metadata().map_err(io_err("stat lock file", &path))?;
+            match fs::metadata(&path) {
+                Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => {
+                    return Ok(FileLock { _file: f });
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("stat lock file", &path)(e)),
+            }
+        }
+    }
+
+    /// The store-wide lock: commits, removals and prunes hold it.
+    fn store_lock(&self) -> Result<FileLock, Error> {
+        self.lock(self.root.join("lock"))
+    }
+
+    /// One digest's lock, so that its blob or layer is made once.
+    fn digest_lock(&self, kind: &str, digest: &Digest) -> Result<FileLock, Error> {
+        self.lock(self.root.join("locks").join(format!("{kind}-{}", digest.hex())))
+    }
+
+    /// Bytes the store holds: the sizes of blobs plus the sizes of the regular files of
+    /// unpacked layers (each inode once). Directories, symlinks and work in progress are
+    /// not counted.
+    pub fn usage(&self) -> Result<u64, Error> {
+        let _lock = self.store_lock()?;
+        self.usage_unlocked()
+    }
+
+    fn usage_unlocked(&self) -> Result<u64, Error> {
+        let mut total = 0;
+        for d in self.list_dir("blobs/sha256")? {
+            total += self.blob_size(&d)?;
+        }
+        for d in self.list_dir("layers/sha256")? {
+            total += self.layer_size(&d)?;
+        }
+        Ok(total)
+    }
+
+    /// An unpacked layer's size: recorded beside it when it was stored, measured when the
+    /// record is missing (a crash between storing the layer and writing the record).
+    fn layer_size(&self, d: &Digest) -> Result<u64, Error> {
+        let recorded = fs::read_to_string(self.layer_size_path(d))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        match recorded {
+            Some(size) => Ok(size),
+            None => tree_size(&self.layer_path(d)),
+        }
+    }
+
+    fn layer_size_path(&self, d: &Digest) -> PathBuf {
+        self.root.join("layers/sha256").join(format!("{}.size", d.hex()))
+    }
+
+    fn blob_size(&self, d: &Digest) -> Result<u64, Error> {
+        let p = self.blob_path(d);
+        Ok(fs::symlink_metadata(&p).map_err(io_err("stat blob", &p))?.len())
+    }
+
+    /// The digests under `blobs/sha256` or `layers/sha256` (other names are ignored).
+    fn list_dir(&self, dir: &str) -> Result<Vec<Digest>, Error> {
+        let p = self.root.join(dir);
+        let mut out = Vec::new();
+        for e in fs::read_dir(&p).map_err(io_err("list", &p))? {
+            let e = e.map_err(io_err("list", &p))?;
+            if let Some(d) = e.file_name().to_str().and_then(|n| Digest::from_hex(n).ok()) {
+                out.push(d);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The stored blobs.
+    pub fn blobs(&self) -> Result<Vec<Digest>, Error> {
+        self.list_dir("blobs/sha256")
+    }
+
+    /// The unpacked layers.
+    pub fn layers(&self) -> Result<Vec<Digest>, Error> {
+        self.list_dir("layers/sha256")
+    }
+
+    /// The budget and the usage measured now (`None`: no budget).
+    fn headroom(&self) -> Result<Option<(u64, u64)>, Error> {
+        match self.options.max_bytes {
+            None => Ok(None),
+            Some(budget) => Ok(Some((budget, self.usage()?))),
+        }
+    }
+
+    /// Makes sure the blob `digest` is stored: if it is not, calls `fetch` and stores what
+    /// it reads, after checking it hashes to `digest` (and has `size` bytes, when given).
+    ///
+    /// When several threads or processes ask for one digest at once, one fetches and the
+    /// others wait and get [`BlobStatus::Present`]. Nothing is left in the store when the
+    /// content is wrong, short, long or over the budget.
+    pub fn ensure_blob<R: Read>(
+        &self,
+        digest: &Digest,
+        size: Option<u64>,
+        fetch: impl FnOnce() -> io::Result<R>,
+    ) -> Result<BlobStatus, Error> {
+        let _lock = self.digest_lock("blob", digest)?;
+        if self.has_blob(digest) {
+            return Ok(BlobStatus::Present);
+        }
+        let headroom = self.headroom()?;
+        if let (Some((budget, usage)), Some(size)) = (headroom, size)
+            && usage.saturating_add(size) > budget
+        {
+            return Err(Error::OverBudget { budget, usage, size });
+        }
+        let fetch_err = |source| Error::Io {
+            op: "fetch blob",
+            path: digest.to_string().into(),
+            source,
+        };
+        let mut reader = fetch().map_err(fetch_err)?;
+        let tmp_dir = self.root.join("tmp");
+        let mut tmp = tempfile::Builder::new()
+            .prefix(&format!("blob-{}-", digest.hex()))
+            .tempfile_in(&tmp_dir)
+            .map_err(io_err("create temporary blob", &tmp_dir))?;
+        let mut hasher = Hasher::new();
+        let mut got: u64 = 0;
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(fetch_err(e)),
+            };
+            got += n as u64;
+            if let Some(expected) = size
+                && got > expected
+            {
+                return Err(Error::TooLong {
+                    digest: digest.clone(),
+                    expected,
+                });
+            }
+            if let Some((budget, usage)) = headroom
+                && usage.saturating_add(got) > budget
+            {
+                return Err(Error::OverBudget {
+                    budget,
+                    usage,
+                    size: got,
+                });
+            }
+            hasher.update(&buf[..n]);
+            tmp.write_all(&buf[..n])
+                .map_err(io_err("write temporary blob", tmp.path()))?;
+        }
+        if let Some(expected) = size
+            && got < expected
+        {
+            return Err(Error::Truncated {
+                digest: digest.clone(),
+                expected,
+                got,
+            });
+        }
+        let actual = hasher.finish();
+        if actual != *digest {
+            return Err(Error::DigestMismatch {
+                expected: digest.clone(),
+                actual,
+            });
+        }
+        let file = tmp.as_file();
+        file.set_permissions(fs::Permissions::from_mode(0o444))
+            .map_err(io_err("chmod temporary blob", tmp.path()))?;
+        file.sync_all()
+            .map_err(io_err("sync temporary blob", tmp.path()))?;
+        let _store = self.store_lock()?;
+        self.check_budget(got)?;
+        let dest = self.blob_path(digest);
+        tmp.persist(&dest).map_err(|e| Error::Io {
+            op: "store blob",
+            path: dest,
+            source: e.error,
+        })?;
+        Ok(BlobStatus::Stored(got))
+    }
+
+    /// Writes the layer's size record (temporary file, renamed), so that `usage` need not
+    /// walk every layer.
+    fn record_layer_size(&self, d: &Digest, size: u64) -> Result<(), Error> {
+        let tmp_dir = self.root.join("tmp");
+        let mut tmp = tempfile::Builder::new()
+            .prefix("size-")
+            .tempfile_in(&tmp_dir)
+            .map_err(io_err("create temporary file", &tmp_dir))?;
+        tmp.write_all(size.to_string().as_bytes())
+            .map_err(io_err("write layer size", tmp.path()))?;
+        let dest = self.layer_size_path(d);
+        tmp.persist(&dest).map_err(|e| Error::Io {
+            op: "store layer size",
+            path: dest,
+            source: e.error,
+        })?;
+        Ok(())
+    }
+
+    /// With the store lock held: refuses `size` more bytes if they exceed the budget.
+    fn check_budget(&self, size: u64) -> Result<(), Error> {
+        if let Some(budget) = self.options.max_bytes {
+            let usage = self.usage_unlocked()?;
+            if usage.saturating_add(size) > budget {
+                return Err(Error::OverBudget { budget, usage, size });
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure the layer whose (stored) blob is `digest` is unpacked under
+    /// `layers/sha256/<hex>/`. `media_type` picks the decompressor when it names one
+    /// (`…+gzip`, `…+zstd`, `….tar`); otherwise the blob's magic bytes do.
+    ///
+    /// The layer is unpacked into a temporary directory and renamed into place only when
+    /// every entry was accepted, so a refused layer leaves nothing. Concurrent calls for one
+    /// digest unpack it once.
+    pub fn unpack_layer(&self, digest: &Digest, media_type: Option<&str>) -> Result<LayerStatus, Error> {
+        let _lock = self.digest_lock("layer", digest)?;
+        if self.has_layer(digest) {
+            return Ok(LayerStatus::Present);
+        }
+        let blob = self.open_blob(digest)?;
+        let reader = decoder(blob, media_type).map_err(|source| Error::Archive {
+            layer: digest.clone(),
+            source,
+        })?;
+        let tmp_dir = self.root.join("tmp");
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("layer-{}-", digest.hex()))
+            .tempdir_in(&tmp_dir)
+            .map_err(io_err("create temporary layer directory", &tmp_dir))?;
+        let root_fd = open_dir_fd(tmp.path())?;
+        let (budget, usage) = self.headroom()?.unwrap_or((u64::MAX, 0));
+        let params = UnpackParams {
+            owner: self.options.owner,
+            max_bytes: self.options.max_bytes.map(|_| budget.saturating_sub(usage)),
+            budget,
+            usage,
+        };
+        let report = unpack(digest, reader, &root_fd, &params)?;
+        self.options
+            .owner
+            .apply(&root_fd)
+            .map_err(io_err("chown layer", tmp.path()))?;
+        rfs::fchmod(&root_fd, Mode::from_raw_mode(0o755)).map_err(|e| Error::Io {
+            op: "chmod layer",
+            path: tmp.path().into(),
+            source: e.into(),
+        })?;
+        let size = tree_size(tmp.path())?;
+        let _store = self.store_lock()?;
+        self.check_budget(size)?;
+        let dest = self.layer_path(digest);
+        fs::rename(tmp.path(), &dest).map_err(io_err("store layer", &dest))?;
+        // The directory now lives at `dest`; nothing for the guard to remove.
+        let _ = tmp.keep();
+        self.record_layer_size(digest, size)?;
+        Ok(LayerStatus::Unpacked(report))
+    }
+
+    /// Builds at `dest` (which must not exist) one tree of `layers` applied in order.
+    ///
+    /// In each directory of a layer, first an opaque marker (`.wh..wh..opq`) empties the
+    /// directory as the lower layers left it, then each whiteout `.wh.<name>` deletes
+    /// `<name>` from below, then the layer's other entries are copied in: a directory
+    /// merges with a directory of the same name, anything else replaces what was there.
+    /// Whiteout files never reach the result; files sharing an inode within one layer
+    /// share one in the result. Modes and owners are the unpacked layers'.
+    ///
+    /// Every layer must be unpacked. The tree is built in a temporary sibling of `dest`
+    /// and renamed into place when complete.
+    pub fn flatten(&self, layers: &[Digest], dest: &Path) -> Result<(), Error> {
+        if fs::symlink_metadata(dest).is_ok() {
+            return Err(Error::DestinationExists(dest.to_path_buf()));
+        }
+        let parent = parent_of(dest);
+        let tmp = tempfile::Builder::new()
+            .prefix(".flatten-")
+            .tempdir_in(&parent)
+            .map_err(io_err("create temporary tree", &parent))?;
+        let dst = open_dir_fd(tmp.path())?;
+        for layer in layers {
+            if !self.has_layer(layer) {
+                return Err(Error::LayerMissing(layer.clone()));
+            }
+            let src = open_dir_fd(&self.layer_path(layer))?;
+            apply_layer(&src, &dst).map_err(io_err("apply layer onto", dest))?;
+        }
+        self.options
+            .owner
+            .apply(&dst)
+            .map_err(io_err("chown tree", dest))?;
+        rfs::fchmod(&dst, Mode::from_raw_mode(0o755)).map_err(|e| Error::Io {
+            op: "chmod tree",
+            path: dest.into(),
+            source: e.into(),
+        })?;
+        fs::rename(tmp.path(), dest).map_err(io_err("rename tree to", dest))?;
+        let _ = tmp.keep();
+        Ok(())
+    }
+
+    /// Removes the blob and the unpacked layer of `digest`, if present; returns the bytes
+    /// freed.
+    pub fn remove(&self, digest: &Digest) -> Result<u64, Error> {
+        let _store = self.store_lock()?;
+        let mut freed = 0;
+        if self.has_blob(digest) {
+            freed += self.remove_blob(digest)?;
+        }
+        if self.has_layer(digest) {
+            freed += self.remove_layer(digest)?;
+        }
+        Ok(freed)
+    }
+
+    /// Removes every blob and unpacked layer whose digest is not in `keep`.
+    pub fn prune(&self, keep: &HashSet<Digest>) -> Result<PruneReport, Error> {
+        let _store = self.store_lock()?;
+        let mut report = PruneReport::default();
+        for d in self.list_dir("blobs/sha256")? {
+            if !keep.contains(&d) {
+                report.freed_bytes += self.remove_blob(&d)?;
+                report.blobs.push(d);
+            }
+        }
+        for d in self.list_dir("layers/sha256")? {
+            if !keep.contains(&d) {
+                report.freed_bytes += self.remove_layer(&d)?;
+                report.layers.push(d);
+            }
+        }
+        report.stale_work = self.remove_stale_work()?;
+        self.remove_idle_locks()?;
+        Ok(report)
+    }
+
+    /// With the store lock held: removes from `tmp/` what no live process is working on.
+    /// A blob's or layer's work in progress is named after its digest and covered by that
+    /// digest's lock, so it is stale when the lock is free; anything else there (size
+    /// records, removed layers) is only made with the store lock held, so it is stale now.
+    fn remove_stale_work(&self) -> Result<usize, Error> {
+        let tmp_dir = self.root.join("tmp");
+        let mut removed = 0;
+        for e in fs::read_dir(&tmp_dir).map_err(io_err("list", &tmp_dir))? {
+            let e = e.map_err(io_err("list", &tmp_dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let owner = ["blob", "layer"].into_iter().find_map(|kind| {
+                let hex = name.strip_prefix(kind)?.strip_prefix('-')?.get(..64)?;
+                Some((kind, Digest::from_hex(hex).ok()?))
+            });
+            // Held until the entry is gone, so no process starts on it meanwhile.
+            let _guard = match owner {
+                Some((kind, d)) => {
+                    let path = self.root.join("locks").join(format!("{kind}-{}", d.hex()));
+                    match self.lock_with(path, FlockOperation::NonBlockingLockExclusive) {
+                        Ok(guard) => Some(guard),
+                        Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                None => None,
+            };
+            let path = e.path();
+            let is_dir = fs::symlink_metadata(&path)
+                .map_err(io_err("stat", &path))?
+                .is_dir();
+            if is_dir {
+                fs::remove_dir_all(&path).map_err(io_err("remove stale work", &path))?;
+            } else {
+                fs::remove_file(&path).map_err(io_err("remove stale work", &path))?;
+            }
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// With the store lock held: deletes the lock files of digests that are neither stored
+    /// nor being worked on (each taken without waiting first, and deleted while held).
+    fn remove_idle_locks(&self) -> Result<(), Error> {
+        let dir = self.root.join("locks");
+        for e in fs::read_dir(&dir).map_err(io_err("list", &dir))? {
+            let e = e.map_err(io_err("list", &dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some((kind, hex)) = name.split_once('-') else {
+                continue;
+            };
+            let Ok(d) = Digest::from_hex(hex) else { continue };
+            let in_use = match kind {
+                "blob" => self.has_blob(&d),
+                "layer" => self.has_layer(&d),
+                _ => continue,
+            };
+            if in_use {
+                continue;
+            }
+            let _guard = match self.lock_with(e.path(), FlockOperation::NonBlockingLockExclusive) {
+                Ok(guard) => guard,
+                Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            fs::remove_file(e.path()).map_err(io_err("remove lock file", e.path()))?;
+        }
+        Ok(())
+    }
+
+    fn remove_blob(&self, d: &Digest) -> Result<u64, Error> {
+        let size = self.blob_size(d)?;
+        let p = self.blob_path(d);
+        fs::remove_file(&p).map_err(io_err("remove blob", &p))?;
+        Ok(size)
+    }
+
+    /// Renames the layer out of `layers/` first, so it disappears at once, then deletes it.
+    fn remove_layer(&self, d: &Digest) -> Result<u64, Error> {
+        let p = self.layer_path(d);
+        let size = self.layer_size(d)?;
+        let tmp_dir = self.root.join("tmp");
+        let graveyard = tempfile::Builder::new()
+            .prefix("removed-")
+            .tempdir_in(&tmp_dir)
+            .map_err(io_err("create temporary directory", &tmp_dir))?;
+        let moved = graveyard.path().join("layer");
+        fs::rename(&p, &moved).map_err(io_err("remove layer", &p))?;
+        let record = self.layer_size_path(d);
+        match fs::remove_file(&record) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove layer size", record)(e)),
+        }
+        fs::remove_dir_all(&moved).map_err(io_err("remove layer", &moved))?;
+        Ok(size)
+    }
+}
+
+fn open_dir_fd(path: &Path) -> Result<OwnedFd, Error> {
+    rfs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::Io {
+        op: "open directory",
+        path: path.into(),
+        source: e.into(),
+    })
+}
+
+/// The sizes of the regular files below `path`, each inode once; symlinks not followed.
+fn tree_size(path: &Path) -> Result<u64, Error> {
+    fn walk(p: &Path, seen: &mut HashSet<(u64, u64)>, total: &mut u64) -> Result<(), Error> {
+        for e in fs::read_dir(p).map_err(io_err("list", p))? {
+            let e = e.map_err(io_err("list", p))?;
+            let path = e.path();
+            let md = fs::symlink_metadata(&path).map_err(io_err("stat", &path))?;
+            if md.is_dir() {
+                walk(&path, seen, total)?;
+            } else if md.is_file() && seen.insert((md.dev(), md.ino())) {
+                *total += md.len();
+            }
+        }
+        Ok(())
+    }
+    let mut total = 0;
+    walk(path, &mut HashSet::new(), &mut total)?;
+    Ok(total)
+}
