@@ -45,7 +45,7 @@ pub use init::{INIT_ARG, maybe_run_init};
 pub use mounts::SYSTEM_DIRS;
 pub use sandbox::{HOST_UID_BASE, HOST_UID_SLOTS, Sandbox, SandboxConfig};
 pub use supervisor::{Capture, OutputSink};
-pub use workspace::DiskFull;
+pub use workspace::{DiskFull, list as list_workspace};
 pub use zygote::ZYGOTE_ARG;
 
 /// Why a sandbox could not be run. Every variant means the program did not run (or was

@@ -3,7 +3,6 @@
 //! gVisor release has no `openat2`); only regular files and directories are touched, and
 //! whatever else the program planted (FIFOs, sockets) is refused without blocking.
 
-use airlock_spec::FileEntry;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, fstat};
 use nix::unistd::{Gid, Uid, fchown};
@@ -17,9 +16,6 @@ use super::SANDBOX_ID;
 
 /// The directory every path is relative to.
 const ROOT: &str = "/workspace";
-
-/// A listing stops after this many entries: it travels in one frame.
-const MAX_LISTING: usize = 1000;
 
 /// Splits `path` into directory components and a file name, refusing anything but plain
 /// names.
@@ -165,34 +161,9 @@ pub fn read(path: &str, max_bytes: u64) -> io::Result<Vec<u8>> {
     Ok(data)
 }
 
-/// Lists /workspace recursively (without following symlinks), sorted by path.
-pub fn list() -> io::Result<Vec<FileEntry>> {
-    let mut entries = Vec::new();
-    let mut stack = vec![std::path::PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let dir = Path::new(ROOT).join(&rel);
-        for entry in std::fs::read_dir(&dir)? {
-            let entry = entry?;
-            let meta = std::fs::symlink_metadata(entry.path())?;
-            let path = rel.join(entry.file_name());
-            if meta.is_dir() {
-                stack.push(path.clone());
-            }
-            entries.push(FileEntry {
-                path: path.to_string_lossy().into_owned(),
-                size: if meta.is_file() { meta.len() } else { 0 },
-                mode: meta.permissions().mode() & 0o7777,
-                dir: meta.is_dir(),
-            });
-            if entries.len() >= MAX_LISTING {
-                entries.sort_by(|a, b| a.path.cmp(&b.path));
-                return Ok(entries);
-            }
-        }
-    }
-    entries.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(entries)
-}
+/// Lists /workspace recursively (the namespace tier's own listing: no symlink followed,
+/// sorted, at most a thousand entries).
+pub use airlock_sandbox::list_workspace as list;
 
 #[cfg(test)]
 mod tests {
