@@ -10,10 +10,12 @@
 //! ```
 #![deny(missing_docs)]
 
+mod image;
 mod result;
 mod spec;
 mod units;
 
+pub use image::ImageConfig;
 pub use result::{EgressEntry, ExecResult, FileEntry, Outcome};
 pub use spec::{FileSpec, Isolation, Limits, NetworkPolicy, Spec, SpecError};
 pub use units::{UnitError, format_duration, format_ms, format_size, human_size, parse_duration, parse_size};

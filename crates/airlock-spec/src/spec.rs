@@ -205,6 +205,12 @@ pub struct Spec {
     pub limits: Limits,
     /// A root filesystem to take the system directories from instead of the host's.
     pub rootfs: Option<PathBuf>,
+    /// An OCI image to run in (a reference as the user wrote it: `python:3.12-slim`,
+    /// `registry.example.com/team/tools@sha256:…`), resolved against the image store.
+    pub image: Option<String>,
+    /// Where the program starts (absolute); `None`: /workspace. Set from an image's
+    /// `WorkingDir` when the image gives the command.
+    pub workdir: Option<String>,
     /// Network policy.
     pub network: NetworkPolicy,
     /// Which isolation runs the program.
@@ -221,6 +227,8 @@ impl Spec {
             stdin: Vec::new(),
             limits: Limits::default(),
             rootfs: None,
+            image: None,
+            workdir: None,
             network: NetworkPolicy::None,
             isolation: Isolation::Namespaces,
         }
