@@ -85,6 +85,104 @@ pub enum Error {
     /// `flatten`'s destination already exists.
     #[error("flatten destination {0} already exists")]
     DestinationExists(PathBuf),
+    /// An image reference that does not parse (`registry/repository[:tag][@digest]`).
+    #[error("invalid image reference {reference:?}: {reason}")]
+    InvalidReference {
+        /// The reference as given.
+        reference: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The registry answered 404 for the image's repository, tag or digest.
+    #[error("image {image} not found in registry {registry}")]
+    ImageNotFound {
+        /// The canonical reference.
+        image: String,
+        /// The registry host.
+        registry: String,
+    },
+    /// The registry refused the credentials, or wanted some and none were given.
+    #[error(
+        "registry {registry} refused access to {image} ({tried}): log in to it (docker login {registry}) or pass credentials"
+    )]
+    Unauthorized {
+        /// The registry host.
+        registry: String,
+        /// The canonical reference.
+        image: String,
+        /// Which credentials were tried.
+        tried: String,
+    },
+    /// The registry could not be connected to (refused, no route, DNS).
+    #[error("registry {registry} unreachable: {reason}")]
+    RegistryUnreachable {
+        /// The registry host.
+        registry: String,
+        /// The connection error.
+        reason: String,
+    },
+    /// HTTPS to a registry failed; plain HTTP is only tried for registries marked insecure.
+    #[error(
+        "registry {registry}: HTTPS connection failed ({reason}); plain HTTP is used only for registries marked insecure"
+    )]
+    InsecureRefused {
+        /// The registry host.
+        registry: String,
+        /// The TLS error.
+        reason: String,
+    },
+    /// The registry stopped answering for longer than a timeout allows.
+    #[error("registry {registry} timed out after {seconds} s ({what})")]
+    RegistryTimeout {
+        /// The registry host.
+        registry: String,
+        /// The timeout that expired, in seconds.
+        seconds: f64,
+        /// Which timeout: the whole pull's, or one request's stall limit.
+        what: &'static str,
+    },
+    /// Any other answer from a registry that is not what the protocol says.
+    #[error("registry {registry}: {message}")]
+    Registry {
+        /// The registry host.
+        registry: String,
+        /// What it answered.
+        message: String,
+    },
+    /// A manifest or index that cannot be used.
+    #[error("image {image}: {reason}")]
+    InvalidManifest {
+        /// The canonical reference.
+        image: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An index without a linux/amd64 manifest.
+    #[error("image {image} has no linux/amd64 manifest; its index lists: {available}")]
+    PlatformMissing {
+        /// The canonical reference.
+        image: String,
+        /// The platforms the index lists.
+        available: String,
+    },
+    /// A layer (or manifest) of a media type airlock does not unpack.
+    #[error("image {image}: layer {digest} has unsupported media type {media_type}")]
+    UnsupportedMediaType {
+        /// The canonical reference.
+        image: String,
+        /// The layer's digest.
+        digest: String,
+        /// Its media type.
+        media_type: String,
+    },
+    /// The docker config file with registry credentials could not be read.
+    #[error("registry credentials {path}: {reason}")]
+    Credentials {
+        /// The config file.
+        path: PathBuf,
+        /// Why it could not be used.
+        reason: String,
+    },
     /// A filesystem operation failed.
     #[error("{op} {path}")]
     Io {

@@ -55,11 +55,15 @@ mod error;
 mod flatten;
 mod fsutil;
 mod owner;
+mod reference;
+mod registry;
 mod store;
 mod unpack;
 
 pub use digest::Digest;
 pub use error::Error;
 pub use owner::Owner;
+pub use reference::canonical_reference;
+pub use registry::{Credentials, PullOptions, Pulled, pull};
 pub use store::{BlobStatus, DEFAULT_ROOT, LayerStatus, PruneReport, Store, StoreOptions};
 pub use unpack::{Compression, MAX_ENTRIES, UnpackReport};
