@@ -82,7 +82,7 @@ mod tests {
             ("", "empty"),
             ("Python:3", "lowercase"),
             ("python:bad tag", "invalid"),
-            ("x@sha256:abc", "digest"),
+            ("x@sha256:abc", "invalid reference format"),
         ] {
             let err = canonical_reference(bad).unwrap_err().to_string();
             assert!(err.contains(&format!("{bad:?}")), "{err}");
