@@ -451,14 +451,9 @@ impl Puller<'_> {
             urls: None,
             annotations: None,
         };
-        let remaining = self.deadline.saturating_duration_since(Instant::now());
         let stream = self
-            .runtime
-            .block_on(tokio::time::timeout(
-                remaining,
-                self.client.pull_blob_stream(&self.image, &descriptor),
-            ))
-            .map_err(|_| io::Error::other(Failure::Deadline))?
+            .within_deadline(self.client.pull_blob_stream(&self.image, &descriptor))
+            .ok_or_else(|| io::Error::other(Failure::Deadline))?
             .map_err(|e| io::Error::other(Failure::Request(e)))?;
         Ok(BlobReader {
             puller: self,
@@ -503,11 +498,19 @@ impl Puller<'_> {
 
     /// Runs `f` on the runtime, within the whole pull's deadline.
     fn block<T>(&self, f: impl Future<Output = Result<T, OciDistributionError>>) -> Result<T, Error> {
-        let remaining = self.deadline.saturating_duration_since(Instant::now());
-        match self.runtime.block_on(tokio::time::timeout(remaining, f)) {
-            Err(_) => Err(self.deadline_error()),
-            Ok(r) => r.map_err(|e| self.classify(e)),
+        match self.within_deadline(f) {
+            None => Err(self.deadline_error()),
+            Some(r) => r.map_err(|e| self.classify(e)),
         }
+    }
+
+    /// Runs `f` on the runtime; `None` when the whole pull's deadline passes first.
+    fn within_deadline<T>(&self, f: impl Future<Output = T>) -> Option<T> {
+        let remaining = self.deadline.saturating_duration_since(Instant::now());
+        // The timer is made inside the runtime (it needs the runtime's clock).
+        self.runtime
+            .block_on(async { tokio::time::timeout(remaining, f).await })
+            .ok()
     }
 
     /// One line for what oci-client reported.
@@ -654,23 +657,18 @@ struct BlobReader<'a> {
 impl Read for BlobReader<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         while self.pos == self.chunk.len() {
-            let remaining = self.puller.deadline.saturating_duration_since(Instant::now());
-            let next = self
-                .puller
-                .runtime
-                .block_on(tokio::time::timeout(remaining, self.stream.next()));
-            match next {
-                Err(_) => return Err(io::Error::other(Failure::Deadline)),
-                Ok(None) => return Ok(0),
-                Ok(Some(Ok(bytes))) => {
+            match self.puller.within_deadline(self.stream.next()) {
+                None => return Err(io::Error::other(Failure::Deadline)),
+                Some(None) => return Ok(0),
+                Some(Some(Ok(bytes))) => {
                     self.chunk.clear();
                     self.chunk.extend_from_slice(&bytes);
                     self.pos = 0;
                 }
                 // oci-client's own check of the digest at the end of the body: end the
                 // stream here and let the store check it too, reporting both digests.
-                Ok(Some(Err(e))) if e.get_ref().is_some_and(|i| i.is::<DigestError>()) => return Ok(0),
-                Ok(Some(Err(source))) => {
+                Some(Some(Err(e))) if e.get_ref().is_some_and(|i| i.is::<DigestError>()) => return Ok(0),
+                Some(Some(Err(source))) => {
                     return Err(io::Error::other(Failure::Body {
                         source,
                         got: self.got,
