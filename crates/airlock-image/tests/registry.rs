@@ -648,3 +648,56 @@ fn a_registry_that_never_answers_times_out() {
     assert!(store.blobs().unwrap().is_empty());
     assert!(leftovers(&store).is_empty());
 }
+
+#[test]
+fn bearer_token_auth_gets_a_token_with_docker_config_credentials() {
+    if !registry_available() {
+        return;
+    }
+    let (registry, tokens) = Registry::start_token("bob", "builder");
+    let image = two_layer_image();
+    registry.push_image("team/app", "1", &image);
+    let reference = format!("{}/team/app:1", registry.host);
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir.path().join("store"));
+
+    // Anonymous: the token service hands out a token that grants nothing.
+    let err = pull(&store, &reference, &options(&registry.host)).unwrap_err();
+    assert!(matches!(err, Error::Unauthorized { .. }), "{err:?}");
+    assert!(err.to_string().contains("no credentials"), "{err}");
+
+    // Wrong password: the token service refuses, and says so.
+    let mut opts = options(&registry.host);
+    opts.credentials = Credentials::Basic {
+        username: "bob".into(),
+        password: "wrong".into(),
+    };
+    let err = pull(&store, &reference, &opts).unwrap_err();
+    assert!(matches!(err, Error::Unauthorized { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("user \"bob\" given explicitly") && !msg.contains("wrong"),
+        "{msg}"
+    );
+    assert!(msg.contains("incorrect username or password"), "{msg}");
+    assert!(store.blobs().unwrap().is_empty());
+    assert_eq!(tokens.issued.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    // Right credentials from a docker config file.
+    let config = dir.path().join("config.json");
+    let auth = basic_header("bob", "builder");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#,
+            registry.host,
+            auth.trim_start_matches("Basic ")
+        ),
+    )
+    .unwrap();
+    opts.credentials = Credentials::DockerConfig(Some(config));
+    let pulled = pull(&store, &reference, &opts).unwrap();
+    assert_eq!(pulled.blobs_fetched, 4);
+    assert_stored(&store, &image);
+    assert!(tokens.issued.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+}

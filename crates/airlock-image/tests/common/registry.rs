@@ -45,8 +45,16 @@ pub struct Registry {
     pub host: String,
     /// Holds the config and the storage.
     pub dir: tempfile::TempDir,
-    /// `Authorization` header value used for pushes, when the registry wants one.
-    push_auth: Option<String>,
+    /// How pushes authenticate, when the registry wants it.
+    push_auth: PushAuth,
+}
+
+enum PushAuth {
+    None,
+    /// An `Authorization: Basic …` value.
+    Basic(String),
+    /// Tokens minted for each push.
+    Token(Arc<TokenSigner>),
 }
 
 impl Drop for Registry {
@@ -68,31 +76,40 @@ pub fn free_port() -> u16 {
 impl Registry {
     /// An open registry.
     pub fn start() -> Self {
-        Self::start_with(None)
+        Self::start_with(tempfile::tempdir().unwrap(), String::new(), PushAuth::None)
     }
 
     /// A registry wanting basic auth for `user` / `password` (htpasswd, bcrypt).
     pub fn start_basic(user: &str, password: &str) -> Self {
-        Self::start_with(Some((user, password)))
+        let dir = tempfile::tempdir().unwrap();
+        let hash = bcrypt::hash(password, 4).unwrap();
+        let htpasswd = dir.path().join("htpasswd");
+        std::fs::write(&htpasswd, format!("{user}:{hash}\n")).unwrap();
+        let auth = format!(
+            "auth:\n  htpasswd:\n    realm: test-realm\n    path: {}\n",
+            htpasswd.display()
+        );
+        Self::start_with(dir, auth, PushAuth::Basic(basic_header(user, password)))
     }
 
-    fn start_with(basic: Option<(&str, &str)>) -> Self {
+    /// A registry wanting bearer tokens (Docker Hub style), and the token server that
+    /// issues them to `user` / `password`.
+    pub fn start_token(user: &str, password: &str) -> (Self, TokenServer) {
         let dir = tempfile::tempdir().unwrap();
+        let signer = Arc::new(TokenSigner::new(dir.path()));
+        let server = TokenServer::start(signer.clone(), user, password);
+        let auth = format!(
+            "auth:\n  token:\n    realm: http://{}/token\n    service: {SERVICE}\n    issuer: {ISSUER}\n    rootcertbundle: {}\n",
+            server.host,
+            dir.path().join("cert.pem").display()
+        );
+        (Self::start_with(dir, auth, PushAuth::Token(signer)), server)
+    }
+
+    fn start_with(dir: tempfile::TempDir, auth: String, push_auth: PushAuth) -> Self {
         let port = free_port();
         let host = format!("127.0.0.1:{port}");
         let storage = dir.path().join("storage");
-        let mut auth = String::new();
-        let mut push_auth = None;
-        if let Some((user, password)) = basic {
-            let hash = bcrypt::hash(password, 4).unwrap();
-            let htpasswd = dir.path().join("htpasswd");
-            std::fs::write(&htpasswd, format!("{user}:{hash}\n")).unwrap();
-            auth = format!(
-                "auth:\n  htpasswd:\n    realm: test-realm\n    path: {}\n",
-                htpasswd.display()
-            );
-            push_auth = Some(basic_header(user, password));
-        }
         let config = format!(
             "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n{auth}",
             storage.display()
@@ -135,11 +152,15 @@ impl Registry {
         ))
     }
 
-    fn request(&self, method: &str, url: &str) -> ureq::Request {
+    fn request(&self, method: &str, url: &str, repo: &str) -> ureq::Request {
         let r = ureq::request(method, url);
         match &self.push_auth {
-            Some(a) => r.set("Authorization", a),
-            None => r,
+            PushAuth::None => r,
+            PushAuth::Basic(a) => r.set("Authorization", a),
+            PushAuth::Token(signer) => r.set(
+                "Authorization",
+                &format!("Bearer {}", signer.token("pusher", repo, &["pull", "push"])),
+            ),
         }
     }
 
@@ -147,7 +168,11 @@ impl Registry {
     pub fn push_blob(&self, repo: &str, bytes: &[u8]) -> Digest {
         let digest = Digest::of(bytes);
         let start = self
-            .request("POST", &format!("http://{}/v2/{repo}/blobs/uploads/", self.host))
+            .request(
+                "POST",
+                &format!("http://{}/v2/{repo}/blobs/uploads/", self.host),
+                repo,
+            )
             .call()
             .unwrap();
         assert_eq!(start.status(), 202);
@@ -160,7 +185,7 @@ impl Registry {
         url.push(if url.contains('?') { '&' } else { '?' });
         url.push_str(&format!("digest={digest}"));
         let done = self
-            .request("PUT", &url)
+            .request("PUT", &url, repo)
             .set("Content-Type", "application/octet-stream")
             .send_bytes(bytes)
             .unwrap();
@@ -174,6 +199,7 @@ impl Registry {
             .request(
                 "PUT",
                 &format!("http://{}/v2/{repo}/manifests/{reference}", self.host),
+                repo,
             )
             .set("Content-Type", media_type)
             .send_bytes(bytes)
@@ -404,5 +430,142 @@ impl SilentServer {
             }
         });
         Self { host, accepted }
+    }
+}
+
+/// The token service name and issuer the test registry trusts.
+pub const SERVICE: &str = "airlock-test-registry";
+pub const ISSUER: &str = "airlock-test-issuer";
+
+/// Signs registry bearer tokens (RS256, the self-signed certificate in `x5c`) with a key
+/// made by `openssl` in `dir` (`key.pem`, `cert.pem`).
+pub struct TokenSigner {
+    key: jsonwebtoken::EncodingKey,
+    /// The certificate, DER, base64.
+    x5c: String,
+}
+
+impl TokenSigner {
+    fn new(dir: &Path) -> Self {
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&["genrsa", "-traditional", "-out", "key.pem", "2048"]);
+        run(&[
+            "req",
+            "-new",
+            "-x509",
+            "-key",
+            "key.pem",
+            "-out",
+            "cert.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=airlock-test-token",
+        ]);
+        run(&["x509", "-in", "cert.pem", "-outform", "DER", "-out", "cert.der"]);
+        let key =
+            jsonwebtoken::EncodingKey::from_rsa_pem(&std::fs::read(dir.join("key.pem")).unwrap()).unwrap();
+        let x5c =
+            base64::engine::general_purpose::STANDARD.encode(std::fs::read(dir.join("cert.der")).unwrap());
+        Self { key, x5c }
+    }
+
+    /// A token for `sub` granting `actions` on `repo` (none when `actions` is empty).
+    pub fn token(&self, sub: &str, repo: &str, actions: &[&str]) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let access = if actions.is_empty() {
+            serde_json::json!([])
+        } else {
+            serde_json::json!([{"type": "repository", "name": repo, "actions": actions}])
+        };
+        let claims = serde_json::json!({
+            "iss": ISSUER, "sub": sub, "aud": SERVICE,
+            "exp": now + 300, "nbf": now - 10, "iat": now,
+            "jti": format!("{now}-{sub}-{repo}"),
+            "access": access,
+        });
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+        header.x5c = Some(vec![self.x5c.clone()]);
+        jsonwebtoken::encode(&header, &claims, &self.key).unwrap()
+    }
+}
+
+/// The token endpoint (`GET /token?scope=repository:<name>:pull&service=…`): with the
+/// right basic credentials, a token granting what the scope asks; with none, a token
+/// granting nothing (as Docker Hub does for private repositories); with wrong ones, 401.
+pub struct TokenServer {
+    pub host: String,
+    /// Tokens issued.
+    pub issued: Arc<AtomicUsize>,
+}
+
+impl TokenServer {
+    fn start(signer: Arc<TokenSigner>, user: &str, password: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let host = listener.local_addr().unwrap().to_string();
+        let issued = Arc::new(AtomicUsize::new(0));
+        let expected = basic_header(user, password);
+        let (count, user) = (issued.clone(), user.to_owned());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                let target = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                let mut auth = None;
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':')
+                        && k.eq_ignore_ascii_case("authorization")
+                    {
+                        auth = Some(v.trim().to_owned());
+                    }
+                }
+                let scope = target
+                    .split(['?', '&'])
+                    .find_map(|kv| kv.strip_prefix("scope="))
+                    .map(|s| s.replace("%3A", ":").replace("%2F", "/"))
+                    .unwrap_or_default();
+                let repo = scope.split(':').nth(1).unwrap_or("").to_owned();
+                let (status, body) = match auth {
+                    Some(a) if a == expected => {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        (
+                            200,
+                            format!(r#"{{"token":"{}"}}"#, signer.token(&user, &repo, &["pull"])),
+                        )
+                    }
+                    None => (
+                        200,
+                        format!(r#"{{"token":"{}"}}"#, signer.token("anonymous", &repo, &[])),
+                    ),
+                    Some(_) => (401, r#"{"details":"incorrect username or password"}"#.to_owned()),
+                };
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Self { host, issued }
     }
 }
