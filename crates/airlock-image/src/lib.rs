@@ -27,6 +27,9 @@
 //!   a stream as soon as it passes it, and nothing half-stored remains. [`Store::prune`]
 //!   removes what the caller does not name as kept, and work in progress that a crashed
 //!   process left behind.
+//! - [`pull`]: an image (linux/amd64) fetched from an OCI registry with `oci-client` into
+//!   the store: manifest, config and layers as verified blobs, layers unpacked; see
+//!   [`PullOptions`] for insecure registries, credentials and timeouts.
 //!
 //! Not restored from archives: timestamps, extended attributes (so no file capabilities),
 //! the archive's uids and gids. Flattened trees are written outside the store and are not

@@ -477,7 +477,14 @@ impl Puller<'_> {
             .and_then(|inner| inner.downcast::<Failure>().ok());
         match failure.map(|b| *b) {
             Some(Failure::Deadline) => self.deadline_error(),
-            Some(Failure::Request(e)) => self.classify(e),
+            Some(Failure::Request(e)) => match self.classify(e) {
+                // The manifest was found; what is missing is one of its blobs.
+                Error::ImageNotFound { .. } => self.registry_error(format!(
+                    "blob {} of image {} not found (the manifest names it, the registry does not have it)",
+                    job.digest, self.canonical
+                )),
+                other => other,
+            },
             Some(Failure::Body { source, got }) => {
                 if find::<reqwest::Error>(&source).is_some_and(|r| r.is_timeout()) {
                     self.stall_error()

@@ -701,3 +701,29 @@ fn bearer_token_auth_gets_a_token_with_docker_config_credentials() {
     assert_stored(&store, &image);
     assert!(tokens.issued.load(std::sync::atomic::Ordering::SeqCst) >= 1);
 }
+
+#[test]
+fn a_blob_the_registry_does_not_have_is_named() {
+    let image = two_layer_image();
+    let missing = image.layer_digests()[0].clone();
+    let reply = Reply {
+        status: 404,
+        ..Reply::ok(
+            "application/json",
+            br#"{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}"#.to_vec(),
+        )
+    };
+    let fake = lying_registry(&image, "holes", &missing, reply);
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let reference = format!("{}/holes:1", fake.host);
+    let err = pull(&store, &reference, &options(&fake.host)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "registry {}: blob {missing} of image {reference} not found (the manifest names it, the registry does not have it)",
+            fake.host
+        )
+    );
+    assert_nothing_of(&store, &image, &missing);
+}
