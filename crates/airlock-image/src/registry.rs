@@ -143,9 +143,17 @@ pub struct Pulled {
     pub blobs_fetched: usize,
 }
 
-/// Pulls `reference` (linux/amd64) into `store`, see the [module docs](self).
+/// Pulls `reference` (linux/amd64) into `store`.
 ///
-/// Blocks; do not call it on an async runtime's worker thread.
+/// Fetches the manifest (an index or manifest list resolves to its linux/amd64 entry),
+/// checks every layer's media type before fetching anything, stores the config and the
+/// layers as blobs verified by sha256 (those already stored are not fetched; a few are
+/// fetched at once, each streamed to disk), unpacks each layer, and stores the manifest
+/// last. A failed pull leaves no partial blob and no manifest; the error names the image
+/// and the registry.
+///
+/// Blocks, on a small tokio runtime of its own: from async code, call it in
+/// `spawn_blocking`, never on a runtime's worker thread.
 pub fn pull(store: &Store, reference: &str, options: &PullOptions) -> Result<Pulled, Error> {
     let image = reference::parse(reference)?;
     let canonical = canonical_reference(reference)?;
