@@ -727,3 +727,35 @@ fn a_blob_the_registry_does_not_have_is_named() {
     );
     assert_nothing_of(&store, &image, &missing);
 }
+
+#[test]
+fn a_download_that_stalls_midway_times_out() {
+    let image = two_layer_image();
+    let slow = image.layer_digests()[1].clone();
+    let full = image.layers[1].0.clone();
+    let reply = Reply {
+        declared_len: Some(full.len()),
+        stall: Some(Duration::from_secs(30)),
+        ..Reply::ok("application/octet-stream", full[..full.len() / 2].to_vec())
+    };
+    let fake = lying_registry(&image, "stall", &slow, reply);
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let mut opts = options(&fake.host);
+    opts.stall_timeout = Duration::from_secs(1);
+    let started = Instant::now();
+    let err = pull(&store, &format!("{}/stall:1", fake.host), &opts).unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "registry {} timed out after 1 s (no answer within the per-request stall timeout)",
+            fake.host
+        )
+    );
+    assert_nothing_of(&store, &image, &slow);
+}

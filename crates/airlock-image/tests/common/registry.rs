@@ -319,6 +319,8 @@ pub struct Reply {
     pub declared_len: Option<usize>,
     /// Extra headers.
     pub headers: Vec<(String, String)>,
+    /// Hold the connection open this long after the body, without closing it.
+    pub stall: Option<Duration>,
 }
 
 impl Reply {
@@ -329,6 +331,7 @@ impl Reply {
             body,
             declared_len: None,
             headers: Vec::new(),
+            stall: None,
         }
     }
 }
@@ -402,6 +405,9 @@ fn serve_one(mut conn: TcpStream, routes: &HashMap<String, Reply>, hits: &Mutex<
     let _ = conn.write_all(head.as_bytes());
     let _ = conn.write_all(&reply.body);
     let _ = conn.flush();
+    if let Some(stall) = reply.stall {
+        std::thread::sleep(stall);
+    }
     let _ = conn.shutdown(std::net::Shutdown::Both);
 }
 
