@@ -81,6 +81,25 @@ fn member_name(raw: &str) -> Option<String> {
     (!out.is_empty()).then(|| out.join("/"))
 }
 
+/// The member a symlink in directory `parent` pointing at `target` names: `..` steps up
+/// within the archive; an absolute target or one that leaves the archive names nothing.
+fn link_target(parent: &str, target: &str) -> Option<String> {
+    if target.starts_with('/') {
+        return None;
+    }
+    let mut out: Vec<&str> = parent.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    for c in target.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                out.pop()?;
+            }
+            c => out.push(c),
+        }
+    }
+    (!out.is_empty()).then(|| out.join("/"))
+}
+
 /// Where an image's files come from.
 trait Source {
     /// The member's size, `None` when it is not there.
@@ -183,12 +202,7 @@ impl TarSource {
                         .map(|t| String::from_utf8_lossy(&t).into_owned())
                         .unwrap_or_default();
                     let parent = name.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
-                    let joined = if target.starts_with('/') {
-                        None
-                    } else {
-                        member_name(&format!("{parent}/{target}"))
-                    };
-                    members.insert(name, Member::Link(joined));
+                    members.insert(name.clone(), Member::Link(link_target(parent, &target)));
                 }
                 _ => {}
             }
@@ -680,5 +694,8 @@ mod tests {
         assert_eq!(member_name("a/../../b"), None);
         assert_eq!(member_name("../x"), None);
         assert_eq!(member_name("./"), None);
+        assert_eq!(link_target("x", "../y/layer.tar").as_deref(), Some("y/layer.tar"));
+        assert_eq!(link_target("x", "../../y"), None);
+        assert_eq!(link_target("x", "/etc/passwd"), None);
     }
 }
