@@ -4,7 +4,8 @@
 //! `<root>/roots/sha256/<hex>/` is built once ([`Store::image_root`]): under that digest's lock,
 //! so concurrent callers build it once, in `tmp/root-<hex>-*` and renamed into place when
 //! complete. It is read-only by convention: nothing may write in it, as its files are
-//! shared with the unpacked layers (below). What preparing adds to the plain
+//! shared with the unpacked layers (below) — a sandbox mounts it read-only, and a write
+//! through any other path would change the layer, and every root sharing it, too. What preparing adds to the plain
 //! [`Store::flatten`]:
 //!
 //! - Mount points: the directories [`ROOT_MOUNT_DIRS`] and the empty files
@@ -23,10 +24,13 @@
 //!
 //! Disk use: a root costs its directories and inodes plus the bytes it copied; that copied
 //! size is recorded in `roots/sha256/<hex>.size` and counted in [`Store::usage`] (linked
-//! bytes are already counted once, in their layer). Measured on this project's build host
-//! (ext4), a layer made from `/usr/lib/python3.11` (54 MB, ~5,000 files) unpacked and
-//! prepared as a root: see the `root_of_a_real_tree` test (`--ignored`), which printed
-//! FIGURE_PLACEHOLDER.
+//! bytes are already counted once, in their layer).
+//!
+//! Measured on the build host (ext4, debug build, `root_of_a_real_tree`, an `--ignored`
+//! test): a layer made from `/usr/lib/python3.11` (53 MB tar, 1,403 files), stored and
+//! unpacked, then prepared as a root: 60–120 ms and 436 KiB more on disk (its
+//! directories; no file copied), where the copying [`Store::flatten`] of the same layer
+//! took 0.3–0.9 s and 53 MiB.
 //!
 //! Roots are removed with their image ([`Store::remove_image`], [`Store::prune_images`]).
 

@@ -74,7 +74,8 @@ pub struct PruneReport {
 /// <root>/roots/sha256/<hex>.size  bytes that root copied rather than linked
 /// <root>/images.json          the image records (catalog.rs)
 /// <root>/tmp/                 work in progress, renamed into place when complete
-///                             (`blob-<hex>-*`, `layer-<hex>-*`: covered by that lock)
+///                             (`blob-<hex>-*`, `layer-<hex>-*`, `root-<hex>-*`: covered
+///                             by that digest's lock)
 /// ```
 ///
 /// A layer is keyed by the digest of its blob as stored (compressed), not by its

@@ -118,6 +118,7 @@ pub struct Oci {
 }
 
 pub const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+pub const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
 pub const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 
@@ -128,13 +129,18 @@ impl Oci {
         d
     }
 
-    /// Adds an image's config, layers (gzip) and manifest; returns the manifest bytes.
+    /// Adds an image's config, layers (gzip or plain tar) and manifest; returns the manifest bytes.
     pub fn image(&mut self, config: &[u8], layers: &[Vec<u8>]) -> Vec<u8> {
         self.blob(config);
         let mut descs = Vec::new();
         for l in layers {
             self.blob(l);
-            descs.push(desc(LAYER_GZIP, l));
+            let media_type = if l.starts_with(&[0x1f, 0x8b]) {
+                LAYER_GZIP
+            } else {
+                LAYER_TAR
+            };
+            descs.push(desc(media_type, l));
         }
         let m = serde_json::to_vec(&json!({
             "schemaVersion": 2,
