@@ -46,6 +46,10 @@ use crate::{BlobStatus, Digest, Error, LayerStatus, Store};
 /// hostile `manifest.json` or `index.json` can ask for.
 const MAX_IMAGES: usize = 1024;
 
+/// Most members a tar archive may have: a bound on the memory its member table takes.
+/// A `docker save` archive has a few per layer, an OCI layout one per blob.
+const MAX_ARCHIVE_MEMBERS: usize = 100_000;
+
 /// How deep indexes may nest (an index pointing to an index…).
 const MAX_INDEX_DEPTH: usize = 4;
 
@@ -115,18 +119,25 @@ struct DirSource {
 }
 
 impl DirSource {
+    /// Opens a regular file beneath the layout, through no symlink. `O_NONBLOCK` so that a
+    /// FIFO planted in the layout cannot stall the open; anything but a regular file is
+    /// refused.
     fn open_file(&self, member: &str) -> io::Result<Option<File>> {
-        match rfs::openat2(
+        let f = match rfs::openat2(
             &self.dir,
             member,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
             Mode::empty(),
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
         ) {
-            Ok(fd) => Ok(Some(File::from(fd))),
-            Err(rustix::io::Errno::NOENT) => Ok(None),
-            Err(e) => Err(e.into()),
+            Ok(fd) => File::from(fd),
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if !f.metadata()?.is_file() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
         }
+        Ok(Some(f))
     }
 }
 
@@ -134,13 +145,7 @@ impl Source for DirSource {
     fn size(&self, member: &str) -> io::Result<Option<u64>> {
         match self.open_file(member)? {
             None => Ok(None),
-            Some(f) => {
-                let md = f.metadata()?;
-                if !md.is_file() {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
-                }
-                Ok(Some(md.len()))
-            }
+            Some(f) => Ok(Some(f.metadata()?.len())),
         }
     }
 
@@ -180,8 +185,11 @@ impl TarSource {
         let entries = ar
             .entries()
             .map_err(|e| bad(format!("not a readable tar archive: {e}")))?;
-        for entry in entries {
+        for (i, entry) in entries.enumerate() {
             let entry = entry.map_err(|e| bad(format!("truncated or corrupt tar archive: {e}")))?;
+            if i >= MAX_ARCHIVE_MEMBERS {
+                return Err(bad(format!("more than {MAX_ARCHIVE_MEMBERS} members")));
+            }
             let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
             // Members with unsafe names are never looked up; skip them.
             let Some(name) = member_name(&raw) else { continue };
@@ -305,20 +313,35 @@ impl Store {
                 done: false,
             },
         };
-        let has = |m: &str| source.size(m).map(|s| s.is_some()).unwrap_or(false);
-        let planned = if has("manifest.json") {
+        let has = |m: &str| {
+            source
+                .size(m)
+                .map(|s| s.is_some())
+                .map_err(import.io("cannot read", m))
+        };
+        let (docker, oci) = (has("manifest.json")?, has("index.json")?);
+        let planned = if docker {
             import.docker(name)?
-        } else if has("index.json") {
+        } else if oci {
             import.oci(name)?
         } else {
             return Err(import.bad(
                 "neither a docker save archive (manifest.json) nor an OCI image layout (index.json)".into(),
             ));
         };
-        let mut images = Vec::new();
+        let mut images: Vec<Image> = Vec::new();
         for p in &planned {
             for n in &p.names {
-                images.push(self.tag(n, &p.manifest)?);
+                match self.tag(n, &p.manifest) {
+                    Ok(image) => images.push(image),
+                    Err(e) => {
+                        // Records made so far would name blobs about to be removed.
+                        for done in &images {
+                            let _ = self.untag(&done.name);
+                        }
+                        return Err(e);
+                    }
+                }
             }
         }
         import.added.done = true;
@@ -342,17 +365,12 @@ impl Importer<'_> {
         }
     }
 
-    fn io(&self, what: &str, member: &str) -> impl FnOnce(io::Error) -> Error {
-        let err = Error::Import {
-            path: self.path.to_path_buf(),
-            reason: format!("{what} {member:?}"),
-        };
-        move |source| match err {
-            Error::Import { path, reason } => Error::Import {
-                path,
-                reason: format!("{reason}: {source}"),
-            },
-            other => other,
+    fn io(&self, what: &'static str, member: &str) -> impl FnOnce(io::Error) -> Error {
+        let path = self.path.to_path_buf();
+        let member = member.to_owned();
+        move |e| Error::Import {
+            path,
+            reason: format!("{what} {member:?}: {e}"),
         }
     }
 

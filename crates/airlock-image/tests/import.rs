@@ -371,3 +371,36 @@ fn an_archive_of_neither_kind_is_refused() {
     let err = refused(&b.into_inner().unwrap(), None, StoreOptions::default());
     assert!(err.to_string().contains("neither a docker save archive"), "{err}");
 }
+
+#[test]
+fn a_layout_whose_files_are_symlinks_or_fifos_is_refused_without_following_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut oci = Oci::default();
+    let layer = base_layer().gzip();
+    let m = oci.image(&config(&[], &["x"], 1), std::slice::from_ref(&layer));
+    oci.entry(MANIFEST, &m, Some("t:1"));
+    let s = store(&dir.path().join("store"));
+    let empty = snapshot(s.root());
+
+    // index.json a symlink (to a copy of itself outside the layout): not followed.
+    let layout = dir.path().join("symlinked");
+    oci.write_dir(&layout);
+    let outside = dir.path().join("index-outside.json");
+    fs::rename(layout.join("index.json"), &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, layout.join("index.json")).unwrap();
+    let err = s.import(&layout, None).unwrap_err();
+    assert!(err.to_string().contains("cannot read \"index.json\""), "{err}");
+
+    // A layer blob that is a FIFO: refused at once, not waited on.
+    let layout = dir.path().join("fifo");
+    oci.write_dir(&layout);
+    let blob = layout
+        .join("blobs/sha256")
+        .join(airlock_image::Digest::of(&layer).hex());
+    fs::remove_file(&blob).unwrap();
+    let status = Command::new("mkfifo").arg(&blob).status().unwrap();
+    assert!(status.success());
+    let err = s.import(&layout, None).unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    assert_eq!(snapshot(s.root()), empty);
+}
