@@ -157,7 +157,7 @@ fn an_index_of_two_platforms_imports_this_hosts() {
 }
 
 #[test]
-fn umoci_layout_of_real_files_is_imported() {
+fn umoci_layout_and_skopeo_docker_archive_of_real_files_are_imported() {
     let (Ok(_), Ok(_)) = (
         Command::new("umoci").arg("--version").output(),
         Command::new("busybox").arg("true").output(),
@@ -212,6 +212,31 @@ fn umoci_layout_of_real_files_is_imported() {
     assert_eq!(copied, fs::read(&busybox).unwrap());
     assert_eq!(fs::read_link(root.join("bin/sh")).unwrap(), Path::new("busybox"));
     assert!(root.join("etc/passwd").is_file());
+
+    // The same image as a real `docker save`-format archive, written by skopeo.
+    if Command::new("skopeo").arg("--version").output().is_err() {
+        println!("skipped the docker-archive half: skopeo is not installed");
+        return;
+    }
+    let archive = dir.path().join("bb.tar");
+    let out = Command::new("skopeo")
+        .args(["copy", &format!("oci:{lp}:bb")])
+        .arg(format!("docker-archive:{}:local/bb:1", archive.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "skopeo: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let images = s.import(&archive, None).unwrap();
+    assert_eq!(images[0].name, "docker.io/local/bb:1");
+    assert_eq!(images[0].config.cmd, ["/bin/sh"]);
+    let root = s.image_root(&images[0]).unwrap();
+    assert_eq!(
+        fs::read(root.join("bin/busybox")).unwrap(),
+        fs::read(&busybox).unwrap()
+    );
 }
 
 fn which(tool: &str) -> std::path::PathBuf {
