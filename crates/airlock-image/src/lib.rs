@@ -61,6 +61,21 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Importing an image and preparing its root for a sandbox:
+//!
+//! ```no_run
+//! use airlock_image::{Store, StoreOptions};
+//!
+//! # fn main() -> Result<(), airlock_image::Error> {
+//! let store = Store::open("/var/lib/airlock/images", StoreOptions::default())?;
+//! store.import("busybox.tar".as_ref(), Some("docker.io/library/busybox:latest"))?;
+//! let image = store.image("docker.io/library/busybox:latest")?;
+//! let root = store.image_root(&image)?; // <store>/roots/sha256/<hex>/, built once
+//! println!("{} runs {:?} in {}", image.name, image.config.default_command(), root.display());
+//! # Ok(())
+//! # }
+//! ```
 
 #![deny(missing_docs)]
 
