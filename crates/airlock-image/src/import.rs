@@ -185,11 +185,18 @@ impl TarSource {
         let entries = ar
             .entries()
             .map_err(|e| bad(format!("not a readable tar archive: {e}")))?;
+        // Where the last member's data (padded to a block) ends: the end-of-archive
+        // marker must follow. The tar reader takes a missing one for the end, so an archive
+        // cut between members would otherwise look whole.
+        let mut end = 0u64;
         for (i, entry) in entries.enumerate() {
             let entry = entry.map_err(|e| bad(format!("truncated or corrupt tar archive: {e}")))?;
             if i >= MAX_ARCHIVE_MEMBERS {
                 return Err(bad(format!("more than {MAX_ARCHIVE_MEMBERS} members")));
             }
+            end = entry
+                .raw_file_position()
+                .saturating_add(entry.size().div_ceil(512).saturating_mul(512));
             let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
             // Members with unsafe names are never looked up; skip them.
             let Some(name) = member_name(&raw) else { continue };
@@ -214,6 +221,17 @@ impl TarSource {
                 }
                 _ => {}
             }
+        }
+        drop(ar);
+        let mut f = File::open(path).map_err(crate::error::io_err("open archive", path))?;
+        let mut marker = [0u8; 512];
+        let whole = f.seek(SeekFrom::Start(end)).is_ok()
+            && f.read_exact(&mut marker).is_ok()
+            && marker.iter().all(|b| *b == 0);
+        if !whole {
+            return Err(bad(
+                "truncated tar archive: no end-of-archive marker after the last member".into(),
+            ));
         }
         Ok(Self {
             path: path.to_path_buf(),

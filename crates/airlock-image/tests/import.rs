@@ -429,3 +429,17 @@ fn a_layout_whose_files_are_symlinks_or_fifos_is_refused_without_following_them(
     assert!(err.to_string().contains("not a regular file"), "{err}");
     assert_eq!(snapshot(s.root()), empty);
 }
+
+#[test]
+fn an_archive_cut_at_a_member_boundary_is_refused() {
+    let mut b = tar::Builder::new(Vec::new());
+    member(&mut b, "c.json", &config(&[], &["x"], 1));
+    member(&mut b, "l/layer.tar", &base_layer().tar());
+    let manifest = br#"[{"Config":"c.json","RepoTags":["t:1"],"Layers":["l/layer.tar"]}]"#;
+    member(&mut b, "manifest.json", manifest);
+    let full = b.into_inner().unwrap();
+    // Cut just before the end-of-archive blocks: every member is whole.
+    let cut = full.len() - 1024;
+    let err = refused(&full[..cut], None, StoreOptions::default());
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
