@@ -58,6 +58,9 @@ impl Image {
     }
 }
 
+/// The records file's format version (written; a newer one is refused, not overwritten).
+const RECORDS_VERSION: u32 = 1;
+
 /// The records file.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Records {
@@ -164,10 +167,20 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Records::default()),
             Err(e) => return Err(io_err("read image records", &p)(e)),
         };
-        serde_json::from_slice(&bytes).map_err(|e| Error::InvalidDocument {
+        let records: Records = serde_json::from_slice(&bytes).map_err(|e| Error::InvalidDocument {
             what: p.display().to_string(),
             reason: e.to_string(),
-        })
+        })?;
+        if records.version > RECORDS_VERSION {
+            return Err(Error::InvalidDocument {
+                what: p.display().to_string(),
+                reason: format!(
+                    "version {} is newer than this airlock's {RECORDS_VERSION}",
+                    records.version
+                ),
+            });
+        }
+        Ok(records)
     }
 
     /// With the store lock held: replaces the records file.
@@ -261,7 +274,7 @@ impl Store {
         let _lock = self.store_lock()?;
         let image = self.load_image(name, manifest_digest, true)?;
         let mut records = self.read_records()?;
-        records.version = 1;
+        records.version = RECORDS_VERSION;
         records
             .images
             .insert(name.to_owned(), manifest_digest.to_string());
@@ -377,8 +390,9 @@ impl Store {
         Ok(report)
     }
 
-    /// Removes the record `name`, then the blobs, layers and root of its image that no
-    /// other record needs. Returns the bytes freed.
+    /// Removes the record `name` (or the one record [`Store::image`] finds for a digest or
+    /// prefix; other names of the same manifest stay), then the blobs, layers and root of
+    /// its image that no remaining record needs. Returns the bytes freed.
     pub fn remove_image(&self, name: &str) -> Result<u64, Error> {
         let image = self.image(name)?;
         let name = image.name.clone();
