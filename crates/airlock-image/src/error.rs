@@ -95,7 +95,7 @@ pub enum Error {
     },
     /// The registry answered 404 for the image's repository, tag or digest.
     #[error("image {image} not found in registry {registry}")]
-    ImageNotFound {
+    NotInRegistry {
         /// The canonical reference.
         image: String,
         /// The registry host.
@@ -181,6 +181,49 @@ pub enum Error {
         /// The config file.
         path: PathBuf,
         /// Why it could not be used.
+        reason: String,
+    },
+    /// A manifest, index or config that cannot be used.
+    #[error("invalid {what}: {reason}")]
+    InvalidDocument {
+        /// Which document (e.g. `manifest sha256:…`, `index.json`).
+        what: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No image record matches the name or digest.
+    #[error("image {0:?} is not in the store: pull or import it first")]
+    ImageNotFound(String),
+    /// A digest prefix that more than one image record matches.
+    #[error("image {prefix:?} is ambiguous: {matches} images match; give more of the digest")]
+    AmbiguousImage {
+        /// The prefix given.
+        prefix: String,
+        /// How many records matched.
+        matches: usize,
+    },
+    /// A string that cannot name an image.
+    #[error("invalid image name {name:?}: {reason}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// An image cannot be recorded or used because a part of it is not in the store.
+    #[error("image {manifest}: {missing}: pull or import it again")]
+    ImageIncomplete {
+        /// The image's manifest digest.
+        manifest: Digest,
+        /// What is missing (e.g. `layer 2 of 3 sha256:… is not unpacked`).
+        missing: String,
+    },
+    /// An image archive or OCI layout that cannot be imported.
+    #[error("import {path}: {reason}")]
+    Import {
+        /// The archive or directory.
+        path: PathBuf,
+        /// What is wrong with it.
         reason: String,
     },
     /// A filesystem operation failed.

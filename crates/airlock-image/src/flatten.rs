@@ -28,10 +28,29 @@ const OPAQUE: &CStr = c".wh..wh..opq";
 /// Where a hard-linked inode of the current layer was first written in the result.
 type Links = HashMap<(u64, u64), Vec<CString>>;
 
-/// Applies the layer tree at `src` onto the tree at `dst`.
-pub(crate) fn apply_layer(src: &OwnedFd, dst: &OwnedFd) -> io::Result<()> {
+/// How regular files reach the result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ApplyMode {
+    /// Copied, modes as in the layer ([`crate::Store::flatten`]).
+    Copy,
+    /// Modes made readable by others ([`readable`]); a file whose mode that leaves as it is
+    /// is hard-linked to the layer's inode (nothing is changed on that inode), any other is
+    /// copied and given the new mode, so a layer's files never change.
+    LinkReadable,
+}
+
+/// A mode with "others" given the owner's read and execute bits (never write): files of
+/// an image are owned by the store's owner, and the sandbox user is not that owner.
+pub(crate) fn readable(mode: u32) -> u32 {
+    mode | ((mode >> 6) & 0o5)
+}
+
+/// Applies the layer tree at `src` onto the tree at `dst`; returns the bytes copied.
+pub(crate) fn apply_layer(src: &OwnedFd, dst: &OwnedFd, mode: ApplyMode) -> io::Result<u64> {
     let mut links = Links::new();
-    apply_dir(src, dst, &mut Vec::new(), dst, &mut links)
+    let mut copied = 0;
+    apply_dir(src, dst, &mut Vec::new(), dst, &mut links, mode, &mut copied)?;
+    Ok(copied)
 }
 
 fn apply_dir(
@@ -40,6 +59,8 @@ fn apply_dir(
     rel: &mut Vec<CString>,
     dst_root: &OwnedFd,
     links: &mut Links,
+    apply: ApplyMode,
+    copied: &mut u64,
 ) -> io::Result<()> {
     let names = list(src)?;
     if names.iter().any(|n| n.as_c_str() == OPAQUE) {
@@ -66,7 +87,11 @@ fn apply_dir(
             uid: st.st_uid,
             gid: st.st_gid,
         };
-        let mode = Mode::from_raw_mode(st.st_mode & 0o777);
+        let raw_mode = st.st_mode & 0o777;
+        let mode = match apply {
+            ApplyMode::Copy => Mode::from_raw_mode(raw_mode),
+            ApplyMode::LinkReadable => Mode::from_raw_mode(readable(raw_mode)),
+        };
         let os = OsStr::from_bytes(name.to_bytes());
         match (ftype, existing.as_ref().map(crate::fsutil::is_dir)) {
             (FileType::Directory, Some(true)) => {}
@@ -81,12 +106,21 @@ fn apply_dir(
                 let s = open_dir(src, os)?;
                 let d = open_dir(dst, os)?;
                 rel.push(name.clone());
-                apply_dir(&s, &d, rel, dst_root, links)?;
+                apply_dir(&s, &d, rel, dst_root, links, apply, copied)?;
                 rel.pop();
                 owner.apply(&d)?;
                 rfs::fchmod(&d, mode)?;
             }
             FileType::RegularFile => {
+                // The layer's inode is shared only when its mode is already the result's:
+                // linking never changes a layer file. A failed link (too many links, another
+                // filesystem) falls back to a copy.
+                if apply == ApplyMode::LinkReadable
+                    && readable(raw_mode) == raw_mode
+                    && rfs::linkat(src, name, dst, name, AtFlags::empty()).is_ok()
+                {
+                    continue;
+                }
                 let key = (st.st_dev, st.st_ino);
                 if st.st_nlink > 1
                     && let Some(first) = links.get(&key)
@@ -107,7 +141,7 @@ fn apply_dir(
                     Mode::from_raw_mode(0o600),
                 )?;
                 let mut to = File::from(to);
-                io::copy(&mut File::from(from), &mut to)?;
+                *copied += io::copy(&mut File::from(from), &mut to)?;
                 owner.apply(&to)?;
                 rfs::fchmod(&to, mode)?;
                 if st.st_nlink > 1 {

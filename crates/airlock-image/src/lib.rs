@@ -30,10 +30,23 @@
 //! - [`pull`]: an image (linux/amd64) fetched from an OCI registry with `oci-client` into
 //!   the store: manifest, config and layers as verified blobs, layers unpacked; see
 //!   [`PullOptions`] for insecure registries, credentials and timeouts.
+//! - [`manifest`]: the JSON documents of an image (OCI index and Docker manifest list,
+//!   OCI and Docker schema 2 manifests, image config), bounded in size, and the config
+//!   turned into [`airlock_spec::ImageConfig`].
+//! - Image records ([`Store::tag`], [`Store::images`], [`Store::image`], [`Store::untag`],
+//!   [`Store::remove_image`], [`Store::prune_images`]): names bound to manifest digests in
+//!   `<root>/images.json`, surviving restarts; an [`Image`] is read from its stored
+//!   manifest and config.
+//! - [`Store::import`]: `docker save` archives and OCI image layouts (a directory or a
+//!   tar), every blob verified, member paths checked, nothing left behind on failure.
+//! - [`Store::image_root`]: an image's prepared root, flattened once per manifest digest under
+//!   `<root>/roots/sha256/<hex>/`, with airlock's mount points ([`ROOT_MOUNT_DIRS`],
+//!   [`ROOT_MOUNT_FILES`]), modes readable by the sandbox user, files hard-linked to the
+//!   layers where that changes no layer file.
 //!
 //! Not restored from archives: timestamps, extended attributes (so no file capabilities),
-//! the archive's uids and gids. Flattened trees are written outside the store and are not
-//! counted in its budget.
+//! the archive's uids and gids. Trees from [`Store::flatten`] are written outside the
+//! store and are not counted in its budget; prepared roots are inside it and are.
 //!
 //! Unpacking needs to be able to `chown` to the configured owner (root, or the owner being
 //! the process's own uid).
@@ -50,23 +63,44 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Importing an image and preparing its root for a sandbox:
+//!
+//! ```no_run
+//! use airlock_image::{Store, StoreOptions};
+//!
+//! # fn main() -> Result<(), airlock_image::Error> {
+//! let store = Store::open("/var/lib/airlock/images", StoreOptions::default())?;
+//! store.import("busybox.tar".as_ref(), Some("docker.io/library/busybox:latest"))?;
+//! let image = store.image("docker.io/library/busybox:latest")?;
+//! let root = store.image_root(&image)?; // <store>/roots/sha256/<hex>/, built once
+//! println!("{} runs {:?} in {}", image.name, image.config.default_command(), root.display());
+//! # Ok(())
+//! # }
+//! ```
 
 #![deny(missing_docs)]
 
+mod catalog;
 mod digest;
 mod error;
 mod flatten;
 mod fsutil;
+mod import;
+pub mod manifest;
 mod owner;
 mod reference;
 mod registry;
+mod root;
 mod store;
 mod unpack;
 
+pub use catalog::{Image, MIN_DIGEST_PREFIX, resolve, validate_name};
 pub use digest::Digest;
 pub use error::Error;
 pub use owner::Owner;
 pub use reference::canonical_reference;
 pub use registry::{Credentials, PullOptions, Pulled, pull};
+pub use root::{ROOT_MOUNT_DIRS, ROOT_MOUNT_FILES, RootStatus};
 pub use store::{BlobStatus, DEFAULT_ROOT, LayerStatus, PruneReport, Store, StoreOptions};
 pub use unpack::{Compression, MAX_ENTRIES, UnpackReport};

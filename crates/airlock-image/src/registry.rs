@@ -487,7 +487,7 @@ impl Puller<'_> {
             Some(Failure::Deadline) => self.deadline_error(),
             Some(Failure::Request(e)) => match self.classify(e) {
                 // The manifest was found; what is missing is one of its blobs.
-                Error::ImageNotFound { .. } => self.registry_error(format!(
+                Error::NotInRegistry { .. } => self.registry_error(format!(
                     "blob {} of image {} not found (the manifest names it, the registry does not have it)",
                     job.digest, self.canonical
                 )),
@@ -609,7 +609,7 @@ impl Puller<'_> {
     }
 
     fn not_found(&self) -> Error {
-        Error::ImageNotFound {
+        Error::NotInRegistry {
             image: self.canonical.clone(),
             registry: self.registry.clone(),
         }

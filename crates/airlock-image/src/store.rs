@@ -11,7 +11,7 @@ use rustix::fs::{self as rfs, FlockOperation, Mode, OFlags};
 
 use crate::digest::Hasher;
 use crate::error::io_err;
-use crate::flatten::{apply_layer, parent_of};
+use crate::flatten::{ApplyMode, apply_layer, parent_of};
 use crate::unpack::{UnpackParams, UnpackReport, decoder, unpack};
 use crate::{Digest, Error, Owner};
 
@@ -70,8 +70,12 @@ pub struct PruneReport {
 /// <root>/blobs/sha256/<hex>   verified blobs, read-only
 /// <root>/layers/sha256/<hex>/ unpacked layers
 /// <root>/layers/sha256/<hex>.size  the layer's size, so `usage` need not walk it
+/// <root>/roots/sha256/<hex>/  an image's prepared root, per manifest digest (root.rs)
+/// <root>/roots/sha256/<hex>.size  bytes that root copied rather than linked
+/// <root>/images.json          the image records (catalog.rs)
 /// <root>/tmp/                 work in progress, renamed into place when complete
-///                             (`blob-<hex>-*`, `layer-<hex>-*`: covered by that lock)
+///                             (`blob-<hex>-*`, `layer-<hex>-*`, `root-<hex>-*`: covered
+///                             by that digest's lock)
 /// ```
 ///
 /// A layer is keyed by the digest of its blob as stored (compressed), not by its
@@ -86,7 +90,7 @@ pub struct Store {
 
 /// An exclusive `flock`, released when dropped (the file is closed).
 #[derive(Debug)]
-struct FileLock {
+pub(crate) struct FileLock {
     /// Held open for the lock's lifetime; closing it releases the lock.
     _file: File,
 }
@@ -95,7 +99,7 @@ impl Store {
     /// Opens (creating if needed) the store at `root`.
     pub fn open(root: impl Into<PathBuf>, options: StoreOptions) -> Result<Self, Error> {
         let root = root.into();
-        for dir in ["blobs/sha256", "layers/sha256", "tmp", "locks"] {
+        for dir in ["blobs/sha256", "layers/sha256", "roots/sha256", "tmp", "locks"] {
             let p = root.join(dir);
             fs::create_dir_all(&p).map_err(io_err("create store directory", &p))?;
         }
@@ -105,6 +109,11 @@ impl Store {
     /// The store's root directory.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Who owns the files the store writes.
+    pub(crate) fn owner(&self) -> Owner {
+        self.options.owner
     }
 
     /// Where the blob `digest` is (or would be) stored.
@@ -172,30 +181,34 @@ impl Store {
     }
 
     /// The store-wide lock: commits, removals and prunes hold it.
-    fn store_lock(&self) -> Result<FileLock, Error> {
+    pub(crate) fn store_lock(&self) -> Result<FileLock, Error> {
         self.lock(self.root.join("lock"))
     }
 
     /// One digest's lock, so that its blob or layer is made once.
-    fn digest_lock(&self, kind: &str, digest: &Digest) -> Result<FileLock, Error> {
+    pub(crate) fn digest_lock(&self, kind: &str, digest: &Digest) -> Result<FileLock, Error> {
         self.lock(self.root.join("locks").join(format!("{kind}-{}", digest.hex())))
     }
 
     /// Bytes the store holds: the sizes of blobs plus the sizes of the regular files of
-    /// unpacked layers (each inode once). Directories, symlinks and work in progress are
-    /// not counted.
+    /// unpacked layers (each inode once), plus what each prepared root copied rather than
+    /// hard-linked (see [`Store::image_root`](crate::Store::image_root)). Directories, symlinks and work
+    /// in progress are not counted.
     pub fn usage(&self) -> Result<u64, Error> {
         let _lock = self.store_lock()?;
         self.usage_unlocked()
     }
 
-    fn usage_unlocked(&self) -> Result<u64, Error> {
+    pub(crate) fn usage_unlocked(&self) -> Result<u64, Error> {
         let mut total = 0;
         for d in self.list_dir("blobs/sha256")? {
             total += self.blob_size(&d)?;
         }
         for d in self.list_dir("layers/sha256")? {
             total += self.layer_size(&d)?;
+        }
+        for d in self.list_dir("roots/sha256")? {
+            total += self.root_size(&d);
         }
         Ok(total)
     }
@@ -370,7 +383,7 @@ impl Store {
     }
 
     /// With the store lock held: refuses `size` more bytes if they exceed the budget.
-    fn check_budget(&self, size: u64) -> Result<(), Error> {
+    pub(crate) fn check_budget(&self, size: u64) -> Result<(), Error> {
         if let Some(budget) = self.options.max_bytes {
             let usage = self.usage_unlocked()?;
             if usage.saturating_add(size) > budget {
@@ -443,6 +456,12 @@ impl Store {
     /// Every layer must be unpacked. The tree is built in a temporary sibling of `dest`
     /// and renamed into place when complete.
     pub fn flatten(&self, layers: &[Digest], dest: &Path) -> Result<(), Error> {
+        self.flatten_with(layers, dest, ApplyMode::Copy).map(|_| ())
+    }
+
+    /// [`Store::flatten`], copying or linking files as `mode` says; returns the bytes of
+    /// regular files copied (not linked).
+    pub(crate) fn flatten_with(&self, layers: &[Digest], dest: &Path, mode: ApplyMode) -> Result<u64, Error> {
         if fs::symlink_metadata(dest).is_ok() {
             return Err(Error::DestinationExists(dest.to_path_buf()));
         }
@@ -452,12 +471,13 @@ impl Store {
             .tempdir_in(&parent)
             .map_err(io_err("create temporary tree", &parent))?;
         let dst = open_dir_fd(tmp.path())?;
+        let mut copied = 0;
         for layer in layers {
             if !self.has_layer(layer) {
                 return Err(Error::LayerMissing(layer.clone()));
             }
             let src = open_dir_fd(&self.layer_path(layer))?;
-            apply_layer(&src, &dst).map_err(io_err("apply layer onto", dest))?;
+            copied += apply_layer(&src, &dst, mode).map_err(io_err("apply layer onto", dest))?;
         }
         self.options
             .owner
@@ -470,7 +490,7 @@ impl Store {
         })?;
         fs::rename(tmp.path(), dest).map_err(io_err("rename tree to", dest))?;
         let _ = tmp.keep();
-        Ok(())
+        Ok(copied)
     }
 
     /// Removes the blob and the unpacked layer of `digest`, if present; returns the bytes
@@ -518,7 +538,7 @@ impl Store {
         for e in fs::read_dir(&tmp_dir).map_err(io_err("list", &tmp_dir))? {
             let e = e.map_err(io_err("list", &tmp_dir))?;
             let name = e.file_name().to_string_lossy().into_owned();
-            let owner = ["blob", "layer"].into_iter().find_map(|kind| {
+            let owner = ["blob", "layer", "root"].into_iter().find_map(|kind| {
                 let hex = name.strip_prefix(kind)?.strip_prefix('-')?.get(..64)?;
                 Some((kind, Digest::from_hex(hex).ok()?))
             });
@@ -564,6 +584,7 @@ impl Store {
             let in_use = match kind {
                 "blob" => self.has_blob(&d),
                 "layer" => self.has_layer(&d),
+                "root" => self.has_root(&d),
                 _ => continue,
             };
             if in_use {
@@ -610,7 +631,7 @@ impl Store {
     }
 }
 
-fn open_dir_fd(path: &Path) -> Result<OwnedFd, Error> {
+pub(crate) fn open_dir_fd(path: &Path) -> Result<OwnedFd, Error> {
     rfs::open(
         path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -624,7 +645,7 @@ fn open_dir_fd(path: &Path) -> Result<OwnedFd, Error> {
 }
 
 /// The sizes of the regular files below `path`, each inode once; symlinks not followed.
-fn tree_size(path: &Path) -> Result<u64, Error> {
+pub(crate) fn tree_size(path: &Path) -> Result<u64, Error> {
     fn walk(p: &Path, seen: &mut HashSet<(u64, u64)>, total: &mut u64) -> Result<(), Error> {
         for e in fs::read_dir(p).map_err(io_err("list", p))? {
             let e = e.map_err(io_err("list", p))?;

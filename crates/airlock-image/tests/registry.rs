@@ -289,7 +289,7 @@ fn unknown_tag_and_unknown_repository_are_not_found() {
     for name in ["present:v2", "absent/repo:v1"] {
         let reference = format!("{}/{name}", registry.host);
         let err = pull(&store, &reference, &options(&registry.host)).unwrap_err();
-        assert!(matches!(err, Error::ImageNotFound { .. }), "{err:?}");
+        assert!(matches!(err, Error::NotInRegistry { .. }), "{err:?}");
         assert_eq!(
             err.to_string(),
             format!("image {reference} not found in registry {}", registry.host)
