@@ -100,6 +100,7 @@ def exec_body(
     limits: Limits | Mapping[str, Any] | None = None,
     network: Network | Mapping[str, Any] | str | None = None,
     isolation: str | None = None,
+    image: str | None = None,
 ) -> dict[str, Any]:
     """The JSON of an exec request. Shape errors the server would name are left to it,
     except those Python makes easy to get wrong (a string where argv is wanted)."""
@@ -130,6 +131,8 @@ def exec_body(
         body["network"] = net.to_dict()
     if isolation is not None:
         body["isolation"] = isolation
+    if image is not None:
+        body["image"] = image
     return body
 
 
@@ -138,10 +141,13 @@ def create_body(
     limits: Limits | Mapping[str, Any] | None,
     network: Network | Mapping[str, Any] | str | None,
     isolation: str | None = None,
+    image: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if isolation is not None:
         body["isolation"] = isolation
+    if image is not None:
+        body["image"] = image
     if ttl_s is not None:
         body["ttl_s"] = int(ttl_s)
     lim = Limits.coerce(limits)

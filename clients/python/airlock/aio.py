@@ -248,13 +248,16 @@ class AsyncAirlock:
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
+        image: str | None = None,
     ) -> ExecResult:
         """Runs ``code`` (``python``, ``javascript`` or ``bash``) in a fresh sandbox;
         ``isolation="gvisor"`` runs it under gVisor's user-space kernel,
-        ``isolation="microvm"`` inside a micro-VM of its own."""
+        ``isolation="microvm"`` inside a micro-VM of its own. ``image="python:3.12-slim"``
+        runs it in that image from the service's image store (its ``PATH`` and other
+        ``Env`` come first; the request's ``env`` wins)."""
         body = _core.exec_body(
             language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
-            network=network, isolation=isolation,
+            network=network, isolation=isolation, image=image,
         )
         return await self._exec("/v1/exec", body, None)
 
@@ -268,11 +271,12 @@ class AsyncAirlock:
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
+        image: str | None = None,
     ) -> ExecResult:
         """Runs the argv ``cmd`` in a fresh sandbox."""
         body = _core.exec_body(
             cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, network=network,
-            isolation=isolation,
+            isolation=isolation, image=image,
         )
         return await self._exec("/v1/exec", body, None)
 
@@ -286,11 +290,12 @@ class AsyncAirlock:
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
+        image: str | None = None,
     ) -> ExecResult:
         """Runs ``bash -c command`` in a fresh sandbox."""
         return await self.exec(
             ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
-            network=network, isolation=isolation,
+            network=network, isolation=isolation, image=image,
         )
 
     def stream(
@@ -318,11 +323,12 @@ class AsyncAirlock:
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
+        image: str | None = None,
     ) -> _SandboxCreation:
         """Creates a session sandbox: ``async with al.sandbox() as sb:`` (deleted on
         exit) or ``sb = await al.sandbox()``. ``isolation="gvisor"`` or ``"microvm"`` gives the
         session a gVisor sandbox or a micro-VM of its own."""
-        return _SandboxCreation(self, ttl_s, limits, network, isolation)
+        return _SandboxCreation(self, ttl_s, limits, network, isolation, image)
 
     async def _create(
         self,
@@ -330,8 +336,9 @@ class AsyncAirlock:
         limits: Limits | Mapping[str, Any] | None,
         network: Network | Mapping[str, Any] | str | None,
         isolation: str | None,
+        image: str | None = None,
     ) -> AsyncSandbox:
-        body = _core.create_body(ttl_s, limits, network, isolation)
+        body = _core.create_body(ttl_s, limits, network, isolation, image)
         data = _core.parse_json(await self._send("POST", "/v1/sandboxes", json=body))
         lim = Limits.coerce(limits)
         return AsyncSandbox(self, data["id"], data.get("expires_at"), lim.timeout_ms if lim else None)
@@ -376,8 +383,9 @@ class _SandboxCreation:
         limits: Limits | Mapping[str, Any] | None,
         network: Network | Mapping[str, Any] | str | None,
         isolation: str | None,
+        image: str | None = None,
     ) -> None:
-        self._args = (client, ttl_s, limits, network, isolation)
+        self._args = (client, ttl_s, limits, network, isolation, image)
         self._sandbox: AsyncSandbox | None = None
 
     def __await__(self) -> Generator[Any, None, AsyncSandbox]:

@@ -254,13 +254,16 @@ class Airlock:
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
+        image: str | None = None,
     ) -> ExecResult:
         """Runs ``code`` (``python``, ``javascript`` or ``bash``) in a fresh sandbox;
         ``isolation="gvisor"`` runs it under gVisor's user-space kernel,
-        ``isolation="microvm"`` inside a micro-VM of its own."""
+        ``isolation="microvm"`` inside a micro-VM of its own. ``image="python:3.12-slim"``
+        runs it in that image from the service's image store (its ``PATH`` and other
+        ``Env`` come first; the request's ``env`` wins)."""
         body = _core.exec_body(
             language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
-            network=network, isolation=isolation,
+            network=network, isolation=isolation, image=image,
         )
         return self._exec("/v1/exec", body, None)
 
@@ -274,11 +277,12 @@ class Airlock:
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
+        image: str | None = None,
     ) -> ExecResult:
         """Runs the argv ``cmd`` in a fresh sandbox (``cmd[0]`` is looked up in PATH)."""
         body = _core.exec_body(
             cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, network=network,
-            isolation=isolation,
+            isolation=isolation, image=image,
         )
         return self._exec("/v1/exec", body, None)
 
@@ -292,11 +296,12 @@ class Airlock:
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
+        image: str | None = None,
     ) -> ExecResult:
         """Runs a shell command line (``bash -c command``) in a fresh sandbox."""
         return self.exec(
             ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
-            network=network, isolation=isolation,
+            network=network, isolation=isolation, image=image,
         )
 
     def stream(
@@ -329,13 +334,14 @@ class Airlock:
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
+        image: str | None = None,
     ) -> Sandbox:
         """Creates a session sandbox (files in /workspace and /tmp persist between its
         execs). Use it in a ``with`` block to delete it on exit, or call
         :meth:`Sandbox.delete`; otherwise it lives ``ttl_s`` seconds (server default 600).
         ``isolation="gvisor"`` gives the session a gVisor sandbox of its own,
         ``isolation="microvm"`` a micro-VM of its own."""
-        body = _core.create_body(ttl_s, limits, network, isolation)
+        body = _core.create_body(ttl_s, limits, network, isolation, image)
         resp = self._send("POST", "/v1/sandboxes", json=body)
         data = _core.parse_json(resp)
         lim = Limits.coerce(limits)

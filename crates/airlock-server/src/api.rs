@@ -99,6 +99,9 @@ pub struct ExecRequest {
     pub network: Option<NetworkPolicy>,
     /// `namespaces` (default) or `microvm`; in a session, the session's.
     pub isolation: Option<Isolation>,
+    /// An image from the service's image store to run in (`python:3.12-slim`,
+    /// `sha256:…`); default: the host's system directories. In a session, the session's.
+    pub image: Option<String>,
 }
 
 /// `POST /v1/sandboxes`.
@@ -117,6 +120,8 @@ pub struct CreateSandboxRequest {
     pub network: Option<NetworkPolicy>,
     /// `namespaces` (default) or `microvm`: every exec of the session runs in it.
     pub isolation: Option<Isolation>,
+    /// An image from the service's image store: every exec of the session runs in it.
+    pub image: Option<String>,
 }
 
 /// The result of an exec: the CLI's `ExecResult` plus the time spent queued.
@@ -433,6 +438,8 @@ impl ExecRequest {
                 ));
             }
             (None, Some(_), None) => return Err(ApiError::invalid("code", "language needs code")),
+            // The image's Entrypoint and Cmd give the command.
+            (None, None, None) if self.image.is_some() => Vec::new(),
             (None, None, None) => return Err(ApiError::invalid("cmd", "give cmd, or language and code")),
             (Some(_), _, _) => {
                 return Err(ApiError::invalid(
@@ -448,6 +455,7 @@ impl ExecRequest {
         spec.stdin = self.stdin.clone().unwrap_or_default().into_bytes();
         spec.network = self.network.clone().unwrap_or_default();
         spec.isolation = self.isolation.unwrap_or_default();
+        spec.image = self.image.clone();
         // No file may be a directory of another: `d/f` and `d` cannot both be written.
         let dirs: std::collections::HashSet<&str> = self
             .files

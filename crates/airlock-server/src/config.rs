@@ -40,6 +40,11 @@ pub struct ServerConfig {
     pub default_ttl: Duration,
     /// Longest session TTL (`--max-session-ttl`); a request asking for more gets a 400.
     pub max_ttl: Duration,
+    /// The image store requests' `image` is resolved against (`--image-store`); `None`:
+    /// requests with an image are refused.
+    pub image_store: Option<std::path::PathBuf>,
+    /// The store's disk budget (`--image-store-max`).
+    pub image_store_max: Option<u64>,
 }
 
 /// Host memory in bytes (`/proc/meminfo` MemTotal).
@@ -87,6 +92,8 @@ impl Default for ServerConfig {
             grace: Duration::from_secs(10),
             default_ttl: Duration::from_secs(600),
             max_ttl: Duration::from_secs(24 * 3600),
+            image_store: None,
+            image_store_max: None,
         }
     }
 }

@@ -33,6 +33,7 @@ mod auth;
 mod body;
 pub mod config;
 mod error;
+pub mod images;
 pub mod mcp;
 mod metrics;
 mod pool;
@@ -79,7 +80,19 @@ impl Service {
     /// [`ServerConfig::validate`]).
     pub fn start(tiers: Vec<Arc<dyn Backend>>, config: ServerConfig) -> std::io::Result<Service> {
         config.validate().map_err(std::io::Error::other)?;
-        let state = AppState::new(tiers, config);
+        let images = match &config.image_store {
+            Some(dir) => {
+                let options = airlock_image::StoreOptions {
+                    max_bytes: config.image_store_max,
+                    ..Default::default()
+                };
+                let store = airlock_image::Store::open(dir, options)
+                    .map_err(|e| std::io::Error::other(format!("--image-store {}: {e}", dir.display())))?;
+                Some(Arc::new(store))
+            }
+            None => None,
+        };
+        let state = AppState::new(tiers, images, config);
         let refills = state
             .tiers
             .iter()

@@ -40,6 +40,9 @@ pub struct Session {
     pub key: Option<String>,
     /// Limits every exec starts from.
     pub limits: Limits,
+    /// The image every exec runs in (fixed at creation), its config merged under each
+    /// exec's request.
+    pub image: Option<crate::images::Resolved>,
     /// The sandbox and what it has used; locked by one exec or file operation at a time.
     pub inner: tokio::sync::Mutex<SessionInner>,
     /// Readable once the session is deleted or expired: its running exec is cancelled.
@@ -56,6 +59,7 @@ impl Session {
         ttl: std::time::Duration,
         key: Option<String>,
         limits: Limits,
+        image: Option<crate::images::Resolved>,
         permit: Permit,
         slot: SessionSlot,
     ) -> std::io::Result<Session> {
@@ -69,6 +73,7 @@ impl Session {
             deadline: Instant::now() + ttl,
             key,
             limits,
+            image,
             inner: tokio::sync::Mutex::new(SessionInner {
                 sandbox: Some(sandbox),
                 execs: 0,
@@ -168,13 +173,20 @@ pub struct AppState {
     pub cancel_trigger: Mutex<Option<OwnedFd>>,
     /// True once shutdown began.
     pub stopping: watch::Sender<bool>,
+    /// The image store (`--image-store`), shared with other airlock processes on the
+    /// host through its locks.
+    pub images: Option<Arc<airlock_image::Store>>,
 }
 
 impl AppState {
     /// Builds the state around the tiers' `backends`; their spawner threads start here.
     /// Each tier's pool keeps the number of sandboxes the config asks of it, of the
     /// default limits.
-    pub fn new(backends: Vec<Arc<dyn Backend>>, config: ServerConfig) -> Arc<AppState> {
+    pub fn new(
+        backends: Vec<Arc<dyn Backend>>,
+        images: Option<Arc<airlock_image::Store>>,
+        config: ServerConfig,
+    ) -> Arc<AppState> {
         let shape = Shape {
             limits: config.defaults.clone(),
             rootfs: None,
@@ -198,6 +210,7 @@ impl AppState {
             cancel: Arc::new(cancel),
             cancel_trigger: Mutex::new(Some(trigger)),
             stopping: watch::Sender::new(false),
+            images,
             config,
         })
     }

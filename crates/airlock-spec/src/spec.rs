@@ -252,6 +252,9 @@ impl Spec {
         {
             return Err(SpecError::new("rootfs", "must be an absolute path"));
         }
+        if let Some(image) = &self.image {
+            validate_image(image)?;
+        }
         self.validate_isolation()?;
         let block: usize = self.command.iter().map(|a| a.len() + 1).sum::<usize>()
             + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
@@ -283,6 +286,11 @@ impl Spec {
 
     fn validate_command(&self) -> Result<(), SpecError> {
         let Some(first) = self.command.first() else {
+            // An image may give the command (its Entrypoint and Cmd), merged later by
+            // `apply_image_config`, which refuses an image that gives none.
+            if self.image.is_some() {
+                return Ok(());
+            }
             return Err(SpecError::new("command", "is empty: give the program to run"));
         };
         if first.is_empty() {
@@ -363,6 +371,30 @@ fn range_of(field: &str, value: u64, min: u64, max: u64, show: fn(u64) -> String
             ),
         ))
     }
+}
+
+/// The longest image reference accepted: a registry host, a repository path and a tag or
+/// digest fit well within it (the distribution spec caps a repository name at 255).
+const MAX_IMAGE_REFERENCE: usize = 512;
+
+/// The shape of an image reference; whether it names a stored image is the store's to say.
+fn validate_image(image: &str) -> Result<(), SpecError> {
+    if image.is_empty() {
+        return Err(SpecError::new("image", "is empty: name an image (python:3.12-slim) or omit it"));
+    }
+    if image.len() > MAX_IMAGE_REFERENCE {
+        return Err(SpecError::new(
+            "image",
+            format!("is {} bytes long; at most {MAX_IMAGE_REFERENCE} are allowed", image.len()),
+        ));
+    }
+    if let Some(c) = image.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(SpecError::new(
+            "image",
+            format!("{image:?} contains {c:?}; an image reference has no spaces or control characters"),
+        ));
+    }
+    Ok(())
 }
 
 fn validate_env(env: &[(String, String)]) -> Result<(), SpecError> {

@@ -1,5 +1,5 @@
 //! The `airlock` command: `run` a program in a fresh sandbox, `serve` the API, serve MCP
-//! on stdio with `mcp`, check the host with `doctor`. The same binary is the sandbox's init
+//! on stdio with `mcp`, check the host with `doctor`, manage images with `image`. The same binary is the sandbox's init
 //! (see `airlock_sandbox::maybe_run_init`).
 
 mod cmd;
@@ -26,6 +26,8 @@ enum Command {
     Mcp(cmd::mcp::McpArgs),
     /// Report what this host provides and what airlock will use.
     Doctor(cmd::doctor::DoctorArgs),
+    /// Manage the image store: pull, import, ls, rm, prune.
+    Image(cmd::image::ImageArgs),
 }
 
 /// Exit status for bad flags and hosts that cannot provide a required isolation.
@@ -70,6 +72,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Mcp(args) => cmd::mcp::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),
+        Command::Image(args) => cmd::image::run(args),
     };
     match result {
         Ok(code) => code,

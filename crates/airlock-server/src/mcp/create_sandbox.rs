@@ -45,6 +45,9 @@ pub(crate) struct CreateSandboxInput {
     pub network: Option<NetworkInput>,
     /// `namespaces` (default) or `microvm`: the sandbox inside a VM of its own.
     pub isolation: Option<super::IsolationInput>,
+    /// An image from the service's image store: every exec of the sandbox runs in it
+    /// (`python:3.12-slim`); default: the host's system directories.
+    pub image: Option<String>,
 }
 
 /// What `create_sandbox` answers.
@@ -99,6 +102,7 @@ impl AirlockMcp {
                 NetworkInput::Proxy { allow, allow_cidrs } => NetworkPolicy::Proxy { allow, allow_cidrs },
             }),
             isolation: input.isolation.map(Into::into),
+            image: input.image,
             ..CreateSandboxRequest::default()
         };
         match unless_cancelled(&ctx, create_session(&self.state, &key, &req)).await? {

@@ -33,6 +33,9 @@ pub(crate) struct RunCodeInput {
     pub timeout_s: Option<NonZeroU64>,
     /// `namespaces` (default) or `microvm`: the same sandbox inside a VM of its own.
     pub isolation: Option<IsolationInput>,
+    /// An image from the service's image store to run in (`python:3.12-slim`); default:
+    /// the host's system directories.
+    pub image: Option<String>,
 }
 
 #[tool_router(router = run_code_router, vis = "pub(super)")]
@@ -84,6 +87,7 @@ exceeds its memory limit returns isError with the reason.",
             // No network, whatever the server's default becomes.
             network: Some(airlock_spec::NetworkPolicy::None),
             isolation: input.isolation.map(Into::into),
+            image: input.image,
             ..ExecRequest::default()
         };
         let spec = match req.to_spec(&state.config, &state.config.defaults) {

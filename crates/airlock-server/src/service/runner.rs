@@ -179,8 +179,11 @@ async fn one_shot_task(
     stream: Option<mpsc::Sender<StreamEvent>>,
 ) -> Result<(ExecResponse, Purge), ApiError> {
     let tier = state.tiers.get(spec.isolation)?;
+    let (spec, image) = resolve_image(state, spec).await?;
+    let mut shape = Shape::of(&spec);
+    shape.image = image.map(|i| i.root);
     // The time spent waiting for the refiller's sandbox counts as setup, like a cold one.
-    let got = tier.for_one_shot(&Shape::of(&spec), &state.metrics).await?;
+    let got = tier.for_one_shot(&shape, &state.metrics).await?;
     let refill = got.pooled.then(|| refill_after(&tier.pool));
     let mut sandbox = got.sandbox;
     let cancel = Arc::clone(&state.cancel);
@@ -299,4 +302,22 @@ async fn in_session_task(
     };
     record(state, key, &resp);
     Ok(resp)
+}
+
+/// `spec` with its image's config merged in, and the image (resolved off the async
+/// threads: a first use flattens the image's root).
+pub(crate) async fn resolve_image(
+    state: &Arc<AppState>,
+    mut spec: Spec,
+) -> Result<(Spec, Option<crate::images::Resolved>), ApiError> {
+    if spec.image.is_none() {
+        return Ok((spec, None));
+    }
+    let store = state.images.clone();
+    tokio::task::spawn_blocking(move || {
+        let image = crate::images::resolve_spec(store.as_deref(), &mut spec)?;
+        Ok((spec, image))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("image task: {e}")))?
 }

@@ -46,6 +46,7 @@ pub(crate) async fn create_session(
     spec.limits = limits.clone();
     spec.network = req.network.clone().unwrap_or_default();
     spec.isolation = req.isolation.unwrap_or_default();
+    spec.image = req.image.clone();
     // Validated once here, not at each exec.
     spec.validate()
         .map_err(|e| ApiError::invalid(e.field, e.message))?;
@@ -57,9 +58,12 @@ pub(crate) async fn create_session(
     let memory = limits.memory_bytes + tier.backend.overhead_bytes();
     let (permit, _) = super::runner::admit(state, key, memory).await?;
     // A warm sandbox serves a session too: limits are applied at each exec.
-    let sandbox = tier.for_session(&Shape::of(&spec), &state.metrics).await?;
+    let (spec, image) = super::runner::resolve_image(state, spec).await?;
+    let mut shape = Shape::of(&spec);
+    shape.image = image.as_ref().map(|i| i.root.clone());
+    let sandbox = tier.for_session(&shape, &state.metrics).await?;
     let session = Arc::new(
-        Session::new(sandbox, spec.isolation, ttl, key.0.clone(), limits, permit, slot)
+        Session::new(sandbox, spec.isolation, ttl, key.0.clone(), limits, image, permit, slot)
             .map_err(|e| ApiError::internal(format!("pipe: {e}")))?,
     );
     if let Ok(mut map) = state.sessions.lock() {
@@ -115,8 +119,45 @@ pub(crate) fn session_spec(state: &AppState, session: &Session, req: &ExecReques
             ),
         ));
     }
+    // The session's image, whose config goes under every exec's request (its command
+    // when the exec gives none); an exec may name it again, never another.
+    let with_image;
+    let req = match (&req.image, &session.image) {
+        (None, Some(image)) => {
+            with_image = ExecRequest {
+                image: Some(image.name.clone()),
+                ..req.clone()
+            };
+            &with_image
+        }
+        _ => req,
+    };
     let mut spec = req.to_spec(&state.config, &session.limits)?;
     spec.isolation = session.isolation;
+    match (&spec.image, &session.image) {
+        (None, None) => {}
+        (Some(asked), Some(image)) if *asked == image.name || same_image(state, asked, image) => {}
+        (Some(asked), None) => {
+            return Err(ApiError::invalid(
+                "image",
+                format!("this sandbox runs on the host's system directories, not {asked:?} (a session's image is set when it is created)"),
+            ));
+        }
+        (Some(asked), Some(image)) => {
+            return Err(ApiError::invalid(
+                "image",
+                format!(
+                    "this sandbox runs image {}, not {asked:?} (a session's image is set when it is created)",
+                    image.name
+                ),
+            ));
+        }
+        // Not reached: the session's image was put in the request above.
+        (None, Some(_)) => {}
+    }
+    if let Some(image) = &session.image {
+        image.apply(&mut spec)?;
+    }
     // The disk is the session's own, fixed when it was created; its memory was admitted
     // at creation, so an exec may not raise it.
     spec.limits.disk_bytes = session.limits.disk_bytes;
@@ -142,4 +183,13 @@ pub(crate) async fn delete_session(state: &AppState, key: &KeyName, id: &str) ->
     state.metrics.sandboxes_active.set(state.active() as i64);
     tracing::info!(id = %id, "session deleted");
     Ok(())
+}
+
+/// Whether `asked` names the session's image (any spelling of its name, or its digest).
+fn same_image(state: &AppState, asked: &str, image: &crate::images::Resolved) -> bool {
+    state
+        .images
+        .as_deref()
+        .and_then(|store| airlock_image::resolve(store, asked).ok())
+        .is_some_and(|found| found.manifest_digest.to_string() == image.root.digest)
 }

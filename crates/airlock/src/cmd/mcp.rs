@@ -29,6 +29,9 @@ pub struct McpArgs {
     /// Longest sandbox lifetime.
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = duration, allow_hyphen_values = true)]
     max_ttl: Duration,
+    /// Where the tools' `image` is looked up.
+    #[command(flatten)]
+    store: super::image::StoreArgs,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -52,6 +55,8 @@ impl McpArgs {
         }
         c.default_ttl = self.default_ttl;
         c.max_ttl = self.max_ttl;
+        c.image_store = Some(self.store.image_store.clone());
+        c.image_store_max = self.store.image_store_max;
         c.validate().map_err(|e| anyhow::anyhow!(e))?;
         Ok(c)
     }

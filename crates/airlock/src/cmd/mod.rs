@@ -1,5 +1,6 @@
 //! One file per subcommand.
 pub mod doctor;
+pub mod image;
 pub mod mcp;
 pub mod run;
 pub mod serve;

@@ -1,6 +1,6 @@
 //! `airlock run [OPTIONS] [--] COMMAND [ARGS...]`.
 
-use airlock_backend::{Capture, Error, OutputSink};
+use airlock_backend::{Capture, Error, OutputSink, Shape};
 use airlock_spec::{
     FileSpec, Limits, NetworkPolicy, Spec, format_ms, format_size, human_size, parse_duration, parse_size,
 };
@@ -71,8 +71,20 @@ pub struct RunArgs {
     /// Print the result as JSON on stdout (exit 0 whenever the sandbox ran).
     #[arg(long)]
     json: bool,
-    /// The program and its arguments.
-    #[arg(required = true, value_name = "COMMAND")]
+    /// Run in this image (`python:3.12-slim`, a name from `airlock image ls`, or a
+    /// digest) instead of the host's system directories; its Env goes under --env, and
+    /// its Entrypoint and Cmd are the command when none is given.
+    #[arg(long, value_name = "IMAGE", conflicts_with = "rootfs")]
+    image: Option<String>,
+    /// With --image: pull it when it is not in the store (`missing`), never, or always.
+    #[arg(long, value_name = "WHEN", default_value = "missing", value_parser = ["missing", "never", "always"], requires = "image")]
+    pull: String,
+    #[command(flatten)]
+    store: super::image::StoreArgs,
+    #[command(flatten)]
+    registry: super::image::RegistryArgs,
+    /// The program and its arguments (with --image, default: the image's).
+    #[arg(required_unless_present = "image", value_name = "COMMAND")]
     command: Vec<String>,
 }
 
@@ -89,6 +101,7 @@ impl RunArgs {
     /// Raw flags -> a validated spec (reads --file and --stdin from the host).
     fn into_spec(self) -> anyhow::Result<(Spec, bool)> {
         let mut spec = Spec::new(self.command);
+        spec.image = self.image;
         spec.limits = Limits {
             memory_bytes: self.memory,
             cpus: self.cpus,
@@ -223,6 +236,8 @@ fn flag_for(field: &str) -> String {
         _ if field.starts_with("network.allow") => "--allow",
         "network" => "--net",
         "rootfs" => "--rootfs",
+        "image" => "--image",
+        "command" => "COMMAND",
         _ => return field.to_owned(),
     };
     name.to_owned()
@@ -246,7 +261,23 @@ fn interrupted() -> ExitCode {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let (spec, json) = args.into_spec()?;
+    let store = args.store.clone();
+    let registry = args.registry.clone();
+    let pull = args.pull.clone();
+    let (mut spec, json) = args.into_spec()?;
+    let mut shape = Shape::of(&spec);
+    if let Some(reference) = spec.image.clone() {
+        let store = store.open()?;
+        let image = super::image::for_run(&store, &reference, &pull, &registry)?;
+        let resolved = airlock_server::images::resolve(Some(&store), &image.name)
+            .map_err(|e| anyhow::anyhow!("--image {reference}: {e}"))?;
+        match resolved.apply(&mut spec) {
+            Ok(()) => {}
+            Err(Error::Invalid(e)) => bail!("{}: {}", flag_for(&e.field), e.message),
+            Err(e) => return Err(e.into()),
+        }
+        shape.image = Some(resolved.root);
+    }
     // Ctrl-C, SIGTERM and SIGHUP end the run cleanly (sandbox killed and purged) instead
     // of killing airlock mid-way; they arrive on a signalfd the supervisor polls.
     let mut signals = SigSet::empty();
@@ -260,7 +291,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut quiet = Capture;
     let sink: &mut dyn OutputSink = if json { &mut quiet } else { &mut live };
     let backend = crate::tiers::one(spec.isolation)?;
-    let result = match backend.run(&spec, sink, &[cancel.as_fd()]) {
+    let result = match backend.run_in(&shape, &spec, sink, &[cancel.as_fd()]) {
         Ok(r) => r,
         Err(Error::Cancelled) => return Ok(interrupted()),
         Err(Error::Invalid(e)) => bail!("{}: {}", flag_for(&e.field), e.message),

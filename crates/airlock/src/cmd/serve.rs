@@ -17,6 +17,10 @@ pub enum LogFormat {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Where requests' `image` is looked up (the service never pulls on a request: add
+    /// images with `airlock image pull|import` against the same store).
+    #[command(flatten)]
+    store: super::image::StoreArgs,
     /// Address to listen on (a non-loopback address requires API keys).
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8710")]
     listen: SocketAddr,
@@ -134,6 +138,8 @@ impl ServeArgs {
             .default_ttl
             .unwrap_or(c.default_ttl.min(self.max_session_ttl));
         c.max_ttl = self.max_session_ttl;
+        c.image_store = Some(self.store.image_store.clone());
+        c.image_store_max = self.store.image_store_max;
         c.max_sessions_per_key = match self.max_sessions_per_key {
             Some(0) => bail!("--max-sessions-per-key must be at least 1"),
             Some(n) => n,
