@@ -97,7 +97,10 @@ impl Backend for VmBackend {
         self.host().map(|_| ())
     }
 
+    /// Images are refused ([`Backend::runs_images`] is false): the guest's root is its
+    /// image of the host's system directories.
     fn create(&self, shape: &Shape, purpose: Purpose) -> Result<Box<dyn airlock_backend::Sandbox>, Error> {
+        self.check_shape(shape)?;
         let host = self.host()?;
         let limits = &shape.limits;
         let size = VmSize::for_limits(limits);
@@ -131,6 +134,7 @@ impl Backend for VmBackend {
             && need.vcpus <= have.vcpus
             && wanted.limits.disk_bytes == pooled.limits.disk_bytes
             && wanted.rootfs == pooled.rootfs
+            && wanted.image == pooled.image
     }
 }
 
