@@ -1241,7 +1241,6 @@ fn purge_state(root: &Path) -> usize {
     purged
 }
 
-
 /// `spec` validated as the micro-VM serves it, whatever tier it names: what the guest
 /// cannot do yet (an image's root, a workdir) is refused, never ignored.
 fn validate(spec: &Spec) -> Result<(), VmError> {

@@ -60,6 +60,8 @@ pub struct SandboxConfig {
     pub disk_bytes: u64,
     /// Where system directories come from.
     pub rootfs: Option<std::path::PathBuf>,
+    /// An image's prepared tree, the sandbox's whole root (then `rootfs` is `None`).
+    pub image: Option<std::path::PathBuf>,
     /// Network policy.
     pub network: NetworkPolicy,
     /// Programs run with a fixed address-space layout (`ADDR_NO_RANDOMIZE`). For a
@@ -77,6 +79,7 @@ impl SandboxConfig {
             limits: cgroup_limits(spec),
             disk_bytes: spec.limits.disk_bytes,
             rootfs: spec.rootfs.clone(),
+            image: None,
             network: spec.network.clone(),
             fixed_layout: false,
         }
@@ -224,6 +227,7 @@ impl Sandbox {
         let setup = Request::Setup {
             disk_bytes: config.disk_bytes,
             rootfs: config.rootfs.clone(),
+            image: config.image.clone(),
             proxy_port: policy.is_some().then_some(egress::PROXY_PORT),
             fixed_layout: config.fixed_layout,
         };

@@ -285,7 +285,10 @@ impl Spec {
             ));
         }
         if self.image.is_some() {
-            return Err(SpecError::new("image", "is not available with isolation microvm yet"));
+            return Err(SpecError::new(
+                "image",
+                "is not available with isolation microvm yet",
+            ));
         }
         if self.workdir.is_some() {
             return Err(SpecError::new(
@@ -325,7 +328,11 @@ fn validate_workdir(dir: &str) -> Result<(), SpecError> {
     if dir.len() >= MAX_WORKDIR_BYTES {
         return Err(SpecError::new(
             "workdir",
-            format!("is {} bytes long; at most {} are allowed", dir.len(), MAX_WORKDIR_BYTES - 1),
+            format!(
+                "is {} bytes long; at most {} are allowed",
+                dir.len(),
+                MAX_WORKDIR_BYTES - 1
+            ),
         ));
     }
     Ok(())
@@ -564,7 +571,10 @@ mod tests {
         s.rootfs = Some("/srv/root".into());
         let err = s.validate().unwrap_err();
         assert_eq!(err.field, "image");
-        assert!(err.to_string().contains("cannot be combined with rootfs"), "{err}");
+        assert!(
+            err.to_string().contains("cannot be combined with rootfs"),
+            "{err}"
+        );
     }
 
     #[test]
