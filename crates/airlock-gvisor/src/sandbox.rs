@@ -134,6 +134,10 @@ impl GvisorSandbox {
             cgroup: None,
         };
         let egress_dir = dir.join("egress");
+        let image = match &shape.image {
+            Some(image) => Some((image.root.as_path(), prepared.host_libs()?)),
+            None => None,
+        };
         crate::bundle::write(
             &dir,
             &crate::bundle::BundleSpec {
@@ -141,6 +145,7 @@ impl GvisorSandbox {
                 agent: &prepared.agent,
                 compat: prepared.compat.as_deref(),
                 egress_dir: policy.is_some().then_some(egress_dir.as_path()),
+                image,
             },
         )
         .map_err(|e| Error::host("writing the OCI bundle", e))?;
@@ -402,6 +407,7 @@ impl GvisorSandbox {
                 command: spec.command.clone(),
                 env: spec.env.clone(),
                 limits: spec.limits.clone(),
+                workdir: spec.workdir.clone(),
             },
             &[],
         )?;

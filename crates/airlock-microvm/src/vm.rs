@@ -851,6 +851,7 @@ impl BootedVm {
             command: spec.command.clone(),
             env: spec.env.clone(),
             limits: spec.limits.clone(),
+            workdir: None,
         };
         self.send(&exec, &[])?;
         // What this call waited for before the program: the sandbox (unless prepared

@@ -304,7 +304,12 @@ impl State {
                 }
                 Ok(())
             }
-            ToGuest::Exec { command, env, limits } => {
+            ToGuest::Exec {
+                command,
+                env,
+                limits,
+                workdir,
+            } => {
                 let stdin = std::mem::take(&mut self.stdin);
                 if std::mem::take(&mut self.stdin_overflow) {
                     return port.fail(
@@ -315,6 +320,14 @@ impl State {
                 }
                 if !self.created {
                     return port.error("no sandbox: send create first");
+                }
+                let workdir = workdir.unwrap_or_else(|| "/workspace".into());
+                if !Path::new(&workdir).is_dir() {
+                    return port.fail(
+                        ErrorKind::Invalid,
+                        Some("workdir"),
+                        format!("{workdir}: no such directory in the sandbox to start the program in"),
+                    );
                 }
                 // The child forked after the last exec (or at create); if that fork failed,
                 // one is forked now.
@@ -329,6 +342,7 @@ impl State {
                 let request = ready::Request {
                     command,
                     env,
+                    workdir,
                     max_file_bytes: self.limits.disk_bytes,
                     // gVisor does not count the program's first process against the
                     // sandbox user's RLIMIT_NPROC (it was forked as root, then setuid;
