@@ -1244,7 +1244,7 @@ fn purge_state(root: &Path) -> usize {
 
 /// `spec` validated as the micro-VM serves it, whatever tier it names: what the guest
 /// cannot do yet (an image's root, a workdir) is refused, never ignored.
-fn validate(spec: &Spec) -> Result<(), VmError> {
+pub(crate) fn validate(spec: &Spec) -> Result<(), VmError> {
     spec.validate().map_err(VmError::Spec)?;
     if spec.image.is_some() {
         return Err(VmError::Spec(SpecError::new(
