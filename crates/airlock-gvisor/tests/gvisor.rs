@@ -709,9 +709,9 @@ fn image_etc_identity_files_are_generated() {
 
 #[test]
 fn image_program_starts_in_its_workdir() {
-    let mut spec = sh("pwd; cat hello.txt");
+    let mut spec = sh("pwd; echo $PWD; cat hello.txt");
     spec.workdir = Some("/opt".into());
-    assert_eq!(ok_in_image(&spec).stdout, "/opt\nhello from the image\n");
+    assert_eq!(ok_in_image(&spec).stdout, "/opt\n/opt\nhello from the image\n");
     let mut spec = sh("pwd");
     spec.workdir = Some("/no/such/dir".into());
     let err = run_in_image(&spec).unwrap_err();

@@ -131,6 +131,10 @@ fn base_env() -> Vec<(String, String)> {
 /// variables (a later one wins).
 fn environment(spec: &Spec, proxy_port: Option<u16>) -> Vec<(String, String)> {
     let mut env = base_env();
+    if let Some(dir) = &spec.workdir {
+        env.retain(|(key, _)| key != "PWD");
+        env.push(("PWD".into(), dir.clone()));
+    }
     if let Some(port) = proxy_port {
         env.extend(crate::egress::proxy_env(port));
     }

@@ -92,10 +92,10 @@ fn etc_identity_files_are_generated(engine: &Engine, root: &Path) {
 }
 
 fn the_program_starts_in_its_workdir(engine: &Engine, root: &Path) {
-    let mut spec = sh("pwd; cat hello.txt");
+    let mut spec = sh("pwd; echo $PWD; cat hello.txt");
     spec.workdir = Some("/opt".into());
     let r = ok(engine, root, &spec);
-    assert_eq!(r.stdout, "/opt\nhello from the image\n");
+    assert_eq!(r.stdout, "/opt\n/opt\nhello from the image\n");
     // A program named by a relative path is found from the workdir.
     let mut spec = Spec::new(vec!["../bin/pwd".into()]);
     spec.workdir = Some("/opt".into());

@@ -338,7 +338,10 @@ impl State {
                         Err(e) => return port.error(format!("forking the ready child: {e}")),
                     },
                 };
-                let env = environment(&self.env, env);
+                // PWD is where the program starts (the request's own still wins).
+                let mut extra = self.env.clone();
+                extra.push(("PWD".into(), workdir.clone()));
+                let env = environment(&extra, env);
                 let request = ready::Request {
                     command,
                     env,
