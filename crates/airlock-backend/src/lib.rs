@@ -257,3 +257,58 @@ pub trait Sandbox: Send + std::fmt::Debug {
     /// it on CPU time nothing else wants.
     fn enter_background(&mut self) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tier that builds nothing: what is checked here is decided before building.
+    #[derive(Debug)]
+    struct Nothing(bool);
+
+    impl Backend for Nothing {
+        fn isolation(&self) -> Isolation {
+            Isolation::Microvm
+        }
+        fn runs_images(&self) -> bool {
+            self.0
+        }
+        fn create(&self, _: &Shape, _: Purpose) -> Result<Box<dyn Sandbox>, Error> {
+            Err(Error::host("building", "not in these tests"))
+        }
+    }
+
+    fn with_image(digest: &str) -> Shape {
+        let mut shape = Shape::of(&Spec::new(vec!["true".into()]));
+        shape.image = Some(ImageRoot {
+            digest: digest.into(),
+            root: format!("/var/lib/airlock/images/roots/{digest}").into(),
+        });
+        shape
+    }
+
+    #[test]
+    fn a_pooled_sandbox_of_one_image_serves_only_that_image() {
+        let (a, b) = (with_image("sha256:aa"), with_image("sha256:bb"));
+        let none = Shape::of(&Spec::new(vec!["true".into()]));
+        let tier = Nothing(true);
+        assert!(tier.serves(&a, &a));
+        assert!(!tier.serves(&a, &b));
+        assert!(!tier.serves(&a, &none));
+        assert!(!tier.serves(&none, &a));
+    }
+
+    #[test]
+    fn a_tier_that_cannot_run_images_refuses_them_on_image() {
+        let err = Nothing(false).check_shape(&with_image("sha256:aa")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Invalid);
+        assert_eq!(
+            err.to_string(),
+            "invalid request: image: is not available with isolation microvm yet"
+        );
+        Nothing(true).check_shape(&with_image("sha256:aa")).unwrap();
+        Nothing(false)
+            .check_shape(&Shape::of(&Spec::new(vec!["true".into()])))
+            .unwrap();
+    }
+}
