@@ -190,6 +190,16 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
                 ),
             )?;
             remount_readonly(&src, Path::new(IMAGE))?;
+            // Mounts beneath the tree on the host (a prepared tree has none) are made
+            // read-only too; a kernel without mount_setattr (< 5.12) leaves them as
+            // they are.
+            match crate::sys::make_tree_readonly(c"/.image") {
+                Err(e) if e.raw_os_error() != Some(libc::ENOSYS) => {
+                    return io_op("make the image read-only", IMAGE, Err(e));
+                }
+                _ => {}
+            }
+            check_mount_points(Path::new(IMAGE))?;
             etc::bind_generated(Path::new(IMAGE))?;
             Path::new(IMAGE)
         }
@@ -257,6 +267,35 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
         )?;
     }
     sys("chdir", "/workspace", nix::unistd::chdir("/workspace"))?;
+    Ok(())
+}
+
+/// Checks that the mount points a prepared tree must hold are there, as real directories
+/// and files: a symbolic link would send a mount elsewhere (it is followed on the staging
+/// root, where the host's root is still reachable).
+fn check_mount_points(root: &Path) -> Result<(), MountError> {
+    let dirs = ["tmp", "workspace", "dev", "proc", "etc", ".airlock"];
+    let files = crate::etc::GENERATED
+        .iter()
+        .map(|(name, _)| format!("etc/{name}"));
+    let wanted = dirs
+        .iter()
+        .map(|d| (d.to_string(), true))
+        .chain(files.map(|f| (f, false)));
+    for (rel, dir) in wanted {
+        let path = root.join(&rel);
+        let ok = fs::symlink_metadata(&path).is_ok_and(|m| if dir { m.is_dir() } else { m.is_file() });
+        if !ok {
+            return Err(MountError::Syscall {
+                op: "check the image's mount point",
+                target: format!("/{rel}"),
+                source: io::Error::other(format!(
+                    "a prepared image tree holds it as a {} (not a link)",
+                    if dir { "directory" } else { "regular file" }
+                )),
+            });
+        }
+    }
     Ok(())
 }
 

@@ -147,6 +147,40 @@ fn without_an_image_the_host_system_dirs_are_there(engine: &Engine, _root: &Path
     assert_eq!(r.stdout, "/workspace\n", "{r:#?}");
 }
 
+fn a_tree_whose_mount_point_is_a_link_is_refused(engine: &Engine, _root: &Path) {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = image::make(dir.path());
+    std::fs::remove_file(bad.join("etc/hosts")).unwrap();
+    std::os::unix::fs::symlink("/oldroot/etc/hosts", bad.join("etc/hosts")).unwrap();
+    let err = run_in(engine, &bad, &sh("cat /etc/hosts")).unwrap_err();
+    assert!(err.to_string().contains("/etc/hosts"), "{err}");
+    assert!(err.to_string().contains("not a link"), "{err}");
+}
+
+fn a_mount_beneath_the_tree_on_the_host_is_read_only_too(engine: &Engine, _root: &Path) {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    let dir = tempfile::tempdir().unwrap();
+    let tree = image::make(dir.path());
+    let sub = tree.join("opt");
+    mount(
+        Some("tmpfs"),
+        &sub,
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("mode=0777,size=64k"),
+    )
+    .unwrap();
+    // Landlock would refuse the write anyway: the mount's own flags are checked.
+    let r = run_in(engine, &tree, &sh("grep ' /opt ' /proc/self/mountinfo"));
+    umount2(&sub, MntFlags::MNT_DETACH).unwrap();
+    let r = r.unwrap();
+    let options = r.stdout.split_whitespace().nth(5).unwrap_or_default().to_owned();
+    let options: Vec<&str> = options.split(',').collect();
+    for flag in ["ro", "nosuid", "nodev"] {
+        assert!(options.contains(&flag), "{flag} missing: {}", r.stdout);
+    }
+}
+
 type Case = fn(&Engine, &Path);
 
 const CASES: &[(&str, Case)] = &[
@@ -180,6 +214,14 @@ const CASES: &[(&str, Case)] = &[
         a_pooled_sandbox_of_one_image_never_serves_another,
     ),
     ("a_session_keeps_the_image_root", a_session_keeps_the_image_root),
+    (
+        "a_tree_whose_mount_point_is_a_link_is_refused",
+        a_tree_whose_mount_point_is_a_link_is_refused,
+    ),
+    (
+        "a_mount_beneath_the_tree_on_the_host_is_read_only_too",
+        a_mount_beneath_the_tree_on_the_host_is_read_only_too,
+    ),
     (
         "without_an_image_the_host_system_dirs_are_there",
         without_an_image_the_host_system_dirs_are_there,
