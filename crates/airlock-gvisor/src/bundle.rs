@@ -9,10 +9,13 @@
 //! With an image (`BundleSpec::image`, a prepared tree: see `airlock_backend::ImageRoot`)
 //! the bundle's root is the image's tree itself, read-only, and nothing is created in
 //! it: the identity files of `GENERATED_ETC` are written into the bundle directory and
-//! bound read-only over the image's empty ones (the rest of /etc is the image's), and
-//! the agent, the egress directory and the scratch mount point are mounted at paths the
-//! tree lacks, which the Sentry makes as synthetic mount points (in its memory, never
-//! on the host). The agent is a host binary linked against the host's C library, which
+//! bound read-only over the image's empty ones (the rest of /etc is the image's).
+//! Every mount's destination must already exist: runsc creates a missing one in the
+//! root on the host, which would write into the shared tree. So the bundle's own
+//! `dir/airlock` directory is bound over the image's `/.airlock` (a directory every
+//! prepared tree has), holding the mount points of the agent, the host libraries, the
+//! egress directory, and the directory the agent mounts the disk on
+//! ([`IMAGE_SCRATCH_PATH`]). The agent is a host binary linked against the host's C library, which
 //! an image does not have: the loader and libraries it needs ([`HostLibs`]) are bound
 //! at [`HOSTLIB_DIR`] and the agent is started through that loader. The compatibility
 //! library is not preloaded into an image's programs: it is built against the host's C
@@ -38,9 +41,9 @@ pub const COMPAT_PATH: &str = "/.airlock/compat.so";
 /// Where the host's loader and the libraries the agent needs are bound, with an image.
 pub const HOSTLIB_DIR: &str = "/.airlock/hostlib";
 
-/// Where the agent mounts the sandbox's disk before binding its parts (see the agent):
-/// with an image, an OCI tmpfs mount makes the mount point.
-const SCRATCH_PATH: &str = "/.scratch";
+/// Where the agent mounts the sandbox's disk before binding its parts, with an image
+/// (without one, `/.scratch` of the skeleton root): the agent takes it when it exists.
+pub const IMAGE_SCRATCH_PATH: &str = "/.airlock/scratch";
 
 /// The host's dynamic loader and the shared libraries the agent binary needs (what `ldd`
 /// lists), to run the agent in a root that is not the host's. Empty for a static agent.
@@ -244,20 +247,21 @@ fn write_for_image(dir: &Path, image: &Path, libs: &HostLibs, spec: &BundleSpec<
         fs::write(&path, content).map_err(|e| io_at("writing", &path, e))?;
         mounts.push(bind(&path, &format!("/etc/{name}")));
     }
-    // The agent's disk is mounted here; the image has no such directory.
-    mounts.push(json!({
-        "destination": SCRATCH_PATH,
-        "type": "tmpfs",
-        "source": "tmpfs",
-        "options": ["nosuid", "nodev", "noexec", "mode=0700", "size=4k"],
-    }));
+    // /.airlock: the bundle's directory of mount points, over the image's empty one.
+    let airlock = dir.join("airlock");
+    mkdir(&airlock)?;
+    mkdir(&airlock.join("scratch"))?;
+    mounts.push(bind(&airlock, "/.airlock"));
+    touch(&airlock.join("agent"))?;
     mounts.push(bind(spec.agent, AGENT_PATH));
     let mut args = Vec::new();
     if let Some(loader) = &libs.loader {
+        mkdir(&airlock.join("hostlib"))?;
         for lib in libs.libs.iter().chain([loader]) {
             let name = lib
                 .file_name()
                 .ok_or_else(|| io::Error::other(format!("library {} has no file name", lib.display())))?;
+            touch(&airlock.join("hostlib").join(name))?;
             mounts.push(bind(lib, &format!("{HOSTLIB_DIR}/{}", name.to_string_lossy())));
         }
         let loader_name = loader.file_name().unwrap_or_default().to_string_lossy();
@@ -269,6 +273,7 @@ fn write_for_image(dir: &Path, image: &Path, libs: &HostLibs, spec: &BundleSpec<
     }
     args.extend([AGENT_PATH.to_owned(), crate::agent::AGENT_ARG.to_owned()]);
     if let Some(egress) = spec.egress_dir {
+        mkdir(&airlock.join("egress"))?;
         mounts.push(json!({
             "destination": crate::egress::SANDBOX_DIR,
             "type": "bind",
@@ -412,6 +417,15 @@ mod tests {
             .map(|m| m["destination"].as_str().unwrap())
             .collect();
         assert!(dests.contains(&"/etc/passwd"), "{dests:?}");
+        // Every destination exists before runsc mounts it: in the image (/etc, /proc),
+        // or in the bundle's /.airlock, mounted first.
+        let airlock = dests.iter().position(|d| *d == "/.airlock").unwrap();
+        for (i, d) in dests.iter().enumerate() {
+            if let Some(rest) = d.strip_prefix("/.airlock/") {
+                assert!(i > airlock, "{d} before /.airlock");
+                assert!(bundle.join("airlock").join(rest).exists(), "{d}");
+            }
+        }
         assert!(dests.contains(&"/.airlock/hostlib/libc.so.6"), "{dests:?}");
         // Nothing of the host's system directories, nor the compat library.
         assert!(

@@ -260,7 +260,7 @@ impl GvisorSandbox {
             sandbox.expect_ok("starting the egress relay")?;
         }
         if warm {
-            sandbox.warm_up()?;
+            sandbox.warm_up(shape.image.is_some())?;
         }
         sandbox.background = background;
         sandbox.setup = t0.elapsed();
@@ -271,11 +271,14 @@ impl GvisorSandbox {
     /// execve, the loader and libc looked up through the Gofer and cached, the agent's
     /// supervision) is warm when the pool hands the sandbox its one program. The agent
     /// forks a fresh ready child after it, as after any exec: nothing of it remains.
-    fn warm_up(&mut self) -> Result<(), Error> {
+    /// An image may have no /bin/true: in one, a program not found (127) or not runnable
+    /// (126) has still warmed up the exec path.
+    fn warm_up(&mut self, image: bool) -> Result<(), Error> {
         let mut spec = Spec::new(vec!["/bin/true".into()]);
         spec.limits = self.limits.clone();
         let r = self.exec_inner(&spec, &mut airlock_backend::Capture, &[])?;
-        if r.exit_code != Some(0) {
+        let acceptable = r.exit_code == Some(0) || (image && matches!(r.exit_code, Some(126 | 127)));
+        if !acceptable {
             return Err(Error::host(
                 "warming up the gVisor sandbox",
                 format!("/bin/true ended {:?} ({})", r.outcome, r.stderr.trim()),

@@ -688,12 +688,23 @@ fn image_program_is_uid_1000_and_the_image_is_read_only() {
 
 #[test]
 fn image_scratch_is_writable_and_the_tree_is_unchanged() {
-    let before = image::snapshot(image_root());
-    let r = ok_in_image(&sh(
-        "echo a > /workspace/a && echo b > /tmp/b && cat /workspace/a /tmp/b && pwd",
-    ));
-    assert_eq!(r.stdout, "a\nb\n/workspace\n");
-    assert_eq!(image::snapshot(image_root()), before, "the prepared tree changed");
+    // A tree of its own, that no sandbox has run in yet, in proxy mode (one more mount).
+    let dir = tempfile::tempdir().unwrap();
+    let tree = image::make(dir.path());
+    let before = image::snapshot(&tree);
+    let mut spec = sh("echo a > /workspace/a && echo b > /tmp/b && cat /workspace/a /tmp/b && pwd");
+    spec.network = airlock_spec::NetworkPolicy::Proxy {
+        allow: vec!["example.com".into()],
+        allow_cidrs: vec![],
+    };
+    let mut shape = Shape::of(&spec);
+    shape.image = Some(airlock_backend::ImageRoot {
+        digest: "sha256:fresh".into(),
+        root: tree.clone(),
+    });
+    let r = backend().run_in(&shape, &spec, &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "a\nb\n/workspace\n", "{r:#?}");
+    assert_eq!(image::snapshot(&tree), before, "the prepared tree changed");
 }
 
 #[test]
@@ -728,4 +739,30 @@ fn workdir_without_an_image() {
     spec.workdir = Some("/usr".into());
     let r = backend().run(&spec, &mut Capture, &[]).unwrap();
     assert_eq!(r.stdout, "/usr\n", "{r:#?}");
+}
+
+#[test]
+fn image_pool_sandbox_warms_up_without_bin_true_and_serves_its_image() {
+    let spec = sh("cat /opt/hello.txt");
+    let shape = image_shape(&spec);
+    let mut sb = backend()
+        .create(&shape, Purpose::Pool { behind: false })
+        .expect("a pooled sandbox of an image with no /bin/true");
+    let r = sb.exec_once(&spec, &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "hello from the image\n", "{r:#?}");
+    let mut other = shape.clone();
+    other.image.as_mut().unwrap().digest = "sha256:other".into();
+    assert!(!backend().serves(&shape, &other));
+}
+
+#[test]
+fn image_session_in_proxy_mode_gets_the_proxy() {
+    let mut spec = sh("echo $HTTP_PROXY; cat /opt/hello.txt");
+    spec.network = airlock_spec::NetworkPolicy::Proxy {
+        allow: vec!["example.com".into()],
+        allow_cidrs: vec![],
+    };
+    let r = ok_in_image(&spec);
+    assert!(r.stdout.contains("127.0.0.1:3128"), "{r:#?}");
+    assert!(r.stdout.ends_with("hello from the image\n"), "{r:#?}");
 }

@@ -68,7 +68,10 @@ fn the_program_is_uid_1000_and_the_image_is_read_only(engine: &Engine, root: &Pa
     assert_eq!(r.stdout, "1000\n1000\nend\n");
 }
 
-fn scratch_is_writable_and_the_tree_is_unchanged(engine: &Engine, root: &Path) {
+fn scratch_is_writable_and_the_tree_is_unchanged(engine: &Engine, _root: &Path) {
+    // A tree of its own, that no sandbox has run in yet.
+    let dir = tempfile::tempdir().unwrap();
+    let root = &image::make(dir.path());
     let before = image::snapshot(root);
     let r = ok(
         engine,

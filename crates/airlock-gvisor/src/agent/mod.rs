@@ -470,13 +470,19 @@ fn environment(extra: &[(String, String)], request: Vec<(String, String)>) -> Ve
 fn build_disk(disk_bytes: u64) -> io::Result<()> {
     let opts = format!("mode=0755,size={disk_bytes}");
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    mount(Some("tmpfs"), SCRATCH, Some("tmpfs"), flags, Some(opts.as_str()))?;
+    // An image's root has no /.scratch: its bundle provides this one.
+    let scratch = if Path::new(crate::bundle::IMAGE_SCRATCH_PATH).is_dir() {
+        crate::bundle::IMAGE_SCRATCH_PATH
+    } else {
+        SCRATCH
+    };
+    mount(Some("tmpfs"), scratch, Some("tmpfs"), flags, Some(opts.as_str()))?;
     for (part, mode, owner, dst) in [
         ("tmp", 0o1777, 0, "/tmp"),
         ("workspace", 0o755, SANDBOX_ID, "/workspace"),
         ("shm", 0o1777, 0, "/dev/shm"),
     ] {
-        let dir = Path::new(SCRATCH).join(part);
+        let dir = Path::new(scratch).join(part);
         std::fs::create_dir(&dir)?;
         chown(&dir, Some(Uid::from_raw(owner)), Some(Gid::from_raw(owner)))?;
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
