@@ -67,6 +67,8 @@ fn host_limits(limits: &Limits) -> CgroupLimits {
 #[derive(Debug)]
 pub struct GvisorSandbox {
     id: String,
+    /// Its root is an image's tree (not the host's system directories).
+    image: bool,
     /// Owned: `runsc run`, whose Sentry and Gofer are in `cgroup`.
     runsc: Child,
     /// Owned: the pipes to the agent.
@@ -221,6 +223,7 @@ impl GvisorSandbox {
         let channel = Channel::new(to_agent_w, from_agent_r).map_err(|e| Error::host("agent pipes", e))?;
         let mut sandbox = GvisorSandbox {
             id,
+            image: shape.image.is_some(),
             runsc,
             channel,
             cgroup: partial.cgroup.take(),
@@ -376,6 +379,13 @@ impl GvisorSandbox {
     ) -> Result<ExecResult, Error> {
         spec.validate()?;
         check_memory(&spec.limits)?;
+        if spec.image.is_some() && !self.image {
+            // Never run on the host's system directories in the image's place.
+            return Err(Error::invalid(
+                "image",
+                "was not resolved to an image's prepared root: this sandbox has the host's system directories",
+            ));
+        }
         if !self.alive {
             return Err(Error::Gone("the gVisor sandbox is gone".into()));
         }

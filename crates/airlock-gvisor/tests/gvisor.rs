@@ -766,3 +766,14 @@ fn image_session_in_proxy_mode_gets_the_proxy() {
     assert!(r.stdout.contains("127.0.0.1:3128"), "{r:#?}");
     assert!(r.stdout.ends_with("hello from the image\n"), "{r:#?}");
 }
+
+#[test]
+fn image_named_by_the_spec_but_unresolved_never_runs_on_the_host_root() {
+    let mut spec = sh("true");
+    spec.image = Some("busybox".into());
+    let err = backend().run(&spec, &mut Capture, &[]).unwrap_err();
+    let airlock_backend::Error::Invalid(e) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(e.field, "image", "{err}");
+}

@@ -184,6 +184,18 @@ fn a_mount_beneath_the_tree_on_the_host_is_read_only_too(engine: &Engine, _root:
     }
 }
 
+fn a_spec_naming_an_image_never_runs_on_the_host_root(engine: &Engine, _root: &Path) {
+    let mut spec = sh("true");
+    spec.image = Some("busybox".into());
+    // Shape::of leaves the image unresolved: the sandbox would have the host's root.
+    let err = Backend::run(engine, &spec, &mut Capture, &[]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Invalid, "{err}");
+    let airlock_backend::Error::Invalid(e) = &err else {
+        unreachable!()
+    };
+    assert_eq!(e.field, "image", "{err}");
+}
+
 type Case = fn(&Engine, &Path);
 
 const CASES: &[(&str, Case)] = &[
@@ -224,6 +236,10 @@ const CASES: &[(&str, Case)] = &[
     (
         "a_mount_beneath_the_tree_on_the_host_is_read_only_too",
         a_mount_beneath_the_tree_on_the_host_is_read_only_too,
+    ),
+    (
+        "a_spec_naming_an_image_never_runs_on_the_host_root",
+        a_spec_naming_an_image_never_runs_on_the_host_root,
     ),
     (
         "without_an_image_the_host_system_dirs_are_there",
