@@ -22,7 +22,7 @@
 mod error;
 mod sink;
 
-use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, NetworkPolicy, Spec};
+use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, NetworkPolicy, Spec, SpecError};
 use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,6 +43,23 @@ pub struct Shape {
     pub rootfs: Option<PathBuf>,
     /// Its network.
     pub network: NetworkPolicy,
+    /// The image whose prepared tree is its whole root (`None`: the host's system
+    /// directories, or `rootfs`'s). [`Shape::of`] leaves it `None`: the caller resolves
+    /// the spec's image reference against the image store.
+    pub image: Option<ImageRoot>,
+}
+
+/// An image's prepared root: a host directory holding the image's whole flattened tree
+/// (root-owned, readable by all, no setuid bits) in which the sandbox's mount points
+/// exist: the directories /tmp, /workspace, /dev, /proc, /etc and /.airlock, and the
+/// empty files /etc/passwd, /etc/group, /etc/hosts, /etc/hostname, /etc/resolv.conf and
+/// /etc/nsswitch.conf. A sandbox never writes into it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRoot {
+    /// The image's manifest digest (`sha256:…`): what pools compare.
+    pub digest: String,
+    /// The prepared tree on the host.
+    pub root: PathBuf,
 }
 
 impl Shape {
@@ -52,6 +69,7 @@ impl Shape {
             limits: spec.limits.clone(),
             rootfs: spec.rootfs.clone(),
             network: spec.network.clone(),
+            image: None,
         }
     }
 }
@@ -105,14 +123,37 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// be tied to the thread that creates it (they die when it exits): long-lived
     /// sandboxes (sessions, pools) must be created on threads that live as long as the
     /// service.
+    /// Implementations call [`Backend::check_shape`] first.
     fn create(&self, shape: &Shape, purpose: Purpose) -> Result<Box<dyn Sandbox>, Error>;
 
+    /// Whether it can build a sandbox whose root is an image's tree ([`Shape::image`]).
+    /// A tier that cannot refuses such a shape ([`Backend::check_shape`]): it never runs
+    /// the host's root in its place.
+    fn runs_images(&self) -> bool {
+        false
+    }
+
+    /// Refuses a shape this tier cannot build, naming the field ([`ErrorKind::Invalid`]).
+    fn check_shape(&self, shape: &Shape) -> Result<(), Error> {
+        if shape.image.is_some() && !self.runs_images() {
+            return Err(Error::Invalid(SpecError::new(
+                "image",
+                format!(
+                    "is not available with isolation {} yet",
+                    self.isolation().as_str()
+                ),
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether a sandbox built with `pooled` can serve a program of `wanted`: the same
-    /// disk, root filesystem and network, and whatever else the tier fixes at build
-    /// time (a micro-VM's size).
+    /// disk, root filesystem, image and network, and whatever else the tier fixes at
+    /// build time (a micro-VM's size).
     fn serves(&self, pooled: &Shape, wanted: &Shape) -> bool {
         pooled.limits.disk_bytes == wanted.limits.disk_bytes
             && pooled.rootfs == wanted.rootfs
+            && pooled.image == wanted.image
             && pooled.network == wanted.network
     }
 
@@ -131,9 +172,21 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         sink: &mut dyn OutputSink,
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, Error> {
+        self.run_in(&Shape::of(spec), spec, sink, cancel)
+    }
+
+    /// [`Backend::run`] in a sandbox of `shape` (`spec`'s, with its image resolved).
+    fn run_in(
+        &self,
+        shape: &Shape,
+        spec: &Spec,
+        sink: &mut dyn OutputSink,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<ExecResult, Error> {
         spec.validate()?;
+        self.check_shape(shape)?;
         self.prepare()?;
-        let mut sandbox = self.create(&Shape::of(spec), Purpose::OneShot)?;
+        let mut sandbox = self.create(shape, Purpose::OneShot)?;
         let mut result = sandbox.exec_once(spec, sink, cancel)?;
         result.setup_ms = ((result.setup_ms + sandbox.setup_time().as_secs_f64() * 1e3) * 1e3).round() / 1e3;
         Ok(result)
@@ -203,4 +256,59 @@ pub trait Sandbox: Send + std::fmt::Debug {
     /// Says nobody waits for its purge any more (its answer is out): the tier may purge
     /// it on CPU time nothing else wants.
     fn enter_background(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tier that builds nothing: what is checked here is decided before building.
+    #[derive(Debug)]
+    struct Nothing(bool);
+
+    impl Backend for Nothing {
+        fn isolation(&self) -> Isolation {
+            Isolation::Microvm
+        }
+        fn runs_images(&self) -> bool {
+            self.0
+        }
+        fn create(&self, _: &Shape, _: Purpose) -> Result<Box<dyn Sandbox>, Error> {
+            Err(Error::host("building", "not in these tests"))
+        }
+    }
+
+    fn with_image(digest: &str) -> Shape {
+        let mut shape = Shape::of(&Spec::new(vec!["true".into()]));
+        shape.image = Some(ImageRoot {
+            digest: digest.into(),
+            root: format!("/var/lib/airlock/images/roots/{digest}").into(),
+        });
+        shape
+    }
+
+    #[test]
+    fn a_pooled_sandbox_of_one_image_serves_only_that_image() {
+        let (a, b) = (with_image("sha256:aa"), with_image("sha256:bb"));
+        let none = Shape::of(&Spec::new(vec!["true".into()]));
+        let tier = Nothing(true);
+        assert!(tier.serves(&a, &a));
+        assert!(!tier.serves(&a, &b));
+        assert!(!tier.serves(&a, &none));
+        assert!(!tier.serves(&none, &a));
+    }
+
+    #[test]
+    fn a_tier_that_cannot_run_images_refuses_them_on_image() {
+        let err = Nothing(false).check_shape(&with_image("sha256:aa")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Invalid);
+        assert_eq!(
+            err.to_string(),
+            "invalid request: image: is not available with isolation microvm yet"
+        );
+        Nothing(true).check_shape(&with_image("sha256:aa")).unwrap();
+        Nothing(false)
+            .check_shape(&Shape::of(&Spec::new(vec!["true".into()])))
+            .unwrap();
+    }
 }

@@ -327,7 +327,9 @@ impl State {
                 }
                 Ok(())
             }
-            ToGuest::Exec { command, env, limits } => {
+            ToGuest::Exec {
+                command, env, limits, ..
+            } => {
                 let stdin = std::mem::take(&mut self.stdin);
                 if std::mem::take(&mut self.stdin_overflow) {
                     return port.error(format!(

@@ -86,6 +86,22 @@ pub(crate) struct Prepared {
     pub cgroups: CgroupHost,
     /// This process's directory under the state directory (bundles and runsc state).
     pub owner_dir: PathBuf,
+    /// The host libraries the agent needs in an image's root: found at the first
+    /// sandbox with an image (`Err`: why images cannot run here).
+    pub host_libs: OnceLock<Result<crate::bundle::HostLibs, String>>,
+}
+
+impl Prepared {
+    /// The host libraries the agent needs (see [`crate::bundle::HostLibs`]).
+    pub(crate) fn host_libs(&self) -> Result<&crate::bundle::HostLibs, Error> {
+        self.host_libs
+            .get_or_init(|| crate::bundle::HostLibs::of(&self.agent))
+            .as_ref()
+            .map_err(|reason| Error::Unavailable {
+                tier: Isolation::Gvisor,
+                reason: format!("images cannot run here: {reason}"),
+            })
+    }
 }
 
 /// The gVisor tier. Build it once; [`Backend::prepare`] probes the host the first time
@@ -168,6 +184,7 @@ fn prepare(options: &GvisorOptions) -> Result<Prepared, String> {
         compat: options.compat.clone().filter(|p| p.is_file()),
         cgroups,
         owner_dir,
+        host_libs: OnceLock::new(),
     })
 }
 
@@ -270,7 +287,13 @@ impl Backend for GvisorBackend {
         self.prepared().map(drop)
     }
 
+    /// An image's prepared tree is the bundle's root (see `bundle`).
+    fn runs_images(&self) -> bool {
+        true
+    }
+
     fn create(&self, shape: &Shape, purpose: Purpose) -> Result<Box<dyn Sandbox>, Error> {
+        self.check_shape(shape)?;
         let prepared = self.prepared()?;
         let background = matches!(purpose, Purpose::Pool { behind: true });
         let warm = matches!(purpose, Purpose::Pool { .. });

@@ -5,6 +5,21 @@
 //! bound read-only, and the agent binary at [`AGENT_PATH`]. The agent itself mounts the
 //! writable disk (/tmp, /workspace, /dev/shm on one size-capped tmpfs) at `Create`.
 //! /proc, /sys and /dev are gVisor's own (synthesized by the Sentry, no host view).
+//!
+//! With an image (`BundleSpec::image`, a prepared tree: see `airlock_backend::ImageRoot`)
+//! the bundle's root is the image's tree itself, read-only, and nothing is created in
+//! it: the identity files of `GENERATED_ETC` are written into the bundle directory and
+//! bound read-only over the image's empty ones (the rest of /etc is the image's).
+//! Every mount's destination must already exist: runsc creates a missing one in the
+//! root on the host, which would write into the shared tree. So the bundle's own
+//! `dir/airlock` directory is bound over the image's `/.airlock` (a directory every
+//! prepared tree has), holding the mount points of the agent, the host libraries, the
+//! egress directory, and the directory the agent mounts the disk on
+//! ([`IMAGE_SCRATCH_PATH`]). The agent is a host binary linked against the host's C library, which
+//! an image does not have: the loader and libraries it needs ([`HostLibs`]) are bound
+//! at [`HOSTLIB_DIR`] and the agent is started through that loader. The compatibility
+//! library is not preloaded into an image's programs: it is built against the host's C
+//! library, not the image's.
 
 use serde_json::{Value, json};
 use std::fs;
@@ -22,6 +37,70 @@ pub const AGENT_PATH: &str = "/.airlock/agent";
 /// Where the compatibility library is inside the sandbox, when airlock has one: the
 /// agent preloads it into every program it starts.
 pub const COMPAT_PATH: &str = "/.airlock/compat.so";
+
+/// Where the host's loader and the libraries the agent needs are bound, with an image.
+pub const HOSTLIB_DIR: &str = "/.airlock/hostlib";
+
+/// Where the agent mounts the sandbox's disk before binding its parts, with an image
+/// (without one, `/.scratch` of the skeleton root): the agent takes it when it exists.
+pub const IMAGE_SCRATCH_PATH: &str = "/.airlock/scratch";
+
+/// The host's dynamic loader and the shared libraries the agent binary needs (what `ldd`
+/// lists), to run the agent in a root that is not the host's. Empty for a static agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostLibs {
+    /// The dynamic loader (`/lib64/ld-linux-x86-64.so.2`); `None`: the agent is static.
+    pub loader: Option<PathBuf>,
+    /// The libraries, resolved on the host.
+    pub libs: Vec<PathBuf>,
+}
+
+impl HostLibs {
+    /// What `agent` needs, from `ldd`'s answer (run once, at prepare).
+    pub fn of(agent: &Path) -> Result<HostLibs, String> {
+        let out = std::process::Command::new("ldd")
+            .arg(agent)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .map_err(|e| format!("running ldd on {}: {e}", agent.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            // ldd fails on a static binary ("not a dynamic executable").
+            let err = String::from_utf8_lossy(&out.stderr);
+            if text.contains("not a dynamic executable") || err.contains("not a dynamic executable") {
+                return Ok(HostLibs::default());
+            }
+            return Err(format!("ldd {}: {}", agent.display(), err.trim()));
+        }
+        Ok(HostLibs::parse(&text))
+    }
+
+    /// `ldd` output: `name => /path (0x…)` lines are libraries, a bare `/path (0x…)` is
+    /// the loader; the vDSO has no file.
+    pub fn parse(ldd: &str) -> HostLibs {
+        let mut libs = HostLibs::default();
+        for line in ldd.lines() {
+            let line = line.trim();
+            if line.contains("statically linked") {
+                return HostLibs::default();
+            }
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.trim(),
+                None => line,
+            };
+            let Some(path) = path.split_whitespace().next().filter(|p| p.starts_with('/')) else {
+                continue;
+            };
+            if line.contains("=>") {
+                libs.libs.push(PathBuf::from(path));
+            } else {
+                libs.loader = Some(PathBuf::from(path));
+            }
+        }
+        libs
+    }
+}
 
 /// Capabilities of the agent inside the sandbox (root of gVisor's user namespace, not
 /// of the host): mount the disk, chown files to the sandbox user, drop to it, kill every
@@ -49,6 +128,9 @@ pub struct BundleSpec<'a> {
     /// Proxy mode: the host directory holding the egress proxy's socket, bound at
     /// `/.airlock/egress` (root-only inside: the agent's relay connects to it).
     pub egress_dir: Option<&'a Path>,
+    /// An image's prepared tree: the whole root (then `rootfs` is `None`), with the
+    /// host libraries the agent needs.
+    pub image: Option<(&'a Path, &'a HostLibs)>,
 }
 
 fn io_at(what: &str, path: &Path, e: io::Error) -> io::Error {
@@ -75,8 +157,11 @@ fn bind(src: &Path, dst: &str) -> Value {
 }
 
 /// Writes the bundle into the empty directory `dir`: `dir/config.json` and
-/// `dir/rootfs`.
+/// `dir/rootfs` (with an image: `dir/etc`, the generated identity files).
 pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
+    if let Some((image, libs)) = spec.image {
+        return write_for_image(dir, image, libs, spec);
+    }
     let source = spec.rootfs.unwrap_or(Path::new("/"));
     let root = dir.join("rootfs");
     let mut mounts = Vec::new();
@@ -148,13 +233,67 @@ pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
         }));
     }
     mounts.push(json!({"destination": "/proc", "type": "proc", "source": "proc"}));
+    let args = vec![AGENT_PATH.to_owned(), crate::agent::AGENT_ARG.to_owned()];
+    write_config(dir, json!("rootfs"), mounts, args)
+}
 
+/// The bundle of a sandbox whose root is the prepared tree `image` (see the module docs).
+fn write_for_image(dir: &Path, image: &Path, libs: &HostLibs, spec: &BundleSpec<'_>) -> io::Result<()> {
+    let mut mounts = Vec::new();
+    let etc = dir.join("etc");
+    mkdir(&etc)?;
+    for (name, content) in GENERATED_ETC {
+        let path = etc.join(name);
+        fs::write(&path, content).map_err(|e| io_at("writing", &path, e))?;
+        mounts.push(bind(&path, &format!("/etc/{name}")));
+    }
+    // /.airlock: the bundle's directory of mount points, over the image's empty one.
+    let airlock = dir.join("airlock");
+    mkdir(&airlock)?;
+    mkdir(&airlock.join("scratch"))?;
+    mounts.push(bind(&airlock, "/.airlock"));
+    touch(&airlock.join("agent"))?;
+    mounts.push(bind(spec.agent, AGENT_PATH));
+    let mut args = Vec::new();
+    if let Some(loader) = &libs.loader {
+        mkdir(&airlock.join("hostlib"))?;
+        for lib in libs.libs.iter().chain([loader]) {
+            let name = lib
+                .file_name()
+                .ok_or_else(|| io::Error::other(format!("library {} has no file name", lib.display())))?;
+            touch(&airlock.join("hostlib").join(name))?;
+            mounts.push(bind(lib, &format!("{HOSTLIB_DIR}/{}", name.to_string_lossy())));
+        }
+        let loader_name = loader.file_name().unwrap_or_default().to_string_lossy();
+        args.extend([
+            format!("{HOSTLIB_DIR}/{loader_name}"),
+            "--library-path".to_owned(),
+            HOSTLIB_DIR.to_owned(),
+        ]);
+    }
+    args.extend([AGENT_PATH.to_owned(), crate::agent::AGENT_ARG.to_owned()]);
+    if let Some(egress) = spec.egress_dir {
+        mkdir(&airlock.join("egress"))?;
+        mounts.push(json!({
+            "destination": crate::egress::SANDBOX_DIR,
+            "type": "bind",
+            "source": egress,
+            "options": ["rbind", "nosuid", "nodev", "noexec"],
+        }));
+    }
+    mounts.push(json!({"destination": "/proc", "type": "proc", "source": "proc"}));
+    write_config(dir, json!(image), mounts, args)
+}
+
+/// Writes `dir/config.json`: the agent (`args`) as the container's process, as root of
+/// gVisor's user namespace with [`AGENT_CAPS`], on the read-only `root` with `mounts`.
+fn write_config(dir: &Path, root: Value, mounts: Vec<Value>, args: Vec<String>) -> io::Result<()> {
     let config = json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
             "user": {"uid": 0, "gid": 0},
-            "args": [AGENT_PATH, crate::agent::AGENT_ARG],
+            "args": args,
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
             "cwd": "/",
             "capabilities": {
@@ -165,7 +304,7 @@ pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096u64, "soft": 4096u64}],
             "noNewPrivileges": true,
         },
-        "root": {"path": "rootfs", "readonly": true},
+        "root": {"path": root, "readonly": true},
         "hostname": "airlock",
         "mounts": mounts,
         "linux": {
@@ -206,6 +345,7 @@ mod tests {
                 agent: &agent,
                 compat: None,
                 egress_dir: None,
+                image: None,
             },
         )
         .unwrap();
@@ -222,5 +362,78 @@ mod tests {
         assert!(mounts.iter().all(|m| m["destination"] != "/etc"));
         let passwd = fs::read_to_string(bundle.join("rootfs/etc/passwd")).unwrap();
         assert!(passwd.contains("sandbox:x:1000:1000"));
+    }
+
+    #[test]
+    fn with_an_image_the_root_is_its_tree_and_the_agent_runs_through_the_host_loader() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = dir.path().join("agent-bin");
+        fs::write(&agent, b"").unwrap();
+        let image = dir.path().join("image");
+        fs::create_dir(&image).unwrap();
+        let bundle = dir.path().join("b");
+        fs::create_dir(&bundle).unwrap();
+        let libs = HostLibs::parse(
+            "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f)\n",
+        );
+        assert_eq!(
+            libs.loader.as_deref(),
+            Some(Path::new("/lib64/ld-linux-x86-64.so.2"))
+        );
+        assert_eq!(libs.libs, vec![PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6")]);
+        write(
+            &bundle,
+            &BundleSpec {
+                rootfs: None,
+                agent: &agent,
+                compat: Some(&agent),
+                egress_dir: None,
+                image: Some((&image, &libs)),
+            },
+        )
+        .unwrap();
+        let config: Value = serde_json::from_slice(&fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["root"]["path"], image.to_str().unwrap());
+        assert_eq!(config["root"]["readonly"], true);
+        let args: Vec<&str> = config["process"]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "/.airlock/hostlib/ld-linux-x86-64.so.2",
+                "--library-path",
+                HOSTLIB_DIR,
+                AGENT_PATH,
+                crate::agent::AGENT_ARG
+            ]
+        );
+        let mounts = config["mounts"].as_array().unwrap();
+        let dests: Vec<&str> = mounts
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        assert!(dests.contains(&"/etc/passwd"), "{dests:?}");
+        // Every destination exists before runsc mounts it: in the image (/etc, /proc),
+        // or in the bundle's /.airlock, mounted first.
+        let airlock = dests.iter().position(|d| *d == "/.airlock").unwrap();
+        for (i, d) in dests.iter().enumerate() {
+            if let Some(rest) = d.strip_prefix("/.airlock/") {
+                assert!(i > airlock, "{d} before /.airlock");
+                assert!(bundle.join("airlock").join(rest).exists(), "{d}");
+            }
+        }
+        assert!(dests.contains(&"/.airlock/hostlib/libc.so.6"), "{dests:?}");
+        // Nothing of the host's system directories, nor the compat library.
+        assert!(
+            !dests.contains(&"/usr") && !dests.contains(&COMPAT_PATH),
+            "{dests:?}"
+        );
+        // Nothing was written into the image.
+        assert_eq!(fs::read_dir(&image).unwrap().count(), 0);
+        assert!(HostLibs::parse("\tstatically linked\n").loader.is_none());
     }
 }

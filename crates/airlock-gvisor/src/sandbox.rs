@@ -67,6 +67,8 @@ fn host_limits(limits: &Limits) -> CgroupLimits {
 #[derive(Debug)]
 pub struct GvisorSandbox {
     id: String,
+    /// Its root is an image's tree (not the host's system directories).
+    image: bool,
     /// Owned: `runsc run`, whose Sentry and Gofer are in `cgroup`.
     runsc: Child,
     /// Owned: the pipes to the agent.
@@ -134,6 +136,10 @@ impl GvisorSandbox {
             cgroup: None,
         };
         let egress_dir = dir.join("egress");
+        let image = match &shape.image {
+            Some(image) => Some((image.root.as_path(), prepared.host_libs()?)),
+            None => None,
+        };
         crate::bundle::write(
             &dir,
             &crate::bundle::BundleSpec {
@@ -141,6 +147,7 @@ impl GvisorSandbox {
                 agent: &prepared.agent,
                 compat: prepared.compat.as_deref(),
                 egress_dir: policy.is_some().then_some(egress_dir.as_path()),
+                image,
             },
         )
         .map_err(|e| Error::host("writing the OCI bundle", e))?;
@@ -216,6 +223,7 @@ impl GvisorSandbox {
         let channel = Channel::new(to_agent_w, from_agent_r).map_err(|e| Error::host("agent pipes", e))?;
         let mut sandbox = GvisorSandbox {
             id,
+            image: shape.image.is_some(),
             runsc,
             channel,
             cgroup: partial.cgroup.take(),
@@ -255,7 +263,7 @@ impl GvisorSandbox {
             sandbox.expect_ok("starting the egress relay")?;
         }
         if warm {
-            sandbox.warm_up()?;
+            sandbox.warm_up(shape.image.is_some())?;
         }
         sandbox.background = background;
         sandbox.setup = t0.elapsed();
@@ -266,11 +274,14 @@ impl GvisorSandbox {
     /// execve, the loader and libc looked up through the Gofer and cached, the agent's
     /// supervision) is warm when the pool hands the sandbox its one program. The agent
     /// forks a fresh ready child after it, as after any exec: nothing of it remains.
-    fn warm_up(&mut self) -> Result<(), Error> {
+    /// An image may have no /bin/true: in one, a program not found (127) or not runnable
+    /// (126) has still warmed up the exec path.
+    fn warm_up(&mut self, image: bool) -> Result<(), Error> {
         let mut spec = Spec::new(vec!["/bin/true".into()]);
         spec.limits = self.limits.clone();
         let r = self.exec_inner(&spec, &mut airlock_backend::Capture, &[])?;
-        if r.exit_code != Some(0) {
+        let acceptable = r.exit_code == Some(0) || (image && matches!(r.exit_code, Some(126 | 127)));
+        if !acceptable {
             return Err(Error::host(
                 "warming up the gVisor sandbox",
                 format!("/bin/true ended {:?} ({})", r.outcome, r.stderr.trim()),
@@ -368,6 +379,13 @@ impl GvisorSandbox {
     ) -> Result<ExecResult, Error> {
         spec.validate()?;
         check_memory(&spec.limits)?;
+        if spec.image.is_some() && !self.image {
+            // Never run on the host's system directories in the image's place.
+            return Err(Error::invalid(
+                "image",
+                "was not resolved to an image's prepared root: this sandbox has the host's system directories",
+            ));
+        }
         if !self.alive {
             return Err(Error::Gone("the gVisor sandbox is gone".into()));
         }
@@ -402,6 +420,7 @@ impl GvisorSandbox {
                 command: spec.command.clone(),
                 env: spec.env.clone(),
                 limits: spec.limits.clone(),
+                workdir: spec.workdir.clone(),
             },
             &[],
         )?;

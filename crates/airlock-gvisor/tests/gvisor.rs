@@ -622,3 +622,158 @@ fn a_proxy_mode_session_keeps_its_proxy_for_every_exec() {
         assert_eq!(r.stdout, "http://127.0.0.1:3128\nrelay up\n", "{r:?}");
     }
 }
+
+// --- An image's prepared tree as the root ------------------------------------------------
+
+#[path = "../../airlock-sandbox/tests/common/image.rs"]
+mod image;
+
+/// One prepared image tree for every image test of this suite.
+fn image_root() -> &'static std::path::Path {
+    static ROOT: OnceLock<(tempfile::TempDir, std::path::PathBuf)> = OnceLock::new();
+    &ROOT
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let root = image::make(dir.path());
+            (dir, root)
+        })
+        .1
+}
+
+fn image_shape(spec: &Spec) -> Shape {
+    let mut shape = Shape::of(spec);
+    shape.image = Some(airlock_backend::ImageRoot {
+        digest: "sha256:test".into(),
+        root: image_root().to_owned(),
+    });
+    shape
+}
+
+fn run_in_image(spec: &Spec) -> Result<airlock_spec::ExecResult, airlock_backend::Error> {
+    backend().run_in(&image_shape(spec), spec, &mut Capture, &[])
+}
+
+fn ok_in_image(spec: &Spec) -> airlock_spec::ExecResult {
+    let r = run_in_image(spec).unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+    assert_eq!(r.exit_code, Some(0), "{r:#?}");
+    r
+}
+
+#[test]
+fn image_files_are_readable() {
+    let r = ok_in_image(&sh("cat /opt/hello.txt; cat /etc/private.conf"));
+    assert_eq!(r.stdout, "hello from the image\nprivate=1\n");
+}
+
+#[test]
+fn image_root_is_the_image_not_the_host() {
+    let r = ok_in_image(&sh(
+        "ls /usr 2>&1; test -e /usr/bin/python3 && echo HOST-PYTHON; test -e /etc/ssl && echo HOST-SSL; echo end",
+    ));
+    assert!(
+        r.stdout.contains("No such file"),
+        "/usr is the host's: {}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains("HOST-"), "{}", r.stdout);
+}
+
+#[test]
+fn image_program_is_uid_1000_and_the_image_is_read_only() {
+    let r = ok_in_image(&sh(
+        "id -u; for f in /opt/x /bin/x /etc/passwd /x; do touch $f 2>/dev/null && echo WROTE $f; done; echo end",
+    ));
+    assert_eq!(r.stdout, "1000\nend\n");
+}
+
+#[test]
+fn image_scratch_is_writable_and_the_tree_is_unchanged() {
+    // A tree of its own, that no sandbox has run in yet, in proxy mode (one more mount).
+    let dir = tempfile::tempdir().unwrap();
+    let tree = image::make(dir.path());
+    let before = image::snapshot(&tree);
+    let mut spec = sh("echo a > /workspace/a && echo b > /tmp/b && cat /workspace/a /tmp/b && pwd");
+    spec.network = airlock_spec::NetworkPolicy::Proxy {
+        allow: vec!["example.com".into()],
+        allow_cidrs: vec![],
+    };
+    let mut shape = Shape::of(&spec);
+    shape.image = Some(airlock_backend::ImageRoot {
+        digest: "sha256:fresh".into(),
+        root: tree.clone(),
+    });
+    let r = backend().run_in(&shape, &spec, &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "a\nb\n/workspace\n", "{r:#?}");
+    assert_eq!(image::snapshot(&tree), before, "the prepared tree changed");
+}
+
+#[test]
+fn image_etc_identity_files_are_generated() {
+    let r = ok_in_image(&sh("cat /etc/passwd; id -un"));
+    let passwd = airlock_sandbox::GENERATED_ETC
+        .iter()
+        .find(|(n, _)| *n == "passwd")
+        .unwrap()
+        .1;
+    assert_eq!(r.stdout, format!("{passwd}sandbox\n"));
+}
+
+#[test]
+fn image_program_starts_in_its_workdir() {
+    let mut spec = sh("pwd; echo $PWD; cat hello.txt");
+    spec.workdir = Some("/opt".into());
+    assert_eq!(ok_in_image(&spec).stdout, "/opt\n/opt\nhello from the image\n");
+    let mut spec = sh("pwd");
+    spec.workdir = Some("/no/such/dir".into());
+    let err = run_in_image(&spec).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Invalid, "{err}");
+    let airlock_backend::Error::Invalid(e) = &err else {
+        unreachable!()
+    };
+    assert_eq!(e.field, "workdir", "{err}");
+}
+
+#[test]
+fn workdir_without_an_image() {
+    let mut spec = sh("pwd");
+    spec.workdir = Some("/usr".into());
+    let r = backend().run(&spec, &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "/usr\n", "{r:#?}");
+}
+
+#[test]
+fn image_pool_sandbox_warms_up_without_bin_true_and_serves_its_image() {
+    let spec = sh("cat /opt/hello.txt");
+    let shape = image_shape(&spec);
+    let mut sb = backend()
+        .create(&shape, Purpose::Pool { behind: false })
+        .expect("a pooled sandbox of an image with no /bin/true");
+    let r = sb.exec_once(&spec, &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "hello from the image\n", "{r:#?}");
+    let mut other = shape.clone();
+    other.image.as_mut().unwrap().digest = "sha256:other".into();
+    assert!(!backend().serves(&shape, &other));
+}
+
+#[test]
+fn image_session_in_proxy_mode_gets_the_proxy() {
+    let mut spec = sh("echo $HTTP_PROXY; cat /opt/hello.txt");
+    spec.network = airlock_spec::NetworkPolicy::Proxy {
+        allow: vec!["example.com".into()],
+        allow_cidrs: vec![],
+    };
+    let r = ok_in_image(&spec);
+    assert!(r.stdout.contains("127.0.0.1:3128"), "{r:#?}");
+    assert!(r.stdout.ends_with("hello from the image\n"), "{r:#?}");
+}
+
+#[test]
+fn image_named_by_the_spec_but_unresolved_never_runs_on_the_host_root() {
+    let mut spec = sh("true");
+    spec.image = Some("busybox".into());
+    let err = backend().run(&spec, &mut Capture, &[]).unwrap_err();
+    let airlock_backend::Error::Invalid(e) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(e.field, "image", "{err}");
+}

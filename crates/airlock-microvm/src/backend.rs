@@ -97,7 +97,10 @@ impl Backend for VmBackend {
         self.host().map(|_| ())
     }
 
+    /// Images are refused ([`Backend::runs_images`] is false): the guest's root is its
+    /// image of the host's system directories.
     fn create(&self, shape: &Shape, purpose: Purpose) -> Result<Box<dyn airlock_backend::Sandbox>, Error> {
+        self.check_shape(shape)?;
         let host = self.host()?;
         let limits = &shape.limits;
         let size = VmSize::for_limits(limits);
@@ -131,6 +134,7 @@ impl Backend for VmBackend {
             && need.vcpus <= have.vcpus
             && wanted.limits.disk_bytes == pooled.limits.disk_bytes
             && wanted.rootfs == pooled.rootfs
+            && wanted.image == pooled.image
     }
 }
 
@@ -189,5 +193,53 @@ impl airlock_backend::Sandbox for BootedVm {
 
     fn is_alive(&mut self) -> bool {
         self.agent_alive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_backend::{Capture, ErrorKind, ImageRoot};
+
+    /// Never prepared: what these tests check is refused before any VM is built.
+    fn backend() -> VmBackend {
+        VmBackend::new(HostOptions::from_env(), None)
+    }
+
+    fn refused_field(err: Error) -> String {
+        assert_eq!(err.kind(), ErrorKind::Invalid, "{err}");
+        let Error::Invalid(e) = err else { unreachable!() };
+        e.field
+    }
+
+    #[test]
+    fn a_shape_with_an_image_is_refused_on_image_never_run_on_the_host_root() {
+        let spec = Spec::new(vec!["true".into()]);
+        let mut shape = Shape::of(&spec);
+        shape.image = Some(ImageRoot {
+            digest: "sha256:test".into(),
+            root: "/nonexistent/image-root".into(),
+        });
+        let b = backend();
+        assert!(!b.runs_images());
+        let err = b.create(&shape, Purpose::OneShot).unwrap_err();
+        assert!(err.to_string().contains("microvm"), "{err}");
+        assert_eq!(refused_field(err), "image");
+        let err = b.run_in(&shape, &spec, &mut Capture, &[]).unwrap_err();
+        assert_eq!(refused_field(err), "image");
+    }
+
+    #[test]
+    fn a_workdir_or_an_image_in_the_spec_is_refused_whatever_tier_it_names() {
+        let mut spec = Spec::new(vec!["true".into()]);
+        spec.workdir = Some("/opt".into());
+        let field = |spec: &Spec| match crate::vm::validate(spec) {
+            Err(VmError::Spec(e)) => e.field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(&spec), "workdir");
+        spec.workdir = None;
+        spec.image = Some("busybox".into());
+        assert_eq!(field(&spec), "image");
     }
 }

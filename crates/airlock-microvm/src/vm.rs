@@ -350,7 +350,7 @@ impl MicroVmHost {
         sink: &mut dyn OutputSink,
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
-        spec.validate().map_err(VmError::Spec)?;
+        validate(spec)?;
         let mut vm = self.boot(VmSize::for_limits(&spec.limits))?;
         let mut result = vm.run(spec, sink, cancel)?;
         result.setup_ms = round3(result.setup_ms + vm.boot_time().as_secs_f64() * 1e3);
@@ -776,7 +776,7 @@ impl BootedVm {
         sink: &mut dyn OutputSink,
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
-        spec.validate().map_err(VmError::Spec)?;
+        validate(spec)?;
         let t0 = Instant::now();
         self.ensure_sandbox(&spec.limits)?;
         if std::mem::replace(&mut self.used, true) {
@@ -823,7 +823,7 @@ impl BootedVm {
         sink: &mut dyn OutputSink,
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
-        spec.validate().map_err(VmError::Spec)?;
+        validate(spec)?;
         let t0 = Instant::now();
         self.ensure_sandbox(&spec.limits)?;
         self.used = true;
@@ -851,6 +851,7 @@ impl BootedVm {
             command: spec.command.clone(),
             env: spec.env.clone(),
             limits: spec.limits.clone(),
+            workdir: None,
         };
         self.send(&exec, &[])?;
         // What this call waited for before the program: the sandbox (unless prepared
@@ -1239,6 +1240,25 @@ fn purge_state(root: &Path) -> usize {
         let _ = fs::remove_dir(owner.path());
     }
     purged
+}
+
+/// `spec` validated as the micro-VM serves it, whatever tier it names: what the guest
+/// cannot do yet (an image's root, a workdir) is refused, never ignored.
+pub(crate) fn validate(spec: &Spec) -> Result<(), VmError> {
+    spec.validate().map_err(VmError::Spec)?;
+    if spec.image.is_some() {
+        return Err(VmError::Spec(SpecError::new(
+            "image",
+            "is not available with isolation microvm yet",
+        )));
+    }
+    if spec.workdir.is_some() {
+        return Err(VmError::Spec(SpecError::new(
+            "workdir",
+            "is not available with isolation microvm yet (programs start in /workspace)",
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

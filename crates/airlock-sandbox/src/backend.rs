@@ -20,6 +20,7 @@ impl SandboxConfig {
             limits: cgroup_limits_of(&shape.limits),
             disk_bytes: shape.limits.disk_bytes,
             rootfs: shape.rootfs.clone(),
+            image: shape.image.as_ref().map(|i| i.root.clone()),
             network: shape.network.clone(),
             fixed_layout: false,
         }
@@ -37,7 +38,13 @@ impl Backend for Engine {
         Ok(self.start_zygote()?)
     }
 
+    /// An image's prepared tree is bound read-only as the sandbox's root (see `mounts`).
+    fn runs_images(&self) -> bool {
+        true
+    }
+
     fn create(&self, shape: &Shape, purpose: Purpose) -> Result<Box<dyn airlock_backend::Sandbox>, Error> {
+        self.check_shape(shape)?;
         let config = SandboxConfig::of_shape(shape);
         let sandbox = match purpose {
             // Nothing waits for it: built on CPU time nothing else wants.

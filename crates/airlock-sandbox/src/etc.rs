@@ -1,6 +1,8 @@
 //! The sandbox's synthesized /etc: the few files programs need, never the host's whole
 //! /etc. Identity files are written fresh; loader, certificate and alternatives data are
-//! bound read-only from the host (or the rootfs).
+//! bound read-only from the host (or the rootfs). With an image's root, only the identity
+//! files are generated, bound over the image's own (empty) ones; the rest of its /etc is
+//! the image's.
 
 use std::fs;
 use std::path::Path;
@@ -49,6 +51,40 @@ pub const BOUND_DIRS: &[&str] = &[
     "pki",
     "crypto-policies",
 ];
+
+/// Where the identity files for an image's root are written, on the staging root.
+const STAGED: &str = "/.etc";
+
+/// Binds the identity files of [`GENERATED`] read-only over the empty files the image's
+/// prepared tree at `image` holds for them. The files are written on the staging root
+/// (see `mounts`), whose tmpfs lives on in these binds; nothing is written in the image.
+pub fn bind_generated(image: &Path) -> Result<(), MountError> {
+    let staged = Path::new(STAGED);
+    mkdir_p(staged, 0o755)?;
+    for (name, content) in GENERATED {
+        let src = staged.join(name);
+        fs::write(&src, content).map_err(|source| MountError::Syscall {
+            op: "write",
+            target: src.display().to_string(),
+            source,
+        })?;
+        let dst = image.join("etc").join(name);
+        nix::mount::mount(
+            Some(&src),
+            &dst,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| MountError::Syscall {
+            op: "bind",
+            target: dst.display().to_string(),
+            source: e.into(),
+        })?;
+        remount_readonly(&src, &dst)?;
+    }
+    Ok(())
+}
 
 /// Builds /etc from `source_root` (the host's root or the rootfs, as seen before the old
 /// root is detached).

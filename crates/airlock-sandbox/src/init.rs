@@ -116,6 +116,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
     let Request::Setup {
         disk_bytes,
         rootfs,
+        image,
         proxy_port,
         fixed_layout,
     } = msg
@@ -124,6 +125,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
     };
     let layout = mounts::Layout {
         rootfs: rootfs.as_deref(),
+        image: image.as_deref(),
         disk_bytes,
     };
     try_or!(mounts::build(&layout), "building the filesystem");
@@ -156,7 +158,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         )),
         None => None,
     };
-    let landlock = try_or!(crate::landlock::prepare(proxy_port), "landlock");
+    let landlock = try_or!(crate::landlock::prepare(proxy_port, image.is_some()), "landlock");
     if fixed_layout {
         // Inherited by every program's process, across fork and exec (seccomp allows
         // only querying the persona, so it is set before the filter).
@@ -388,7 +390,7 @@ impl Init {
             let _ = { ready.errors }.read_to_string(&mut failure);
             if !failure.is_empty() {
                 self.kill_all();
-                return Reply::Failed { message: failure };
+                return failed(failure);
             }
         }
         drop(fds);
@@ -402,7 +404,7 @@ impl Init {
         let _ = { errors }.read_to_string(&mut failure);
         if !failure.is_empty() {
             self.kill_all();
-            return Reply::Failed { message: failure };
+            return failed(failure);
         }
         self.reply(&Reply::Started, &[]);
         let status = self.wait_for(pid);
@@ -460,6 +462,18 @@ impl Init {
                 _ => continue,
             }
         }
+    }
+}
+
+/// The reply for what the ready child wrote on its error pipe: a failure of a request's
+/// field (`field` NUL `message`, see `payload::refuse`) is refused on that field.
+fn failed(failure: String) -> Reply {
+    match failure.split_once('\0') {
+        Some((field, message)) => Reply::Refused {
+            field: field.to_owned(),
+            message: message.to_owned(),
+        },
+        None => Reply::Failed { message: failure },
     }
 }
 

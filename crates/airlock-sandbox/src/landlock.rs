@@ -1,6 +1,6 @@
 //! Landlock, the second wall behind the mount namespace: even if a path of the host were
-//! reachable, the program could only read and execute system directories and write its
-//! scratch space. Newer ABIs add TCP rules (no TCP bind/connect at all while the network
+//! reachable, the program could only read and execute system directories (with an image's
+//! root: the whole image, which is all there is) and write its scratch space. Newer ABIs add TCP rules (no TCP bind/connect at all while the network
 //! policy is "none") and scoping (no signals to, and no abstract sockets of, processes
 //! outside the sandbox's domain).
 //!
@@ -43,9 +43,17 @@ pub fn kernel_abi() -> i32 {
     if v < 0 { 0 } else { v as i32 }
 }
 
+/// The system directories a program may read and execute when its root is built from
+/// the host's (or a rootfs's): the bound [`crate::mounts::SYSTEM_DIRS`] and /etc.
+const SYSTEM_PATHS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+
 /// Builds the ruleset, opening the paths it names. Called in init after the filesystem
 /// is built, before the program is forked; the fork applies it with [`restrict`].
-pub fn prepare(proxy_port: Option<u16>) -> Result<RulesetCreated, LandlockError> {
+/// With `image_root` the whole root is an image's read-only tree: all of it may be read
+/// and executed (an image puts programs anywhere: /opt, /app, /usr/local...).
+pub fn prepare(proxy_port: Option<u16>, image_root: bool) -> Result<RulesetCreated, LandlockError> {
     let read_exec = AccessFs::from_read(POLICY_ABI);
     let read_only = read_exec & !AccessFs::Execute;
     // Writable scratch space: everything but creating device nodes.
@@ -65,9 +73,7 @@ pub fn prepare(proxy_port: Option<u16>) -> Result<RulesetCreated, LandlockError>
     let ruleset = ruleset
         .add_rules(path_beneath_rules(["/"], AccessFs::ReadDir))?
         .add_rules(path_beneath_rules(
-            [
-                "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
-            ],
+            if image_root { &["/"][..] } else { SYSTEM_PATHS },
             read_exec,
         ))?
         // /proc is the sandbox's own (its pid namespace); writes there are guarded by

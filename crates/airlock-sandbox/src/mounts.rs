@@ -10,6 +10,26 @@
 //! 5. a minimal /dev, then a fresh /proc with dangerous paths masked (proc must be mounted
 //!    while the host's /proc is still visible: the kernel requires it in a user namespace);
 //! 6. detach the host's root, make / read-only, and enter /workspace.
+//!
+//! With an image (`Layout::image`, a prepared tree: see `airlock_backend::ImageRoot`)
+//! the root is the image's tree instead, and nothing is ever created in it (it is the
+//! host's directory, shared by every sandbox of the image). The steps stay the same,
+//! built on a staging root:
+//! 1. as above;
+//! 2. as above: the small tmpfs is the staging root, the host's at `/oldroot`, and the
+//!    scratch tmpfs at `/.scratch`, both on the staging tmpfs as without an image;
+//! 3. the image's tree is bound (recursively, once) at `/.image` on the staging root,
+//!    read-only, nosuid, nodev; the identity files of `etc::GENERATED` are written on
+//!    the staging tmpfs and bound read-only over the image's empty /etc files (nothing
+//!    of the host's /etc: the image's own /etc is used);
+//! 4. /tmp and /workspace of the scratch tmpfs are bound over the image's directories;
+//! 5. /dev (tmpfs over the image's /dev) and /proc are built under `/.image` exactly as
+//!    without an image;
+//! 6. the host's root and the scratch mount point are detached; then `pivot_root` into
+//!    `/.image`, with the staging root parked on the image's `/.airlock` (a directory
+//!    every prepared tree has) and detached at once: the staging tmpfs lives on only
+//!    in the files bound from it. / is made read-only (it already is) and the program
+//!    starts in its workdir.
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::stat::Mode;
@@ -29,6 +49,13 @@ pub const SANDBOX_ID: u32 = 1000;
 const OLD: &str = "/oldroot";
 /// Where the scratch tmpfs is mounted before its parts are bound into place.
 const SCRATCH: &str = "/.scratch";
+/// Where an image's tree is bound on the staging root while the sandbox is built in it.
+const IMAGE: &str = "/.image";
+/// The directory every prepared image tree has for airlock's own use; the staging root
+/// is parked there by the last `pivot_root`.
+const AIRLOCK_DIR: &str = "/.airlock";
+/// [`AIRLOCK_DIR`] as seen from the staging root, before the last `pivot_root`.
+const PARK: &str = "/.image/.airlock";
 
 /// System directories taken from the host (or the rootfs): real directories are bound
 /// read-only, symlinks (merged-/usr hosts) are recreated as symlinks.
@@ -102,6 +129,8 @@ fn io_op<T>(op: &'static str, target: impl AsRef<Path>, r: io::Result<T>) -> Res
 pub struct Layout<'a> {
     /// Host directory holding the system directories (`/` for the host's own).
     pub rootfs: Option<&'a Path>,
+    /// An image's prepared tree on the host: the whole root (then `rootfs` is `None`).
+    pub image: Option<&'a Path>,
     /// Size of the writable tmpfs behind /tmp, /workspace and /dev/shm.
     pub disk_bytes: u64,
 }
@@ -143,25 +172,42 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
     )?;
     sys("chdir", "/", nix::unistd::chdir("/"))?;
 
-    let source_root = match layout.rootfs {
-        Some(dir) => Path::new(OLD).join(dir.strip_prefix("/").unwrap_or(dir)),
-        None => PathBuf::from(OLD),
-    };
-
-    // 3. System directories, read-only.
-    for name in SYSTEM_DIRS {
-        let src = source_root.join(name);
-        let dst = Path::new("/").join(name);
-        match fs::symlink_metadata(&src) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                let target = io_op("readlink", &src, fs::read_link(&src))?;
-                io_op("symlink", &dst, symlink(target, &dst))?;
+    // Where the sandbox's root is built: the staging root itself, or the image's tree.
+    let root = match layout.image {
+        Some(image) => {
+            // 3. The image's tree, read-only, and generated identity files over its own.
+            let src = Path::new(OLD).join(image.strip_prefix("/").unwrap_or(image));
+            mkdir_p(Path::new(IMAGE), 0o755)?;
+            sys(
+                "bind image",
+                IMAGE,
+                mount(
+                    Some(&src),
+                    IMAGE,
+                    None::<&str>,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    None::<&str>,
+                ),
+            )?;
+            remount_readonly(&src, Path::new(IMAGE))?;
+            // Mounts beneath the tree on the host (a prepared tree has none) are made
+            // read-only too; a kernel without mount_setattr (< 5.12) leaves them as
+            // they are.
+            match crate::sys::make_tree_readonly(c"/.image") {
+                Err(e) if e.raw_os_error() != Some(libc::ENOSYS) => {
+                    return io_op("make the image read-only", IMAGE, Err(e));
+                }
+                _ => {}
             }
-            Ok(meta) if meta.is_dir() => bind_dir_readonly(&src, &dst)?,
-            _ => {}
+            check_mount_points(Path::new(IMAGE))?;
+            etc::bind_generated(Path::new(IMAGE))?;
+            Path::new(IMAGE)
         }
-    }
-    etc::build(&source_root)?;
+        None => {
+            build_system_dirs(layout.rootfs)?;
+            Path::new("/")
+        }
+    };
 
     // 4. One tmpfs, capped in bytes and inodes, shared by /tmp, /workspace and /dev/shm:
     //    --disk is one budget for all writable space. Its pages are charged to the
@@ -193,28 +239,97 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
             chown(&dir, Some(Uid::from_raw(owner)), Some(Gid::from_raw(owner))),
         )?;
     }
-    for (part, dst) in [("tmp", "/tmp"), ("workspace", "/workspace")] {
-        mkdir_p(Path::new(dst), 0o755)?;
-        bind(&Path::new(SCRATCH).join(part), Path::new(dst))?;
+    for (part, dst) in [("tmp", "tmp"), ("workspace", "workspace")] {
+        let dst = root.join(dst);
+        if layout.image.is_none() {
+            mkdir_p(&dst, 0o755)?;
+        }
+        bind(&Path::new(SCRATCH).join(part), &dst)?;
     }
 
     // 5. /dev: a read-only tmpfs holding bound device nodes and a few links.
-    build_dev()?;
-    build_proc()?;
+    build_dev(root)?;
+    build_proc(root)?;
 
     // 6. Let go of the host: the old root and the scratch mount point disappear.
     sys("detach old root", OLD, umount2(OLD, MntFlags::MNT_DETACH))?;
     sys("detach scratch", SCRATCH, umount2(SCRATCH, MntFlags::MNT_DETACH))?;
     io_op("rmdir", OLD, fs::remove_dir(OLD))?;
     io_op("rmdir", SCRATCH, fs::remove_dir(SCRATCH))?;
+    if layout.image.is_some() {
+        // The staging root goes too: parked on the image's /.airlock, then detached.
+        sys("pivot_root", IMAGE, nix::unistd::pivot_root(IMAGE, PARK))?;
+        sys("chdir", "/", nix::unistd::chdir("/"))?;
+        sys(
+            "detach staging root",
+            AIRLOCK_DIR,
+            umount2(AIRLOCK_DIR, MntFlags::MNT_DETACH),
+        )?;
+    }
     sys("chdir", "/workspace", nix::unistd::chdir("/workspace"))?;
     Ok(())
 }
 
-/// Makes the root tmpfs read-only, once everything is mounted on it.
+/// Checks that the mount points a prepared tree must hold are there, as real directories
+/// and files: a symbolic link would send a mount elsewhere (it is followed on the staging
+/// root, where the host's root is still reachable).
+fn check_mount_points(root: &Path) -> Result<(), MountError> {
+    let dirs = ["tmp", "workspace", "dev", "proc", "etc", ".airlock"];
+    let files = crate::etc::GENERATED
+        .iter()
+        .map(|(name, _)| format!("etc/{name}"));
+    let wanted = dirs
+        .iter()
+        .map(|d| (d.to_string(), true))
+        .chain(files.map(|f| (f, false)));
+    for (rel, dir) in wanted {
+        let path = root.join(&rel);
+        let ok = fs::symlink_metadata(&path).is_ok_and(|m| if dir { m.is_dir() } else { m.is_file() });
+        if !ok {
+            return Err(MountError::Syscall {
+                op: "check the image's mount point",
+                target: format!("/{rel}"),
+                source: io::Error::other(format!(
+                    "a prepared image tree holds it as a {} (not a link)",
+                    if dir { "directory" } else { "regular file" }
+                )),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Step 3 without an image: the system directories of the host (or `rootfs`), read-only,
+/// and the synthesized /etc.
+fn build_system_dirs(rootfs: Option<&Path>) -> Result<(), MountError> {
+    let source_root = match rootfs {
+        Some(dir) => Path::new(OLD).join(dir.strip_prefix("/").unwrap_or(dir)),
+        None => PathBuf::from(OLD),
+    };
+    for name in SYSTEM_DIRS {
+        let src = source_root.join(name);
+        let dst = Path::new("/").join(name);
+        match fs::symlink_metadata(&src) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = io_op("readlink", &src, fs::read_link(&src))?;
+                io_op("symlink", &dst, symlink(target, &dst))?;
+            }
+            Ok(meta) if meta.is_dir() => bind_dir_readonly(&src, &dst)?,
+            _ => {}
+        }
+    }
+    etc::build(&source_root)
+}
+
+/// Makes the root read-only, once everything is mounted on it (an image's root already
+/// is; the flags its host mount locks are kept).
 pub fn seal_root() -> Result<(), MountError> {
-    let flags =
-        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let flags = MsFlags::MS_REMOUNT
+        | MsFlags::MS_BIND
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV
+        | locked_flags(Path::new("/"));
     sys(
         "remount read-only",
         "/",
@@ -222,21 +337,23 @@ pub fn seal_root() -> Result<(), MountError> {
     )
 }
 
-fn build_dev() -> Result<(), MountError> {
-    mkdir_p(Path::new("/dev"), 0o755)?;
+/// /dev under `root` (`/`, or the image's tree on the staging root, whose /dev exists).
+fn build_dev(root: &Path) -> Result<(), MountError> {
+    let dev = root.join("dev");
+    mkdir_p(&dev, 0o755)?;
     sys(
         "mount /dev tmpfs",
-        "/dev",
+        &dev,
         mount(
             Some("tmpfs"),
-            "/dev",
+            &dev,
             Some("tmpfs"),
             MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
             Some("mode=0755,size=64k,nr_inodes=64"),
         ),
     )?;
     for name in DEVICES {
-        let dst = Path::new("/dev").join(name);
+        let dst = dev.join(name);
         io_op("create", &dst, fs::File::create(&dst))?;
         let src = Path::new(OLD).join("dev").join(name);
         sys(
@@ -261,46 +378,44 @@ fn build_dev() -> Result<(), MountError> {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        let dst = Path::new("/dev").join(link);
+        let dst = dev.join(link);
         io_op("symlink", &dst, symlink(target, &dst))?;
     }
-    mkdir_p(Path::new("/dev/shm"), 0o1777)?;
-    bind(&Path::new(SCRATCH).join("shm"), Path::new("/dev/shm"))?;
+    let shm = dev.join("shm");
+    mkdir_p(&shm, 0o1777)?;
+    bind(&Path::new(SCRATCH).join("shm"), &shm)?;
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
     sys(
         "remount /dev read-only",
-        "/dev",
-        mount(None::<&str>, "/dev", None::<&str>, flags, Some("mode=0755")),
+        &dev,
+        mount(None::<&str>, &dev, None::<&str>, flags, Some("mode=0755")),
     )?;
     Ok(())
 }
 
-fn build_proc() -> Result<(), MountError> {
-    mkdir_p(Path::new("/proc"), 0o555)?;
+/// A fresh /proc under `root`, its dangerous files masked and kernel tunables read-only.
+fn build_proc(root: &Path) -> Result<(), MountError> {
+    let proc = root.join("proc");
+    mkdir_p(&proc, 0o555)?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     sys(
         "mount proc",
-        "/proc",
-        mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>),
+        &proc,
+        mount(Some("proc"), &proc, Some("proc"), flags, None::<&str>),
     )?;
+    let null = root.join("dev/null");
     for name in PROC_MASKED_FILES {
-        let path = Path::new("/proc").join(name);
+        let path = proc.join(name);
         if path.exists() {
             sys(
                 "mask",
                 &path,
-                mount(
-                    Some("/dev/null"),
-                    &path,
-                    None::<&str>,
-                    MsFlags::MS_BIND,
-                    None::<&str>,
-                ),
+                mount(Some(&null), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>),
             )?;
         }
     }
     for name in PROC_READONLY_DIRS {
-        let path = Path::new("/proc").join(name);
+        let path = proc.join(name);
         if path.is_dir() {
             bind_dir_readonly(&path, &path)?;
         }

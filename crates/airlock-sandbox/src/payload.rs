@@ -15,7 +15,8 @@
 //! 7. landlock;
 //! 8. mark every inherited fd above 2 close-on-exec;
 //! 9. wait for the exec request (only now, unprivileged, is it parsed);
-//! 10. its stdio onto 0-2, the file size capped at the disk size;
+//! 10. its stdio onto 0-2, the file size capped at the disk size; enter its workdir (a
+//!     workdir that is no directory of the sandbox refuses the request on `workdir`);
 //! 11. find the program the way a shell would, as the sandbox user sees it, and execve;
 //!     if it cannot be found or run, say so on its stderr and exit 127 or 126 as a shell
 //!     does.
@@ -127,6 +128,7 @@ fn exec_request(requests: &OwnedFd) -> Result<std::convert::Infallible, String> 
         command,
         env,
         max_file_bytes,
+        workdir,
         ..
     } = frame.msg
     else {
@@ -157,10 +159,20 @@ fn exec_request(requests: &OwnedFd) -> Result<std::convert::Infallible, String> 
         "RLIMIT_FSIZE",
         setrlimit(Resource::RLIMIT_FSIZE, max_file_bytes, max_file_bytes),
     )?;
+    // Init left every process in /workspace.
+    let workdir = workdir.unwrap_or_else(|| workspace::ROOT.to_owned());
+    if workdir != workspace::ROOT
+        && let Err(e) = nix::unistd::chdir(workdir.as_str())
+    {
+        return Err(refuse(
+            "workdir",
+            &format!("{workdir}: cannot start the program there: {e}"),
+        ));
+    }
     // 11. A program that cannot be found or run ends as a shell's would: a line on its
     // stderr and exit status 127 (not found) or 126 (found, cannot be executed), so the
     // caller gets an ordinary result rather than a failed request.
-    let path = match resolve(first, &env) {
+    let path = match resolve(first, &env, Path::new(&workdir)) {
         Ok(path) => cstring(&path.to_string_lossy())?,
         Err(NotRunnable { status, message }) => fail_like_a_shell(status, &message),
     };
@@ -187,6 +199,12 @@ fn exec_request(requests: &OwnedFd) -> Result<std::convert::Infallible, String> 
     fail_like_a_shell(status, &format!("{}: {why}{e}", path.to_string_lossy()))
 }
 
+/// The message for init that refuses the request on `field` (init turns it into
+/// `Reply::Refused`).
+fn refuse(field: &str, message: &str) -> String {
+    format!("{field}\0{message}")
+}
+
 /// Why the command cannot be run: the shell's exit status for it and what to print.
 struct NotRunnable {
     status: i32,
@@ -204,15 +222,15 @@ fn fail_like_a_shell(status: i32, message: &str) -> ! {
 }
 
 /// Finds the program the way a shell would: a name with a slash is taken as a path
-/// (relative to /workspace), otherwise each PATH entry is tried. Not found is status 127;
+/// (relative to `workdir`), otherwise each PATH entry is tried. Not found is status 127;
 /// found but not an executable file is 126.
-fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, NotRunnable> {
+fn resolve(program: &str, env: &[(String, String)], workdir: &Path) -> Result<PathBuf, NotRunnable> {
     let executable = |p: &Path| {
         p.metadata()
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     };
     if program.contains('/') {
-        let path = Path::new(workspace::ROOT).join(program);
+        let path = workdir.join(program);
         if executable(&path) {
             return Ok(path);
         }

@@ -41,6 +41,9 @@ pub enum Request {
         disk_bytes: u64,
         /// Where system directories come from (the host's root when `None`).
         rootfs: Option<PathBuf>,
+        /// An image's prepared tree: the sandbox's whole root (see `mounts`).
+        #[serde(default)]
+        image: Option<PathBuf>,
         /// In proxy mode, the loopback port to listen on for the egress proxy; init sends
         /// the listening socket back with `Ready`.
         proxy_port: Option<u16>,
@@ -79,6 +82,9 @@ pub enum Request {
         env: Vec<(String, String)>,
         /// Largest file the program may write.
         max_file_bytes: u64,
+        /// Where the program starts (absolute); `None`: /workspace.
+        #[serde(default)]
+        workdir: Option<String>,
         /// No exec follows this one (a one-shot sandbox): init keeps no ready child
         /// after it.
         #[serde(default)]
@@ -125,6 +131,14 @@ pub enum Reply {
     /// Building the sandbox or starting the program failed.
     Failed {
         /// One line a person can act on.
+        message: String,
+    },
+    /// The program could not start because of a field of its request (a workdir that
+    /// does not exist in the sandbox); nothing ran.
+    Refused {
+        /// The request's field.
+        field: String,
+        /// What is wrong with it.
         message: String,
     },
     /// The program exited with `code`; its other processes are gone.

@@ -60,6 +60,8 @@ pub struct SandboxConfig {
     pub disk_bytes: u64,
     /// Where system directories come from.
     pub rootfs: Option<std::path::PathBuf>,
+    /// An image's prepared tree, the sandbox's whole root (then `rootfs` is `None`).
+    pub image: Option<std::path::PathBuf>,
     /// Network policy.
     pub network: NetworkPolicy,
     /// Programs run with a fixed address-space layout (`ADDR_NO_RANDOMIZE`). For a
@@ -77,10 +79,20 @@ impl SandboxConfig {
             limits: cgroup_limits(spec),
             disk_bytes: spec.limits.disk_bytes,
             rootfs: spec.rootfs.clone(),
+            image: None,
             network: spec.network.clone(),
             fixed_layout: false,
         }
     }
+}
+
+/// A spec that names an image, run in a sandbox built without one: refused, never run on
+/// the host's system directories in its place.
+pub(crate) fn unresolved_image() -> airlock_spec::SpecError {
+    airlock_spec::SpecError::new(
+        "image",
+        "was not resolved to an image's prepared root: this sandbox has the host's system directories",
+    )
 }
 
 /// The cgroup limits a spec asks for; airlock's init is one more process.
@@ -130,6 +142,8 @@ pub struct Sandbox {
     /// The host uid (and gid) the sandbox user is mapped to: owner of the program's stdio
     /// pipes.
     host_user: u32,
+    /// Its root is an image's tree (not the host's system directories).
+    image: bool,
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
@@ -207,6 +221,7 @@ impl Sandbox {
             baseline: None,
             background: ahead,
             host_user: 0,
+            image: config.image.is_some(),
         };
 
         // The child waits on the control socket: map its ids, then go.
@@ -224,6 +239,7 @@ impl Sandbox {
         let setup = Request::Setup {
             disk_bytes: config.disk_bytes,
             rootfs: config.rootfs.clone(),
+            image: config.image.clone(),
             proxy_port: policy.is_some().then_some(egress::PROXY_PORT),
             fixed_layout: config.fixed_layout,
         };
@@ -231,10 +247,24 @@ impl Sandbox {
         // Joining the v1 cgroups can wait for an RCU grace period (milliseconds); init
         // builds the filesystem meanwhile and waits for the Attached request before it does
         // anything worth charging to the sandbox.
-        if let Some(cg) = &sandbox.cgroup {
-            cg.attach(cloned.pid, cloned.in_cgroup)?;
+        let attached = match &sandbox.cgroup {
+            Some(cg) => cg
+                .attach(cloned.pid, cloned.in_cgroup)
+                .map_err(SandboxError::from),
+            None => Ok(()),
         }
-        sandbox.send(&Request::Attached, &[])?;
+        .and_then(|()| sandbox.send(&Request::Attached, &[]));
+        if let Err(e) = attached {
+            // Init may have failed building the filesystem meanwhile: it said why before
+            // it exited, and that is the error.
+            return Err(match sandbox.recv(t0 + SETUP_DEADLINE) {
+                Ok(Frame {
+                    msg: Reply::Failed { message },
+                    ..
+                }) => SandboxError::Setup(message),
+                _ => e,
+            });
+        }
         match sandbox.recv(t0 + SETUP_DEADLINE)? {
             Frame {
                 msg: Reply::Ready,
@@ -393,6 +423,9 @@ impl Sandbox {
         one_shot: bool,
     ) -> Result<ExecResult, SandboxError> {
         spec.validate()?;
+        if spec.image.is_some() && !self.image {
+            return Err(SandboxError::Spec(unresolved_image()));
+        }
         if !self.is_alive() {
             return Err(SandboxError::Gone);
         }

@@ -131,6 +131,10 @@ fn base_env() -> Vec<(String, String)> {
 /// variables (a later one wins).
 fn environment(spec: &Spec, proxy_port: Option<u16>) -> Vec<(String, String)> {
     let mut env = base_env();
+    if let Some(dir) = &spec.workdir {
+        env.retain(|(key, _)| key != "PWD");
+        env.push(("PWD".into(), dir.clone()));
+    }
     if let Some(port) = proxy_port {
         env.extend(crate::egress::proxy_env(port));
     }
@@ -193,6 +197,7 @@ pub(crate) fn exec(
         command: spec.command.clone(),
         env: environment(spec, sb.proxy_port()),
         max_file_bytes: sb.disk_bytes(),
+        workdir: spec.workdir.clone(),
         last: one_shot,
     };
     sb.send_fds(
@@ -233,6 +238,7 @@ pub(crate) fn exec(
     let mut ended: Option<Instant> = None;
     let mut final_reply: Option<Reply> = None;
     let mut failure: Option<String> = None;
+    let mut refused: Option<airlock_spec::SpecError> = None;
     let mut timed_out = false;
     let mut cancelled = false;
     let mut killed_all = false;
@@ -244,7 +250,7 @@ pub(crate) fn exec(
     let mut deadline = Instant::now() + Duration::from_secs(30);
 
     loop {
-        let finished = final_reply.is_some() || failure.is_some() || init_gone;
+        let finished = final_reply.is_some() || failure.is_some() || refused.is_some() || init_gone;
         if finished && ended.is_none() {
             ended = Some(Instant::now());
             deadline = Instant::now() + DRAIN_GRACE;
@@ -324,7 +330,7 @@ pub(crate) fn exec(
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
             sources.push(Source::Stderr);
         }
-        if final_reply.is_none() && failure.is_none() && !init_gone {
+        if final_reply.is_none() && failure.is_none() && refused.is_none() && !init_gone {
             fds.push(PollFd::new(sb.control(), PollFlags::POLLIN));
             sources.push(Source::Control);
             fds.push(PollFd::new(sb.pidfd(), PollFlags::POLLIN));
@@ -375,6 +381,9 @@ pub(crate) fn exec(
                             deadline = now + timeout;
                         }
                         Reply::Failed { message } => failure = Some(message),
+                        Reply::Refused { field, message } => {
+                            refused = Some(airlock_spec::SpecError::new(field, message));
+                        }
                         reply @ (Reply::Exited { .. } | Reply::Signaled { .. }) => final_reply = Some(reply),
                         other => failure = Some(format!("unexpected reply from init: {other:?}")),
                     },
@@ -444,6 +453,9 @@ pub(crate) fn exec(
     }
     let after = sb.cgroup().map(|cg| cg.usage()).unwrap_or_default();
 
+    if let Some(e) = refused {
+        return Err(SandboxError::Spec(e));
+    }
     let Some(started) = started else {
         let message = failure
             .unwrap_or_else(|| format!("the sandbox ended before the program started ({init_status:?})"));

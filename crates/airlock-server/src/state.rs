@@ -191,6 +191,7 @@ impl AppState {
             limits: config.defaults.clone(),
             rootfs: None,
             network: airlock_spec::NetworkPolicy::None,
+            image: None,
         };
         let tiers = backends
             .into_iter()

@@ -255,6 +255,12 @@ impl Spec {
         if let Some(image) = &self.image {
             validate_image(image)?;
         }
+        if self.image.is_some() && self.rootfs.is_some() {
+            return Err(SpecError::new("image", "cannot be combined with rootfs"));
+        }
+        if let Some(dir) = &self.workdir {
+            validate_workdir(dir)?;
+        }
         self.validate_isolation()?;
         let block: usize = self.command.iter().map(|a| a.len() + 1).sum::<usize>()
             + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
@@ -281,6 +287,18 @@ impl Spec {
                 "is not available with isolation microvm (the guest's system directories come from its image of the host's)",
             ));
         }
+        if self.image.is_some() {
+            return Err(SpecError::new(
+                "image",
+                "is not available with isolation microvm yet",
+            ));
+        }
+        if self.workdir.is_some() {
+            return Err(SpecError::new(
+                "workdir",
+                "is not available with isolation microvm yet (programs start in /workspace)",
+            ));
+        }
         Ok(())
     }
 
@@ -303,6 +321,29 @@ impl Spec {
         }
         Ok(())
     }
+}
+
+/// A workdir is an absolute path a kernel accepts (no NUL, at most `PATH_MAX` bytes).
+fn validate_workdir(dir: &str) -> Result<(), SpecError> {
+    /// The kernel's PATH_MAX.
+    const MAX_WORKDIR_BYTES: usize = 4096;
+    if !dir.starts_with('/') {
+        return Err(SpecError::new("workdir", "must be an absolute path"));
+    }
+    if dir.contains('\0') {
+        return Err(SpecError::new("workdir", "contains a NUL byte"));
+    }
+    if dir.len() >= MAX_WORKDIR_BYTES {
+        return Err(SpecError::new(
+            "workdir",
+            format!(
+                "is {} bytes long; at most {} are allowed",
+                dir.len(),
+                MAX_WORKDIR_BYTES - 1
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Limits {
@@ -542,6 +583,43 @@ mod tests {
         s.isolation = Isolation::Microvm;
         s.rootfs = Some("/srv/root".into());
         assert_eq!(s.validate().unwrap_err().field, "rootfs");
+        let mut s = spec();
+        s.isolation = Isolation::Microvm;
+        s.image = Some("busybox".into());
+        let err = s.validate().unwrap_err();
+        assert_eq!(err.field, "image");
+        assert!(err.to_string().contains("microvm"), "{err}");
+        let mut s = spec();
+        s.isolation = Isolation::Microvm;
+        s.workdir = Some("/opt".into());
+        assert_eq!(s.validate().unwrap_err().field, "workdir");
+    }
+
+    #[test]
+    fn image_and_rootfs_together_are_refused_on_image() {
+        let mut s = spec();
+        s.image = Some("busybox".into());
+        s.validate().unwrap();
+        s.rootfs = Some("/srv/root".into());
+        let err = s.validate().unwrap_err();
+        assert_eq!(err.field, "image");
+        assert!(
+            err.to_string().contains("cannot be combined with rootfs"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn workdir_must_be_an_absolute_path_a_kernel_takes() {
+        let mut s = spec();
+        s.workdir = Some("/opt/app".into());
+        s.validate().unwrap();
+        for bad in ["opt", "", "/a\0b"] {
+            s.workdir = Some(bad.into());
+            assert_eq!(s.validate().unwrap_err().field, "workdir", "{bad:?}");
+        }
+        s.workdir = Some(format!("/{}", "a".repeat(5000)));
+        assert_eq!(s.validate().unwrap_err().field, "workdir");
     }
 
     #[test]

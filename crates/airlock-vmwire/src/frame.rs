@@ -61,6 +61,10 @@ pub enum ToGuest {
         env: Vec<(String, String)>,
         /// Limits (memory, CPU and pids may differ from `Create`'s).
         limits: Limits,
+        /// Where the program starts (absolute); `None`: /workspace. The gVisor agent
+        /// honours it; the micro-VM's host never sends one (it refuses a workdir).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        workdir: Option<String>,
     },
     /// Read a file under /workspace: answered by `FileChunk`s or `Error`.
     ReadFile {

@@ -304,7 +304,12 @@ impl State {
                 }
                 Ok(())
             }
-            ToGuest::Exec { command, env, limits } => {
+            ToGuest::Exec {
+                command,
+                env,
+                limits,
+                workdir,
+            } => {
                 let stdin = std::mem::take(&mut self.stdin);
                 if std::mem::take(&mut self.stdin_overflow) {
                     return port.fail(
@@ -316,6 +321,14 @@ impl State {
                 if !self.created {
                     return port.error("no sandbox: send create first");
                 }
+                let workdir = workdir.unwrap_or_else(|| "/workspace".into());
+                if !Path::new(&workdir).is_dir() {
+                    return port.fail(
+                        ErrorKind::Invalid,
+                        Some("workdir"),
+                        format!("{workdir}: no such directory in the sandbox to start the program in"),
+                    );
+                }
                 // The child forked after the last exec (or at create); if that fork failed,
                 // one is forked now.
                 let child = match self.ready.take() {
@@ -325,10 +338,14 @@ impl State {
                         Err(e) => return port.error(format!("forking the ready child: {e}")),
                     },
                 };
-                let env = environment(&self.env, env);
+                // PWD is where the program starts (the request's own still wins).
+                let mut extra = self.env.clone();
+                extra.push(("PWD".into(), workdir.clone()));
+                let env = environment(&extra, env);
                 let request = ready::Request {
                     command,
                     env,
+                    workdir,
                     max_file_bytes: self.limits.disk_bytes,
                     // gVisor does not count the program's first process against the
                     // sandbox user's RLIMIT_NPROC (it was forked as root, then setuid;
@@ -453,13 +470,19 @@ fn environment(extra: &[(String, String)], request: Vec<(String, String)>) -> Ve
 fn build_disk(disk_bytes: u64) -> io::Result<()> {
     let opts = format!("mode=0755,size={disk_bytes}");
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    mount(Some("tmpfs"), SCRATCH, Some("tmpfs"), flags, Some(opts.as_str()))?;
+    // An image's root has no /.scratch: its bundle provides this one.
+    let scratch = if Path::new(crate::bundle::IMAGE_SCRATCH_PATH).is_dir() {
+        crate::bundle::IMAGE_SCRATCH_PATH
+    } else {
+        SCRATCH
+    };
+    mount(Some("tmpfs"), scratch, Some("tmpfs"), flags, Some(opts.as_str()))?;
     for (part, mode, owner, dst) in [
         ("tmp", 0o1777, 0, "/tmp"),
         ("workspace", 0o755, SANDBOX_ID, "/workspace"),
         ("shm", 0o1777, 0, "/dev/shm"),
     ] {
-        let dir = Path::new(SCRATCH).join(part);
+        let dir = Path::new(scratch).join(part);
         std::fs::create_dir(&dir)?;
         chown(&dir, Some(Uid::from_raw(owner)), Some(Gid::from_raw(owner)))?;
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(mode))?;

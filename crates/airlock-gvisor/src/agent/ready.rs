@@ -16,7 +16,7 @@
 //! 8. RLIMIT_NPROC: the program's pids limit (gVisor's tasks are no host processes, so
 //!    the host cgroup's pids.max cannot count them; gVisor enforces RLIMIT_NPROC per
 //!    user, and the program is the only process of the sandbox user), RLIMIT_FSIZE;
-//! 9. stdio onto 0-2, into /workspace, find the program as a shell would, execve.
+//! 9. stdio onto 0-2, into the workdir (/workspace unless the request names one), find the program as a shell would, execve.
 //!
 //! landlock is not applied: this gVisor release does not implement it.
 
@@ -47,6 +47,8 @@ pub struct Request {
     pub command: Vec<String>,
     /// The environment (the whole of it).
     pub env: Vec<(String, String)>,
+    /// Where the program starts (absolute).
+    pub workdir: String,
     /// RLIMIT_FSIZE.
     pub max_file_bytes: u64,
     /// RLIMIT_NPROC: processes plus threads of the sandbox user.
@@ -210,8 +212,11 @@ fn exec_request(request: OwnedFd, stdio: [OwnedFd; 3]) -> Result<std::convert::I
         }
     }
     drop(stdio);
-    step("chdir /workspace", std::env::set_current_dir("/workspace"))?;
-    let path = match resolve(first, &req.env) {
+    step(
+        &format!("chdir {}", req.workdir),
+        std::env::set_current_dir(&req.workdir),
+    )?;
+    let path = match resolve(first, &req.env, Path::new(&req.workdir)) {
         Ok(path) => cstring(&path.to_string_lossy())?,
         Err((status, message)) => fail_like_a_shell(status, &message),
     };
@@ -246,14 +251,14 @@ fn fail_like_a_shell(status: i32, message: &str) -> ! {
 }
 
 /// Finds the program the way a shell would: a name with a slash is a path (relative to
-/// /workspace), otherwise each PATH entry is tried.
-fn resolve(program: &str, env: &[(String, String)]) -> Result<PathBuf, (i32, String)> {
+/// `workdir`), otherwise each PATH entry is tried.
+fn resolve(program: &str, env: &[(String, String)], workdir: &Path) -> Result<PathBuf, (i32, String)> {
     let executable = |p: &Path| {
         p.metadata()
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     };
     if program.contains('/') {
-        let path = Path::new("/workspace").join(program);
+        let path = workdir.join(program);
         if executable(&path) {
             return Ok(path);
         }

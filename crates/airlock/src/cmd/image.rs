@@ -259,11 +259,14 @@ pub fn for_run(
     pull_policy: &str,
     registry: &RegistryArgs,
 ) -> anyhow::Result<Image> {
-    match (airlock_image::resolve(store, reference), pull_policy) {
-        (Ok(image), "missing") | (Ok(image), "never") => Ok(image),
-        (Err(airlock_image::Error::ImageNotFound(_)), "missing") | (_, "always") => {
+    if pull_policy == "always" {
+        return pull(store, reference, &registry.options()?, false);
+    }
+    match airlock_image::resolve(store, reference) {
+        Ok(image) => Ok(image),
+        Err(airlock_image::Error::ImageNotFound(_)) if pull_policy == "missing" => {
             pull(store, reference, &registry.options()?, false)
         }
-        (Err(e), _) => bail!("--image {reference}: {e}"),
+        Err(e) => bail!("--image {reference}: {e}"),
     }
 }
