@@ -281,15 +281,22 @@ class SandboxInfo:
     usage: SandboxUsage
     isolation: str = "namespaces"
     """``"namespaces"``, ``"gvisor"`` or ``"microvm"``."""
+    image: str | None = None
+    """The name of the image it runs (``None``: the host's system directories)."""
+    image_digest: str | None = None
+    """That image's manifest digest."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxInfo:
         u = data.get("usage") or {}
+        image = data.get("image") or {}
         return cls(
             id=data["id"],
             created_at=data["created_at"],
             expires_at=data["expires_at"],
             isolation=data.get("isolation", "namespaces"),
+            image=image.get("name"),
+            image_digest=image.get("digest"),
             usage=SandboxUsage(
                 execs=u.get("execs", 0),
                 cpu_ms=u.get("cpu_ms", 0.0),

@@ -27,9 +27,18 @@ struct Created {
 pub struct Info {
     id: String,
     isolation: Isolation,
+    /// The image it runs (`null`: the host's system directories).
+    image: Option<ImageInfo>,
     created_at: f64,
     expires_at: f64,
     usage: Usage,
+}
+
+/// The image a session runs: its recorded name and manifest digest.
+#[derive(Serialize)]
+struct ImageInfo {
+    name: String,
+    digest: String,
 }
 
 #[derive(Serialize)]
@@ -44,6 +53,10 @@ async fn info(s: &Session) -> Info {
     Info {
         id: s.id.clone(),
         isolation: s.isolation,
+        image: s.image.as_ref().map(|i| ImageInfo {
+            name: i.name.clone(),
+            digest: i.root.digest.clone(),
+        }),
         created_at: epoch(s.created),
         expires_at: epoch(s.expires),
         usage: Usage {
