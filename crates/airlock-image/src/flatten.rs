@@ -110,6 +110,7 @@ fn apply_dir(
                 rel.pop();
                 owner.apply(&d)?;
                 rfs::fchmod(&d, mode)?;
+                rfs::futimens(&d, &times_of(&st))?;
             }
             FileType::RegularFile => {
                 // The layer's inode is shared only when its mode is already the result's:
@@ -144,6 +145,7 @@ fn apply_dir(
                 *copied += io::copy(&mut File::from(from), &mut to)?;
                 owner.apply(&to)?;
                 rfs::fchmod(&to, mode)?;
+                rfs::futimens(&to, &times_of(&st))?;
                 if st.st_nlink > 1 {
                     let mut path = rel.clone();
                     path.push(name.clone());
@@ -154,12 +156,25 @@ fn apply_dir(
                 let target = rfs::readlinkat(src, name, Vec::new())?;
                 rfs::symlinkat(&*target, dst, name)?;
                 owner.apply_at(dst, name)?;
+                rfs::utimensat(dst, name, &times_of(&st), AtFlags::SYMLINK_NOFOLLOW)?;
             }
             // Unpacked layers hold nothing else; anything else is not copied.
             _ => {}
         }
     }
     Ok(())
+}
+
+/// The layer entry's modification time, kept in the result (as access time too).
+fn times_of(st: &rfs::Stat) -> rfs::Timestamps {
+    let t = rfs::Timespec {
+        tv_sec: st.st_mtime,
+        tv_nsec: st.st_mtime_nsec as _,
+    };
+    rfs::Timestamps {
+        last_access: t,
+        last_modification: t,
+    }
 }
 
 /// Hard-links `name` in `dir` to the file at `first` (components below `root`).

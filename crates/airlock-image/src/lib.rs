@@ -44,8 +44,9 @@
 //!   [`ROOT_MOUNT_FILES`]), modes readable by the sandbox user, files hard-linked to the
 //!   layers where that changes no layer file.
 //!
-//! Not restored from archives: timestamps, extended attributes (so no file capabilities),
-//! the archive's uids and gids. Trees from [`Store::flatten`] are written outside the
+//! Not restored from archives: extended attributes (so no file capabilities), the
+//! archive's uids and gids, sub-second timestamps. Modification times are kept (Python
+//! trusts a `.pyc` only while its source's mtime matches the one it recorded). Trees from [`Store::flatten`] are written outside the
 //! store and are not counted in its budget; prepared roots are inside it and are.
 //!
 //! Unpacking needs to be able to `chown` to the configured owner (root, or the owner being

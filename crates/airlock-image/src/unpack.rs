@@ -3,7 +3,8 @@
 //! What lands in the directory is the layer as written, with these exceptions:
 //! - device nodes and FIFOs are dropped (listed in [`UnpackReport::dropped`]);
 //! - setuid, setgid and sticky bits are cleared; ownership is the store's [`Owner`];
-//! - extended attributes and timestamps are not restored;
+//! - extended attributes are not restored; modification times are, to the second (for
+//!   files, symlinks and directories);
 //! - OCI whiteouts (`.wh.<name>`, `.wh..wh..opq`) stay as the empty files they are in the
 //!   archive: [`crate::Store::flatten`] interprets them when layers are stacked.
 //!
@@ -130,9 +131,10 @@ pub(crate) fn unpack(
         source,
     };
     let mut report = UnpackReport::default();
-    // Directory modes are applied last so a read-only directory can still be filled; a
-    // directory listed twice gets the later entry's mode.
-    let mut dir_modes: BTreeMap<Vec<std::ffi::OsString>, u32> = BTreeMap::new();
+    // Directory modes and mtimes are applied last so a read-only directory can still be
+    // filled (and its mtime is not moved by its entries); a directory listed twice gets
+    // the later entry's.
+    let mut dir_modes: BTreeMap<Vec<std::ffi::OsString>, (u32, u64)> = BTreeMap::new();
     // Normalised paths of dropped nodes: a hard link to one is dropped too.
     let mut dropped: HashSet<Vec<std::ffi::OsString>> = HashSet::new();
     let mut ar = tar::Archive::new(archive);
@@ -175,6 +177,9 @@ pub(crate) fn unpack(
         }
         let comps = components(&raw).map_err(unsafe_entry)?;
         let mode = entry.header().mode().map_err(archive_err)? & 0o777;
+        // Kept because programs compare them: Python trusts a .pyc only while its
+        // source's mtime (and size) match what the .pyc recorded.
+        let mtime = entry.header().mtime().unwrap_or(0);
         let Some((last, parents)) = comps.split_last() else {
             // The layer root itself ("./"): its mode is the store's, not the archive's.
             if kind == EntryType::Directory {
@@ -214,7 +219,7 @@ pub(crate) fn unpack(
                 }
                 let fd = fsutil::open_dir(&parent, last).map_err(io_fail)?;
                 params.owner.apply(&fd).map_err(io_fail)?;
-                dir_modes.insert(comps.iter().map(|c| c.to_os_string()).collect(), mode);
+                dir_modes.insert(comps.iter().map(|c| c.to_os_string()).collect(), (mode, mtime));
             }
             EntryType::Regular | EntryType::Continuous => {
                 let size = entry.size();
@@ -239,6 +244,7 @@ pub(crate) fn unpack(
                 report.bytes += n;
                 params.owner.apply(&file).map_err(io_fail)?;
                 rfs::fchmod(&file, Mode::from_raw_mode(mode)).map_err(|e| io_fail(e.into()))?;
+                rfs::futimens(&file, &times(mtime)).map_err(|e| io_fail(e.into()))?;
             }
             EntryType::Symlink => {
                 let target = entry
@@ -248,6 +254,8 @@ pub(crate) fn unpack(
                 let target = cstr(OsStr::from_bytes(&target)).map_err(io_fail)?;
                 rfs::symlinkat(&*target, &parent, &*cname).map_err(|e| io_fail(e.into()))?;
                 params.owner.apply_at(&parent, &cname).map_err(io_fail)?;
+                rfs::utimensat(&parent, &*cname, &times(mtime), AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(|e| io_fail(e.into()))?;
             }
             EntryType::Link => {
                 let target = entry
@@ -277,7 +285,7 @@ pub(crate) fn unpack(
             _ => unreachable!("filtered above"),
         }
     }
-    for (comps, mode) in dir_modes.iter().rev() {
+    for (comps, (mode, mtime)) in dir_modes.iter().rev() {
         let refs: Vec<&OsStr> = comps.iter().map(|c| c.as_os_str()).collect();
         let fd = open_dir_path(root, &refs, None).map_err(|e| Error::Io {
             op: "set directory mode",
@@ -289,8 +297,26 @@ pub(crate) fn unpack(
             path: comps.iter().collect(),
             source: e.into(),
         })?;
+        rfs::futimens(&fd, &times(*mtime)).map_err(|e| Error::Io {
+            op: "set directory mtime",
+            path: comps.iter().collect(),
+            source: e.into(),
+        })?;
     }
     Ok(report)
+}
+
+/// Access and modification times both set to `mtime` (seconds since the epoch; a time
+/// past what the kernel's timespec holds is clamped).
+fn times(mtime: u64) -> rfs::Timestamps {
+    let t = rfs::Timespec {
+        tv_sec: i64::try_from(mtime).unwrap_or(i64::MAX),
+        tv_nsec: 0,
+    };
+    rfs::Timestamps {
+        last_access: t,
+        last_modification: t,
+    }
 }
 
 #[cfg(test)]

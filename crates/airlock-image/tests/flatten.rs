@@ -186,3 +186,27 @@ fn a_lower_symlink_does_not_redirect_an_upper_layer() {
     assert_eq!(fs::read(dest.join("etc/passwd")).unwrap(), b"mine");
     assert_eq!(fs::read(dest.join("up/x")).unwrap(), b"mine");
 }
+
+/// Modification times come from the archive (1_700_000_000 in every test layer) through
+/// unpacking and flattening: Python trusts a .pyc only while its source's mtime matches.
+#[test]
+fn modification_times_are_kept_through_unpack_and_flatten() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(&dir.path().join("store"));
+    let layer = unpacked(
+        &s,
+        Layer::new()
+            .dir("app", 0o755)
+            .file("app/main.py", b"print(1)\n", 0o644)
+            .file("app/secret", b"x", 0o600)
+            .symlink("app/link", "main.py"),
+    );
+    let dest = dir.path().join("tree");
+    s.flatten(&[layer.clone()], &dest).unwrap();
+    for root in [s.layer_path(&layer), dest] {
+        for p in ["app", "app/main.py", "app/secret", "app/link"] {
+            let md = fs::symlink_metadata(root.join(p)).unwrap();
+            assert_eq!(md.mtime(), 1_700_000_000, "{}", root.join(p).display());
+        }
+    }
+}
