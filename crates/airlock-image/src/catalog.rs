@@ -421,6 +421,32 @@ impl Store {
     }
 }
 
+/// `name` as records keep it: a bare manifest digest as it is, a reference canonical.
+fn canonical_name(name: &str) -> Result<String, Error> {
+    if name.starts_with("sha256:") {
+        return Ok(name.to_owned());
+    }
+    crate::canonical_reference(name)
+}
+
+/// The image `reference` names in `store`: a recorded name as written or in any spelling
+/// of it (`python:3.12-slim` finds `docker.io/library/python:3.12-slim`), a manifest
+/// digest, or a unique prefix of one ([`Store::image`]). An unknown one is
+/// [`Error::ImageNotFound`].
+pub fn resolve(store: &Store, reference: &str) -> Result<Image, Error> {
+    match store.image(reference) {
+        Err(Error::ImageNotFound(_)) => {}
+        found => return found,
+    }
+    match canonical_name(reference) {
+        Ok(canonical) if canonical != reference => match store.image(&canonical) {
+            Err(Error::ImageNotFound(_)) => Err(Error::ImageNotFound(reference.to_owned())),
+            found => found,
+        },
+        _ => Err(Error::ImageNotFound(reference.to_owned())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -453,31 +479,5 @@ mod tests {
         ] {
             assert!(validate_name(bad).is_err(), "{bad:?} accepted");
         }
-    }
-}
-
-/// `name` as records keep it: a bare manifest digest as it is, a reference canonical.
-fn canonical_name(name: &str) -> Result<String, Error> {
-    if name.starts_with("sha256:") {
-        return Ok(name.to_owned());
-    }
-    crate::canonical_reference(name)
-}
-
-/// The image `reference` names in `store`: a recorded name as written or in any spelling
-/// of it (`python:3.12-slim` finds `docker.io/library/python:3.12-slim`), a manifest
-/// digest, or a unique prefix of one ([`Store::image`]). An unknown one is
-/// [`Error::ImageNotFound`].
-pub fn resolve(store: &Store, reference: &str) -> Result<Image, Error> {
-    match store.image(reference) {
-        Err(Error::ImageNotFound(_)) => {}
-        found => return found,
-    }
-    match canonical_name(reference) {
-        Ok(canonical) if canonical != reference => match store.image(&canonical) {
-            Err(Error::ImageNotFound(_)) => Err(Error::ImageNotFound(reference.to_owned())),
-            found => found,
-        },
-        _ => Err(Error::ImageNotFound(reference.to_owned())),
     }
 }

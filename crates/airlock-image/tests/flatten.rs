@@ -202,7 +202,7 @@ fn modification_times_are_kept_through_unpack_and_flatten() {
             .symlink("app/link", "main.py"),
     );
     let dest = dir.path().join("tree");
-    s.flatten(&[layer.clone()], &dest).unwrap();
+    s.flatten(std::slice::from_ref(&layer), &dest).unwrap();
     for root in [s.layer_path(&layer), dest] {
         for p in ["app", "app/main.py", "app/secret", "app/link"] {
             let md = fs::symlink_metadata(root.join(p)).unwrap();
