@@ -33,7 +33,9 @@ impl Resolved {
 /// request naming `image`.
 pub fn resolve(store: Option<&Store>, reference: &str) -> Result<Resolved, Error> {
     let Some(store) = store else {
-        return Err(invalid("this service has no image store (airlock serve --image-store DIR)"));
+        return Err(invalid(
+            "this service has no image store (airlock serve --image-store DIR)",
+        ));
     };
     let image = airlock_image::resolve(store, reference).map_err(|e| lookup_error(reference, e))?;
     let root = store
@@ -71,7 +73,9 @@ fn lookup_error(reference: &str, e: airlock_image::Error) -> Error {
         E::ImageNotFound(_) => invalid(format!(
             "{reference:?} is not in the image store; pull or import it first (airlock image pull {reference})"
         )),
-        E::AmbiguousImage { .. } | E::InvalidName { .. } | E::InvalidReference { .. } => invalid(e.to_string()),
+        E::AmbiguousImage { .. } | E::InvalidName { .. } | E::InvalidReference { .. } => {
+            invalid(e.to_string())
+        }
         E::ImageIncomplete { .. } => invalid(format!("{reference:?}: {e}")),
         other => Error::host(format!("looking up image {reference:?}"), other),
     }

@@ -59,7 +59,6 @@ impl Session {
         ttl: std::time::Duration,
         key: Option<String>,
         limits: Limits,
-        image: Option<crate::images::Resolved>,
         permit: Permit,
         slot: SessionSlot,
     ) -> std::io::Result<Session> {
@@ -73,7 +72,7 @@ impl Session {
             deadline: Instant::now() + ttl,
             key,
             limits,
-            image,
+            image: None,
             inner: tokio::sync::Mutex::new(SessionInner {
                 sandbox: Some(sandbox),
                 execs: 0,
@@ -85,6 +84,12 @@ impl Session {
             cancel: Arc::new(cancel),
             cancel_trigger: Mutex::new(Some(trigger)),
         })
+    }
+
+    /// The same session, running `image` (its config merged under every exec).
+    pub fn with_image(mut self, image: Option<crate::images::Resolved>) -> Session {
+        self.image = image;
+        self
     }
 
     /// Cancels whatever runs in it now and from now on (it is being purged).

@@ -421,12 +421,18 @@ const MAX_IMAGE_REFERENCE: usize = 512;
 /// The shape of an image reference; whether it names a stored image is the store's to say.
 fn validate_image(image: &str) -> Result<(), SpecError> {
     if image.is_empty() {
-        return Err(SpecError::new("image", "is empty: name an image (python:3.12-slim) or omit it"));
+        return Err(SpecError::new(
+            "image",
+            "is empty: name an image (python:3.12-slim) or omit it",
+        ));
     }
     if image.len() > MAX_IMAGE_REFERENCE {
         return Err(SpecError::new(
             "image",
-            format!("is {} bytes long; at most {MAX_IMAGE_REFERENCE} are allowed", image.len()),
+            format!(
+                "is {} bytes long; at most {MAX_IMAGE_REFERENCE} are allowed",
+                image.len()
+            ),
         ));
     }
     if let Some(c) = image.chars().find(|c| c.is_whitespace() || c.is_control()) {

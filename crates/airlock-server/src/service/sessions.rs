@@ -63,8 +63,9 @@ pub(crate) async fn create_session(
     shape.image = image.as_ref().map(|i| i.root.clone());
     let sandbox = tier.for_session(&shape, &state.metrics).await?;
     let session = Arc::new(
-        Session::new(sandbox, spec.isolation, ttl, key.0.clone(), limits, image, permit, slot)
-            .map_err(|e| ApiError::internal(format!("pipe: {e}")))?,
+        Session::new(sandbox, spec.isolation, ttl, key.0.clone(), limits, permit, slot)
+            .map_err(|e| ApiError::internal(format!("pipe: {e}")))?
+            .with_image(image),
     );
     if let Ok(mut map) = state.sessions.lock() {
         map.insert(session.id.clone(), Arc::clone(&session));
@@ -140,7 +141,9 @@ pub(crate) fn session_spec(state: &AppState, session: &Session, req: &ExecReques
         (Some(asked), None) => {
             return Err(ApiError::invalid(
                 "image",
-                format!("this sandbox runs on the host's system directories, not {asked:?} (a session's image is set when it is created)"),
+                format!(
+                    "this sandbox runs on the host's system directories, not {asked:?} (a session's image is set when it is created)"
+                ),
             ));
         }
         (Some(asked), Some(image)) => {
