@@ -45,6 +45,20 @@ pub struct ServerConfig {
     pub image_store: Option<std::path::PathBuf>,
     /// The store's disk budget (`--image-store-max`).
     pub image_store_max: Option<u64>,
+    /// Warm pools of images (`--pool IMAGE=N`, `--gvisor-pool IMAGE=N`): each keeps `size`
+    /// sandboxes of the image ready on its tier, of the default limits.
+    pub image_pools: Vec<ImagePool>,
+}
+
+/// One image's warm pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImagePool {
+    /// The tier.
+    pub isolation: airlock_spec::Isolation,
+    /// The image, as named on the command line (resolved against the store at start).
+    pub image: String,
+    /// How many to keep ready.
+    pub size: usize,
 }
 
 /// Host memory in bytes (`/proc/meminfo` MemTotal).
@@ -94,6 +108,7 @@ impl Default for ServerConfig {
             max_ttl: Duration::from_secs(24 * 3600),
             image_store: None,
             image_store_max: None,
+            image_pools: Vec::new(),
         }
     }
 }

@@ -11,7 +11,8 @@
 //! # async fn f(tiers: Vec<std::sync::Arc<dyn airlock_backend::Backend>>) -> Result<(), Box<dyn std::error::Error>> {
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! let config = airlock_server::ServerConfig::default();
-//! airlock_server::run(listener, tiers, config, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! let shutdown = async { let _ = tokio::signal::ctrl_c().await; };
+//! airlock_server::run(listener, tiers, config, |addr| println!("serving {addr}"), shutdown).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -92,14 +93,43 @@ impl Service {
             }
             None => None,
         };
-        let state = AppState::new(tiers, images, config);
+        // Each image pool's image, resolved now: a pool of an image the store does not
+        // hold (or a tier that cannot run images) stops the start with the reason.
+        let mut image_pools = Vec::new();
+        for pool in &config.image_pools {
+            let flag = match pool.isolation {
+                airlock_spec::Isolation::Namespaces => "--pool",
+                airlock_spec::Isolation::Gvisor => "--gvisor-pool",
+                airlock_spec::Isolation::Microvm => "--vm-pool",
+            };
+            let what = format!("{flag} {}={}", pool.image, pool.size);
+            let Some(backend) = tiers.iter().find(|b| b.isolation() == pool.isolation) else {
+                return Err(std::io::Error::other(format!(
+                    "{what}: this service has no {} tier",
+                    pool.isolation.as_str()
+                )));
+            };
+            if !backend.runs_images() {
+                return Err(std::io::Error::other(format!(
+                    "{what}: isolation {} does not run images yet",
+                    pool.isolation.as_str()
+                )));
+            }
+            let resolved = images::resolve(images.as_deref(), &pool.image)
+                .map_err(|e| std::io::Error::other(format!("{what}: {e}")))?;
+            image_pools.push((pool.isolation, pool.image.clone(), pool.size, resolved.root));
+        }
+        let state = AppState::new(tiers, images, image_pools, config);
         let refills = state
             .tiers
             .iter()
-            .filter(|t| t.pool.target() > 0)
-            .map(|t| {
+            .flat_map(|t| {
+                t.pools()
+                    .filter(|p| p.target() > 0)
+                    .map(move |p| (t.isolation(), Arc::clone(p)))
+            })
+            .map(|(isolation, pool)| {
                 let st = Arc::clone(&state);
-                let isolation = t.isolation();
                 tokio::spawn(async move {
                     let Ok(tier) = st.tiers.get(isolation) else { return };
                     // A pool starts by preparing its tier (a micro-VM's image may be built);
@@ -107,13 +137,12 @@ impl Service {
                     if tier.prepare().await.is_err() {
                         return;
                     }
-                    Arc::clone(&tier.pool)
-                        .refill(
-                            Arc::clone(&tier.spawner),
-                            Arc::clone(&st.metrics),
-                            st.stopping.subscribe(),
-                        )
-                        .await;
+                    pool.refill(
+                        Arc::clone(&tier.spawner),
+                        Arc::clone(&st.metrics),
+                        st.stopping.subscribe(),
+                    )
+                    .await;
                 })
             })
             .collect();
@@ -153,7 +182,7 @@ impl Service {
             purge_session(s).await;
         }
         for tier in state.tiers.iter() {
-            let pooled = tier.pool.drain();
+            let pooled: Vec<_> = tier.pools().flat_map(|p| p.drain()).collect();
             let spawner = Arc::clone(&tier.spawner);
             let _ = tokio::task::spawn_blocking(move || {
                 drop(pooled);
@@ -162,25 +191,28 @@ impl Service {
             .await;
             // A sandbox a spawner finished after the pool stopped taking them was purged
             // on its thread; one that still reached the pool goes now.
-            let late = tier.pool.drain();
+            let late: Vec<_> = tier.pools().flat_map(|p| p.drain()).collect();
             let _ = tokio::task::spawn_blocking(move || drop(late)).await;
         }
         tracing::info!("stopped; every sandbox purged");
     }
 }
 
-/// Serves the API on `listener` until `shutdown` resolves; then stops accepting, lets
+/// Serves the API on `listener` until `shutdown` resolves (calling `started` once the
+/// service is up and about to accept); then stops accepting, lets
 /// running execs finish within the grace period, kills the rest, and purges every
 /// sandbox and session before returning.
 pub async fn run(
     listener: tokio::net::TcpListener,
     tiers: Vec<Arc<dyn Backend>>,
     config: ServerConfig,
+    started: impl FnOnce(std::net::SocketAddr),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     config.check(addr).map_err(std::io::Error::other)?;
     let service = Service::start(tiers, config)?;
+    started(addr);
     let state = Arc::clone(service.state());
 
     let app = routes::router(Arc::clone(&state), addr);
@@ -200,7 +232,13 @@ pub async fn run(
     let tiers: Vec<_> = state
         .tiers
         .iter()
-        .map(|t| format!("{}(pool {})", t.isolation().as_str(), t.pool.target()))
+        .map(|t| {
+            let images: String = t
+                .pools()
+                .filter_map(|p| Some(format!(" {}={}", p.image()?, p.target())))
+                .collect();
+            format!("{}(pool {}{images})", t.isolation().as_str(), t.pool().target())
+        })
         .collect();
     tracing::info!(%addr, tiers = tiers.join(" "), max_sandboxes = state.config.max_sandboxes, "listening");
     let served = axum::serve(listener, app).with_graceful_shutdown(signal).await;

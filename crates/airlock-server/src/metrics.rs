@@ -31,6 +31,15 @@ pub struct TierLabel {
     pub isolation: String,
 }
 
+/// `{isolation, image}` labels: an image pool.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ImagePoolLabel {
+    /// The tier: namespaces, gvisor or microvm.
+    pub isolation: String,
+    /// The image, as `--pool IMAGE=N` named it.
+    pub image: String,
+}
+
 /// `{decision}` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabel {
@@ -67,6 +76,8 @@ pub struct Metrics {
     pub sandboxes_active: Gauge,
     /// Warm sandboxes ready, by tier.
     pub pool_ready: Family<TierLabel, Gauge>,
+    /// Warm sandboxes of an image ready, by tier and image (`--pool IMAGE=N`).
+    pub image_pool_ready: Family<ImagePoolLabel, Gauge>,
     /// Requests refused, by reason.
     pub rejected: Family<ReasonLabel, Counter>,
     /// Time spent waiting for admission.
@@ -84,6 +95,7 @@ impl Metrics {
         let provision = HistFamily::<PoolLabel>::new_with_constructor(latency_histogram);
         let sandboxes_active = Gauge::default();
         let pool_ready = Family::<TierLabel, Gauge>::default();
+        let image_pool_ready = Family::<ImagePoolLabel, Gauge>::default();
         let rejected = Family::<ReasonLabel, Counter>::default();
         let queue_wait = latency_histogram();
         let egress = Family::<DecisionLabel, Counter>::default();
@@ -109,6 +121,11 @@ impl Metrics {
             pool_ready.clone(),
         );
         registry.register(
+            "airlock_image_pool_ready",
+            "Warm sandboxes of an image ready, by isolation and image",
+            image_pool_ready.clone(),
+        );
+        registry.register(
             "airlock_rejected",
             "Requests refused, by reason",
             rejected.clone(),
@@ -130,6 +147,7 @@ impl Metrics {
             provision,
             sandboxes_active,
             pool_ready,
+            image_pool_ready,
             rejected,
             queue_wait,
             egress,
@@ -151,6 +169,16 @@ impl Metrics {
         self.pool_ready
             .get_or_create(&TierLabel {
                 isolation: tier.as_str().into(),
+            })
+            .set(ready as i64);
+    }
+
+    /// Sets the ready gauge of `tier`'s pool of `image`.
+    pub fn image_pool_ready(&self, tier: airlock_spec::Isolation, image: &str, ready: usize) {
+        self.image_pool_ready
+            .get_or_create(&ImagePoolLabel {
+                isolation: tier.as_str().into(),
+                image: image.into(),
             })
             .set(ready as i64);
     }

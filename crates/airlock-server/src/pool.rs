@@ -45,9 +45,12 @@ impl Ready {
     }
 }
 
-/// Pre-provisioned sandboxes of one tier, of the server's default shape.
+/// Pre-provisioned sandboxes of one tier, of one shape: the server's default, or an
+/// image's (`--pool IMAGE=N`).
 #[derive(Debug)]
 pub struct Pool {
+    /// The image its sandboxes run, as the flag named it (`None`: the default pool).
+    image: Option<String>,
     /// The tier: it builds them, and says which requests they serve.
     backend: Arc<dyn Backend>,
     /// Ready sandboxes and builds under way.
@@ -110,6 +113,7 @@ impl Pool {
     /// An empty pool that keeps `target` sandboxes of `backend` built with `shape`.
     pub fn new(backend: Arc<dyn Backend>, target: usize, shape: Shape) -> Pool {
         Pool {
+            image: None,
             backend,
             ready: Mutex::new(Ready::default()),
             target,
@@ -117,6 +121,17 @@ impl Pool {
             taken: Notify::new(),
             added: Notify::new(),
         }
+    }
+
+    /// The same pool, of sandboxes of `image` (its name, for metrics and logs).
+    pub fn for_image(mut self, image: String) -> Pool {
+        self.image = Some(image);
+        self
+    }
+
+    /// The image its sandboxes run (`None`: the default pool).
+    pub fn image(&self) -> Option<&str> {
+        self.image.as_deref()
     }
 
     /// Takes a ready sandbox when one can serve `shape` ([`Backend::serves`]: memory,
@@ -215,7 +230,10 @@ impl Pool {
 
     /// Sets the pool's gauge to what is ready now.
     pub fn report(&self, metrics: &Metrics) {
-        metrics.pool_ready(self.backend.isolation(), self.ready());
+        match &self.image {
+            None => metrics.pool_ready(self.backend.isolation(), self.ready()),
+            Some(image) => metrics.image_pool_ready(self.backend.isolation(), image, self.ready()),
+        }
     }
 
     /// Removes every ready sandbox (for shutdown).

@@ -187,9 +187,13 @@ impl AppState {
     /// Builds the state around the tiers' `backends`; their spawner threads start here.
     /// Each tier's pool keeps the number of sandboxes the config asks of it, of the
     /// default limits.
+    ///
+    /// `image_pools` are the images of [`ServerConfig::image_pools`], resolved: `(tier,
+    /// name, size, the image's root)`.
     pub fn new(
         backends: Vec<Arc<dyn Backend>>,
         images: Option<Arc<airlock_image::Store>>,
+        image_pools: Vec<(airlock_spec::Isolation, String, usize, airlock_backend::ImageRoot)>,
         config: ServerConfig,
     ) -> Arc<AppState> {
         let shape = Shape {
@@ -202,7 +206,18 @@ impl AppState {
             .into_iter()
             .map(|b| {
                 let target = config.pool_target(b.isolation());
-                Tier::new(b, target, shape.clone())
+                let pools = image_pools
+                    .iter()
+                    .filter(|(tier, ..)| *tier == b.isolation())
+                    .map(|(_, name, size, root)| {
+                        let shape = Shape {
+                            image: Some(root.clone()),
+                            ..shape.clone()
+                        };
+                        (name.clone(), *size, shape)
+                    })
+                    .collect();
+                Tier::new(b, target, shape.clone(), pools)
             })
             .collect();
         let (cancel, trigger) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");

@@ -20,8 +20,9 @@ pub struct Tier {
     pub backend: Arc<dyn Backend>,
     /// Its long-lived build threads.
     pub spawner: Arc<Spawner>,
-    /// Its warm pool (target 0: none).
-    pub pool: Arc<Pool>,
+    /// Its warm pools: the default shape's first (target 0: none), then one per image
+    /// the service keeps warm (`--pool IMAGE=N`).
+    pools: Vec<Arc<Pool>>,
     /// [`Backend::prepare`]'s verdict, once: a tier this host cannot run says why to
     /// every request rather than retrying per request.
     prepared: OnceCell<Result<(), String>>,
@@ -34,27 +35,47 @@ pub struct Got {
     pub sandbox: Box<dyn Sandbox>,
     /// How long the request waited for it (zero when a pooled one was ready).
     pub took: Duration,
-    /// Whether it came from the pool.
-    pub pooled: bool,
+    /// The pool it came from (`None`: built for the request).
+    pub pool: Option<Arc<Pool>>,
 }
 
 impl Tier {
-    /// A tier around `backend` whose pool keeps `pool_target` sandboxes of `pool_shape`.
-    /// Its spawner threads start here, and so does what the tier keeps for a
-    /// long-running service ([`Backend::start_service`]).
-    pub fn new(backend: Arc<dyn Backend>, pool_target: usize, pool_shape: Shape) -> Tier {
+    /// A tier around `backend` whose pool keeps `pool_target` sandboxes of `pool_shape`,
+    /// and whose image pools keep theirs (`(image name, target, shape)`). Its spawner
+    /// threads start here, and so does what the tier keeps for a long-running service
+    /// ([`Backend::start_service`]).
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        pool_target: usize,
+        pool_shape: Shape,
+        image_pools: Vec<(String, usize, Shape)>,
+    ) -> Tier {
         if let Err(e) = backend.start_service() {
             tracing::warn!(error = %e, isolation = backend.isolation().as_str(), "a tier's service helpers did not start");
         }
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         // Pool builds plus requests that find the pool empty, within reason.
         let threads = (backend.pool_builders() + cores).clamp(2, 8);
+        let mut pools = vec![Arc::new(Pool::new(Arc::clone(&backend), pool_target, pool_shape))];
+        pools.extend(image_pools.into_iter().map(|(image, target, shape)| {
+            Arc::new(Pool::new(Arc::clone(&backend), target, shape).for_image(image))
+        }));
         Tier {
             spawner: Arc::new(Spawner::new(Arc::clone(&backend), threads)),
-            pool: Arc::new(Pool::new(Arc::clone(&backend), pool_target, pool_shape)),
+            pools,
             backend,
             prepared: OnceCell::new(),
         }
+    }
+
+    /// The default shape's pool.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pools[0]
+    }
+
+    /// Every pool: the default shape's, then the images'.
+    pub fn pools(&self) -> impl Iterator<Item = &Arc<Pool>> {
+        self.pools.iter()
     }
 
     /// Which tier it is.
@@ -95,13 +116,16 @@ impl Tier {
     /// building now, when no other request waits for it), or one built for it.
     pub async fn for_one_shot(&self, shape: &Shape, metrics: &Metrics) -> Result<Got, ApiError> {
         let t0 = Instant::now();
-        if let Some(sandbox) = self.pool.take_or_wait(shape).await {
-            self.pool.report(metrics);
-            return Ok(Got {
-                sandbox,
-                took: t0.elapsed(),
-                pooled: true,
-            });
+        // At most one pool serves a shape (pools differ by image, or are the default).
+        for pool in &self.pools {
+            if let Some(sandbox) = pool.take_or_wait(shape).await {
+                pool.report(metrics);
+                return Ok(Got {
+                    sandbox,
+                    took: t0.elapsed(),
+                    pool: Some(Arc::clone(pool)),
+                });
+            }
         }
         self.build(shape, Purpose::OneShot, metrics).await
     }
@@ -109,11 +133,13 @@ impl Tier {
     /// A sandbox of `shape` for a session: a pooled one, or one built for it; ready for
     /// its files and execs ([`Sandbox::open_session`]).
     pub async fn for_session(&self, shape: &Shape, metrics: &Metrics) -> Result<Box<dyn Sandbox>, ApiError> {
-        let mut sandbox = match self.pool.take(shape) {
-            Some(sb) => {
-                self.pool.report(metrics);
-                sb
-            }
+        let pooled = self.pools.iter().find_map(|pool| {
+            let sb = pool.take(shape)?;
+            pool.report(metrics);
+            Some(sb)
+        });
+        let mut sandbox = match pooled {
+            Some(sb) => sb,
             None => self.build(shape, Purpose::Session, metrics).await?.sandbox,
         };
         let shape = shape.clone();
@@ -131,7 +157,7 @@ impl Tier {
         Ok(Got {
             sandbox: created?,
             took,
-            pooled: false,
+            pool: None,
         })
     }
 }

@@ -18,12 +18,12 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
     // The pools of every tier, summed. Ready follows the default tier's pool: the
     // others (a micro-VM pool booting under emulation) may take long to fill, or never
     // on a host that cannot run them, and requests for them still work meanwhile.
-    let pool: usize = state.tiers.iter().map(|t| t.pool.ready()).sum();
-    let target: usize = state.tiers.iter().map(|t| t.pool.target()).sum();
+    let pool: usize = state.tiers.iter().map(|t| t.pool().ready()).sum();
+    let target: usize = state.tiers.iter().map(|t| t.pool().target()).sum();
     let warm = state
         .tiers
         .get(airlock_spec::Isolation::default())
-        .map_or(true, |t| t.pool.target() == 0 || t.pool.ready() > 0);
+        .map_or(true, |t| t.pool().target() == 0 || t.pool().ready() > 0);
     let ready = warm && !stopping;
     let status = if ready {
         StatusCode::OK

@@ -9,7 +9,9 @@ use crate::state::AppState;
 
 pub async fn handle(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     for tier in state.tiers.iter() {
-        tier.pool.report(&state.metrics);
+        for pool in tier.pools() {
+            pool.report(&state.metrics);
+        }
     }
     state.metrics.sandboxes_active.set(state.active() as i64);
     (

@@ -184,7 +184,7 @@ async fn one_shot_task(
     shape.image = image.map(|i| i.root);
     // The time spent waiting for the refiller's sandbox counts as setup, like a cold one.
     let got = tier.for_one_shot(&shape, &state.metrics).await?;
-    let refill = got.pooled.then(|| refill_after(&tier.pool));
+    let refill = got.pool.as_ref().map(refill_after);
     let mut sandbox = got.sandbox;
     let cancel = Arc::clone(&state.cancel);
     let ran = tokio::task::spawn_blocking(move || {

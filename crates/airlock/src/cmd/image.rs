@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
     /// The image store's directory (blobs, unpacked layers, prepared roots, records).
-    #[arg(long, value_name = "DIR", env = "AIRLOCK_IMAGE_STORE", default_value = airlock_image::DEFAULT_ROOT)]
+    #[arg(long, value_name = "DIR", env = "AIRLOCK_IMAGE_STORE", default_value = airlock_image::DEFAULT_ROOT, global = true)]
     pub image_store: PathBuf,
     /// The most disk the store's blobs and unpacked layers may take (10G; default: no
     /// limit). A pull or import that would pass it is refused and leaves nothing behind.
-    #[arg(long, value_name = "SIZE", value_parser = size)]
+    #[arg(long, value_name = "SIZE", value_parser = size, global = true)]
     pub image_store_max: Option<u64>,
 }
 

@@ -24,17 +24,19 @@ pub struct ServeArgs {
     /// Address to listen on (a non-loopback address requires API keys).
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8710")]
     listen: SocketAddr,
-    /// Warm sandboxes kept ready (0 disables the pool) [default: 2 per core, 2..16].
-    #[arg(long, value_name = "N")]
-    pool: Option<usize>,
+    /// Warm sandboxes kept ready (0 disables the pool) [default: 2 per core, 2..16];
+    /// `IMAGE=N` keeps N of an image from the store warm too (repeatable).
+    #[arg(long, value_name = "N|IMAGE=N", value_parser = pool_size)]
+    pool: Vec<PoolSize>,
     /// Micro-VMs kept booted for `"isolation": "microvm"` requests (0: each such request
     /// boots its own VM, and the guest image is prepared on the first one).
     #[arg(long, value_name = "N", default_value_t = 0)]
     vm_pool: usize,
     /// gVisor sandboxes kept started, their agent holding a ready child, for
-    /// `"isolation": "gvisor"` requests (0: each such request starts its own).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    gvisor_pool: usize,
+    /// `"isolation": "gvisor"` requests (0: each such request starts its own);
+    /// `IMAGE=N` keeps N of an image warm too (repeatable).
+    #[arg(long, value_name = "N|IMAGE=N", value_parser = pool_size)]
+    gvisor_pool: Vec<PoolSize>,
     /// Live sandboxes at most [default: memory budget / default memory cap].
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
@@ -101,14 +103,77 @@ fn duration(s: &str) -> Result<std::time::Duration, String> {
     parse_duration(s).map_err(|e| e.reason.to_string())
 }
 
+/// A `--pool` value: the default pool's size, or an image's pool.
+#[derive(Debug, Clone, PartialEq)]
+enum PoolSize {
+    /// `N`.
+    Default(usize),
+    /// `IMAGE=N`.
+    Image(String, usize),
+}
+
+fn pool_size(s: &str) -> Result<PoolSize, String> {
+    let count = |n: &str| {
+        n.parse::<usize>()
+            .map_err(|_| format!("{n:?} is not a count of sandboxes (N or IMAGE=N)"))
+    };
+    match s.rsplit_once('=') {
+        Some(("", _)) => Err("IMAGE=N: the image is empty".into()),
+        Some((image, n)) => Ok(PoolSize::Image(image.to_owned(), count(n)?)),
+        None => Ok(PoolSize::Default(count(s)?)),
+    }
+}
+
+/// The default pool's size among `sizes` (the last given), and the image pools.
+fn split_pools(
+    flag: &str,
+    sizes: &[PoolSize],
+    isolation: airlock_spec::Isolation,
+    images: &mut Vec<airlock_server::config::ImagePool>,
+) -> anyhow::Result<Option<usize>> {
+    let mut default = None;
+    for size in sizes {
+        match size {
+            PoolSize::Default(n) => default = Some(*n),
+            PoolSize::Image(image, n) => {
+                if images
+                    .iter()
+                    .any(|p| p.isolation == isolation && p.image == *image)
+                {
+                    bail!("{flag} {image}={n}: the image has a pool already");
+                }
+                images.push(airlock_server::config::ImagePool {
+                    isolation,
+                    image: image.clone(),
+                    size: *n,
+                });
+            }
+        }
+    }
+    Ok(default)
+}
+
 impl ServeArgs {
     fn config(&self) -> anyhow::Result<ServerConfig> {
         let mut c = ServerConfig::default();
-        if let Some(n) = self.pool {
+        let mut images = Vec::new();
+        if let Some(n) = split_pools(
+            "--pool",
+            &self.pool,
+            airlock_spec::Isolation::Namespaces,
+            &mut images,
+        )? {
             c.pool = n;
         }
         c.vm_pool = self.vm_pool;
-        c.gvisor_pool = self.gvisor_pool;
+        c.gvisor_pool = split_pools(
+            "--gvisor-pool",
+            &self.gvisor_pool,
+            airlock_spec::Isolation::Gvisor,
+            &mut images,
+        )?
+        .unwrap_or(0);
+        c.image_pools = images;
         if let Some(b) = self.memory_budget {
             c.memory_budget = b;
             c.max_sandboxes = ((b / c.defaults.memory_bytes) as usize).clamp(1, 1024);
@@ -202,9 +267,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
-        let addr = listener.local_addr()?;
-        println!("airlock: listening on http://{addr}");
-        airlock_server::run(listener, tiers, config, shutdown_signal()).await?;
+        let started = |addr| println!("airlock: listening on http://{addr}");
+        airlock_server::run(listener, tiers, config, started, shutdown_signal()).await?;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
