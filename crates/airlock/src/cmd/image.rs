@@ -158,7 +158,15 @@ fn image_json(image: &Image) -> serde_json::Value {
 /// did on stderr unless `quiet`.
 pub fn pull(store: &Store, reference: &str, options: &PullOptions, quiet: bool) -> anyhow::Result<Image> {
     let start = Instant::now();
-    let pulled = airlock_image::pull(store, reference, options)?;
+    let pulled = match airlock_image::pull(store, reference, options) {
+        Ok(pulled) => pulled,
+        Err(e) => {
+            if let airlock_image::Error::InsecureRefused { registry, .. } = &e {
+                bail!("{e}; to use plain HTTP with it, give --insecure-registry {registry}")
+            }
+            return Err(e.into());
+        }
+    };
     let image = store.tag(&pulled.reference, &pulled.manifest_digest)?;
     if !quiet {
         eprintln!(
