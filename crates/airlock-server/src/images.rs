@@ -5,6 +5,8 @@
 use airlock_backend::{Error, ImageRoot};
 use airlock_image::Store;
 use airlock_spec::{ImageConfig, Spec, SpecError};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 /// An image ready to run: its root and what its config says.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +43,7 @@ pub fn resolve(store: Option<&Store>, reference: &str) -> Result<Resolved, Error
     let root = store
         .image_root(&image)
         .map_err(|e| Error::host(format!("preparing the root of image {}", image.name), e))?;
+    reachable(store.root()).map_err(|e| Error::host("the image store", e))?;
     Ok(Resolved {
         root: ImageRoot {
             digest: image.manifest_digest.to_string(),
@@ -59,6 +62,29 @@ pub fn resolve_spec(store: Option<&Store>, spec: &mut Spec) -> Result<Option<Res
     let resolved = resolve(store, &reference)?;
     resolved.apply(spec)?;
     Ok(Some(resolved))
+}
+
+/// Checks that sandboxes can reach roots below `store_root`: a sandbox's own root user
+/// (not the host's) opens the prepared root by its path, so every directory above it must
+/// be searchable by others. A store below a private directory (a 0700 home or temporary
+/// directory) is refused with the directory to fix, rather than failing in each sandbox.
+pub fn reachable(store_root: &Path) -> Result<(), String> {
+    let mut dir = store_root;
+    loop {
+        let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o001 == 0 {
+            return Err(format!(
+                "{} (mode {mode:04o}) is not searchable by others, so sandboxes cannot reach the image store {} below it: give it o+x, or use an --image-store whose parent directories are searchable",
+                dir.display(),
+                store_root.display()
+            ));
+        }
+        match dir.parent() {
+            Some(parent) => dir = parent,
+            None => return Ok(()),
+        }
+    }
 }
 
 fn invalid(message: impl Into<String>) -> Error {

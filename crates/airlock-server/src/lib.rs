@@ -89,6 +89,8 @@ impl Service {
                 };
                 let store = airlock_image::Store::open(dir, options)
                     .map_err(|e| std::io::Error::other(format!("--image-store {}: {e}", dir.display())))?;
+                images::reachable(store.root())
+                    .map_err(|e| std::io::Error::other(format!("--image-store {}: {e}", dir.display())))?;
                 Some(Arc::new(store))
             }
             None => None,
