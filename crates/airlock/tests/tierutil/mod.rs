@@ -26,6 +26,7 @@ pub const TIERS_ENV: &str = "AIRLOCK_TEST_TIERS";
 /// case named: each case is a function `fn(Tier)` of the test file, which also imports
 /// [`Tier`] at its root. A new tier is one more name here, and every contract suite runs
 /// on it.
+#[allow(unused_macros)]
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         const TIERS: &[&str] = &["namespaces", "gvisor", "microvm"];
@@ -54,6 +55,7 @@ pub(crate) use contract;
 /// ([`image::python_image`], through [`Tier::run`]). Invoked after [`contract!`] (whose
 /// `TIERS` it uses), for the cases that run only `airlock run` and need only python3 and
 /// a shell. The micro-VM tier's image cases are ignored until its image support merges.
+#[allow(unused_macros)]
 macro_rules! contract_image {
     ($($case:ident),* $(,)?) => {
         mod image {
