@@ -46,6 +46,24 @@ tierutil::contract! {
     kill_9_of_airlock_leaves_nothing_after_the_next_start,
 }
 
+// The contract with an image (issue 14: "The contract suite runs with an image on each
+// tier"): the cases that run only `airlock run` and need only python3 and a shell, again
+// with every run in a python image built from host files (tierutil::image),
+// `contract::image::<tier>::<case>`. The service's sessions, files and cleanup with an
+// image: tests/images.rs.
+tierutil::contract_image! {
+    output_and_exit_statuses,
+    the_readme_example_prints_42,
+    everyday_tools_work,
+    command_not_found_exits_127,
+    stdin_env_and_files_go_in,
+    timeout_kills_everything,
+    oom_is_reported,
+    memfds_over_the_memory_cap_end_as_oom,
+    pids_limit_holds_a_fork_bomb,
+    output_cap_truncates_and_counts,
+}
+
 const MIB: u64 = 1 << 20;
 
 fn sh(script: &str) -> Value {

@@ -9,6 +9,8 @@
 //! other tiers, another user's daemon) have other tags.
 #![allow(dead_code)]
 
+pub mod image;
+
 use crate::common::host::{Run, airlock_run, cgroup_owners, left_cgroups, start_time, wait_until};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -24,6 +26,7 @@ pub const TIERS_ENV: &str = "AIRLOCK_TEST_TIERS";
 /// case named: each case is a function `fn(Tier)` of the test file, which also imports
 /// [`Tier`] at its root. A new tier is one more name here, and every contract suite runs
 /// on it.
+#[allow(unused_macros)]
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         const TIERS: &[&str] = &["namespaces", "gvisor", "microvm"];
@@ -47,6 +50,50 @@ macro_rules! contract {
 #[allow(unused_imports)]
 pub(crate) use contract;
 
+/// Generates the image variant of a contract suite: `mod image { mod <tier> { #[test] fn
+/// <case>() } }` for each case named, each run with every `airlock run` in the python image
+/// ([`image::python_image`], through [`Tier::run`]). Invoked after [`contract!`] (whose
+/// `TIERS` it uses), for the cases that run only `airlock run` and need only python3 and
+/// a shell. The micro-VM tier's image cases are ignored until its image support merges.
+#[allow(unused_macros)]
+macro_rules! contract_image {
+    ($($case:ident),* $(,)?) => {
+        mod image {
+            $crate::tierutil::contract_image!(@tier namespaces [$($case),*]);
+            $crate::tierutil::contract_image!(@tier gvisor [$($case),*]);
+            $crate::tierutil::contract_image!(@ignored microvm [$($case),*]);
+        }
+    };
+    (@tier $tier:ident [$($case:ident),*]) => {
+        mod $tier {
+            $(
+                #[test]
+                fn $case() {
+                    $crate::tierutil::contract_image!(@body $tier $case);
+                }
+            )*
+        }
+    };
+    (@ignored $tier:ident [$($case:ident),*]) => {
+        mod $tier {
+            $(
+                #[test]
+                #[ignore = "microvm images land with branch microimg"]
+                fn $case() {
+                    $crate::tierutil::contract_image!(@body $tier $case);
+                }
+            )*
+        }
+    };
+    (@body $tier:ident $case:ident) => {
+        if let Some(tier) = crate::Tier::selected(stringify!($tier), crate::TIERS) {
+            crate::$case(tier.with_image(crate::tierutil::image::python_image()));
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use contract_image;
+
 /// Where airlock keeps per-run state (VM state directories today: `/run/airlock/vm`).
 const STATE_ROOT: &str = "/run/airlock";
 
@@ -55,6 +102,9 @@ const STATE_ROOT: &str = "/run/airlock";
 pub struct Tier {
     /// `namespaces`, `microvm`, …
     pub name: &'static str,
+    /// The image every `airlock run` of [`Tier::run`] names (`--image`), if any: the
+    /// image variant of the contract suite ([`contract_image!`]).
+    pub image: Option<&'static image::TestImage>,
 }
 
 impl Tier {
@@ -63,7 +113,7 @@ impl Tier {
     /// no tier of `known`: a typo must not skip every case.
     pub fn selected(name: &'static str, known: &[&str]) -> Option<Tier> {
         let Ok(list) = std::env::var(TIERS_ENV) else {
-            return Some(Tier { name });
+            return Some(Tier { name, image: None });
         };
         let wanted: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
         for w in &wanted {
@@ -73,18 +123,37 @@ impl Tier {
             );
         }
         if wanted.contains(&name) {
-            Some(Tier { name })
+            Some(Tier { name, image: None })
         } else {
             eprintln!("SKIPPED: tier {name} left out by {TIERS_ENV}={list}");
             None
         }
     }
 
-    /// `airlock run --isolation TIER ARGS...`; asserts afterwards that the run left
-    /// nothing on the host ([`assert_run_left_nothing`]).
+    /// This tier, every run of it in image `img` ([`Tier::run`]).
+    pub fn with_image(self, img: &'static image::TestImage) -> Tier {
+        Tier {
+            image: Some(img),
+            ..self
+        }
+    }
+
+    /// `airlock run --isolation TIER ARGS...` (with `--image-store STORE --image NAME
+    /// --pull never` first when the tier has an image); asserts afterwards that the run
+    /// left nothing on the host ([`assert_run_left_nothing`]).
     #[track_caller]
     pub fn run(&self, args: &[&str]) -> Run {
         let mut full = vec!["--isolation", self.name];
+        if let Some(img) = self.image {
+            full.extend([
+                "--image-store",
+                img.store.to_str().expect("UTF-8 store path"),
+                "--image",
+                img.name,
+                "--pull",
+                "never",
+            ]);
+        }
         full.extend_from_slice(args);
         let run = airlock_run(&full);
         assert_run_left_nothing(run.pid);
