@@ -277,7 +277,7 @@ def test_tools_are_listed_with_schemas_and_annotations(connect: Callable[[], Any
                 hints = (a["readOnlyHint"], a["destructiveHint"], a["idempotentHint"], a["openWorldHint"])
                 assert hints == ANNOTATIONS[name], (name, a)
             run_code = tools["run_code"]["inputSchema"]
-            assert {"language", "code", "stdin", "files", "timeout_s", "isolation"} == set(run_code["properties"])
+            assert {"language", "code", "stdin", "files", "timeout_s", "isolation", "image"} == set(run_code["properties"])
             assert {"python", "javascript", "bash"} <= set(re.findall(r'"const": "(\w+)"', json.dumps(run_code)))
             ec = tools["run_code"]["outputSchema"]["properties"]
             for field in ["outcome", "exit_code", "signal", "stdout", "stderr", "stdout_truncated",

@@ -295,7 +295,6 @@ fn readme_images_block_runs_as_typed() {
         let typed = subst(cmd, daemon.as_ref().map(|d| d.port));
         if let Some(args) = typed.strip_prefix("airlock serve ") {
             // Served in the background: the daemon helper adds `--listen 127.0.0.1:0`.
-            let _ = image_ok(&store, &["import", tar.to_str().unwrap(), "--name", "tools:1"]);
             let args: Vec<&str> = args.split_whitespace().collect();
             let d = Daemon::start(&args);
             d.wait_ready();
@@ -342,31 +341,20 @@ fn readme_images_block_runs_as_typed() {
                     "the host's /usr in an image root: {stdout}"
                 );
             }
-            5 => {
-                let ls = image_ok(&store, &["ls"]);
-                assert!(!ls.contains("docker.io/library/tools:1"), "{ls}");
-                // The first `airlock run` in the block ran in tools:1 from the archive,
-                // not in the registry's team/tools:1, which stays.
-                assert!(ls.contains(&format!("{}/team/tools:1", reg.host)), "{ls}");
-            }
-            6 => {}
-            8 => {
+            6 => {
                 let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
                 assert_eq!(v["exit_code"], 0, "{v:#}");
                 assert_eq!(v["stdout"], "/bin\n", "{v:#}");
             }
-            _ => unreachable!(),
-        }
-        if i == 6 {
-            // In order, the block's `curl` names the image its `rm` removed: a 400 on
-            // `image` from a daemon of this store (checked before the re-import above).
-            let d = Daemon::start(&["--pool", "0", "--image-store", store.to_str().unwrap()]);
-            let e = d
-                .client()
-                .exec(&json!({"image": "tools:1", "cmd": ["sh", "-c", "echo $PATH"]}))
-                .api_error(400);
-            assert_eq!(e["field"], "image", "{e}");
-            drop(d);
+            7 => {
+                let ls = image_ok(&store, &["ls"]);
+                assert!(!ls.contains("docker.io/library/tools:1"), "{ls}");
+                // The `airlock run` in the block ran in tools:1 from the archive, not in
+                // the registry's team/tools:1, which stays.
+                assert!(ls.contains(&format!("{}/team/tools:1", reg.host)), "{ls}");
+            }
+            8 => assert!(stderr.contains("airlock: pruned"), "{stderr}"),
+            _ => unreachable!("command {i}: {typed}"),
         }
     }
     let d = daemon.take().expect("the block serves");
@@ -583,7 +571,6 @@ fn pull_from_a_loopback_registry_run_rm_and_prune() {
 /// user can act on it (today it says "plain HTTP is used only for registries marked
 /// insecure", leaving the user to find how to mark one).
 #[test]
-#[ignore = "BUG: a pull refused for plain HTTP does not name --insecure-registry (message: \"plain HTTP is used only for registries marked insecure\")"]
 fn a_plain_http_refusal_names_insecure_registry() {
     let _g = serial();
     let work = workdir("insecure");
@@ -653,13 +640,12 @@ fn a_pull_over_the_store_budget_is_refused_and_leaves_the_store_as_it_was() {
 }
 
 /// A store below a directory that only root may enter (mode 0700: `mktemp -d`, `/root`,
-/// pytest's temp dirs) serves its images like any other: `airlock run --image` and the
-/// service's execs run in them. Today both fail with "building the filesystem: bind image
-/// /.image: Permission denied (os error 13)": the image root is bound from inside the
-/// sandbox's user namespace, whose root cannot pass the 0700 directory.
+/// pytest's temp dirs) cannot serve sandboxes: a sandbox's own root user opens the image
+/// root by its path and cannot pass that directory. It is refused up front, naming the
+/// directory to fix, by `run --image` on every tier and by `serve` at start (not with a
+/// bind failing inside each sandbox).
 #[test]
-#[ignore = "BUG: an image store below a 0700 directory cannot be used: run/exec fail with \"bind image /.image: Permission denied\""]
-fn a_store_below_a_private_directory_serves_images() {
+fn a_store_below_a_private_directory_is_refused_naming_the_directory() {
     use std::os::unix::fs::PermissionsExt;
     let _g = serial();
     let work = workdir("private");
@@ -667,22 +653,34 @@ fn a_store_below_a_private_directory_serves_images() {
     let store = work.path().join("store");
     let layout = busybox_layout(work.path(), "bb");
     import(&store, &layout, "tools:1");
+    let private = work.path().display().to_string();
     for tier in ["namespaces", "gvisor"] {
         let run = run_in(tier, &store, &["--image", "tools:1", "--", "echo", "ok"]);
-        assert_eq!(
-            (run.code(), run.stdout().as_str()),
-            (Some(0), "ok\n"),
-            "{tier}: {}",
-            run.stderr()
+        assert_eq!(run.code(), Some(2), "{tier}: {}", run.stderr());
+        assert!(run.stdout().is_empty(), "{tier}: {}", run.stdout());
+        let err = run.stderr();
+        assert!(
+            err.contains(&private) && err.contains("mode 0700") && err.contains("o+x"),
+            "{tier}: {err}"
         );
+        assert_eq!(err.trim().lines().count(), 1, "{tier}: {err}");
     }
-    let d = Daemon::start(&["--pool", "0", "--image-store", store.to_str().unwrap()]);
-    let v = d
-        .client()
-        .exec(&json!({"image": "tools:1", "cmd": ["echo", "ok"]}))
-        .expect(200)
-        .json();
-    assert_eq!(v["stdout"], "ok\n", "{v:#}");
+    let f = serverutil::serve_refuses(&["--pool", "0", "--image-store", store.to_str().unwrap()]);
+    assert_eq!(f.status.code(), Some(2));
+    assert!(
+        f.stderr.contains(&private) && f.stderr.contains("o+x"),
+        "{}",
+        f.stderr
+    );
+    // The same store, once its parent is searchable, serves.
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let run = run_in("namespaces", &store, &["--image", "tools:1", "--", "echo", "ok"]);
+    assert_eq!(
+        (run.code(), run.stdout().as_str()),
+        (Some(0), "ok\n"),
+        "{}",
+        run.stderr()
+    );
 }
 
 /// The python image (bench/images.py's layers) runs python3 on each tier.
