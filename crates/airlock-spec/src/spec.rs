@@ -287,18 +287,6 @@ impl Spec {
                 "is not available with isolation microvm (the guest's system directories come from its image of the host's)",
             ));
         }
-        if self.image.is_some() {
-            return Err(SpecError::new(
-                "image",
-                "is not available with isolation microvm yet",
-            ));
-        }
-        if self.workdir.is_some() {
-            return Err(SpecError::new(
-                "workdir",
-                "is not available with isolation microvm yet (programs start in /workspace)",
-            ));
-        }
         Ok(())
     }
 
@@ -421,12 +409,18 @@ const MAX_IMAGE_REFERENCE: usize = 512;
 /// The shape of an image reference; whether it names a stored image is the store's to say.
 fn validate_image(image: &str) -> Result<(), SpecError> {
     if image.is_empty() {
-        return Err(SpecError::new("image", "is empty: name an image (python:3.12-slim) or omit it"));
+        return Err(SpecError::new(
+            "image",
+            "is empty: name an image (python:3.12-slim) or omit it",
+        ));
     }
     if image.len() > MAX_IMAGE_REFERENCE {
         return Err(SpecError::new(
             "image",
-            format!("is {} bytes long; at most {MAX_IMAGE_REFERENCE} are allowed", image.len()),
+            format!(
+                "is {} bytes long; at most {MAX_IMAGE_REFERENCE} are allowed",
+                image.len()
+            ),
         ));
     }
     if let Some(c) = image.chars().find(|c| c.is_whitespace() || c.is_control()) {
@@ -562,7 +556,8 @@ mod tests {
 
     #[test]
     fn isolation_parses_and_refuses_what_microvm_lacks() {
-        // A micro-VM has proxy mode (through its egress port), not --rootfs.
+        // A micro-VM has proxy mode (through its egress port), images and a workdir, not
+        // --rootfs.
         assert_eq!("microvm".parse::<Isolation>().unwrap(), Isolation::Microvm);
         assert_eq!(
             serde_json::from_str::<Isolation>(r#""namespaces""#).unwrap(),
@@ -586,13 +581,8 @@ mod tests {
         let mut s = spec();
         s.isolation = Isolation::Microvm;
         s.image = Some("busybox".into());
-        let err = s.validate().unwrap_err();
-        assert_eq!(err.field, "image");
-        assert!(err.to_string().contains("microvm"), "{err}");
-        let mut s = spec();
-        s.isolation = Isolation::Microvm;
         s.workdir = Some("/opt".into());
-        assert_eq!(s.validate().unwrap_err().field, "workdir");
+        s.validate().unwrap();
     }
 
     #[test]
