@@ -424,6 +424,10 @@ pub struct ImageDrive {
     pub digest: String,
     /// The squashfs, world-readable (the VMM opens it unprivileged).
     pub path: PathBuf,
+    /// The file's identity (device, inode, mtime in ns): a template keyed by it is never
+    /// restored over another file under the same name (a cache removed by hand and
+    /// rebuilt), whose blocks its guest's page cache would not match.
+    pub identity: (u64, u64, i128),
     /// How long building it took in this call; `None`: it was cached.
     pub built_ms: Option<u64>,
 }
@@ -455,21 +459,32 @@ impl ImageBuilder {
         mkdir_world_readable(&self.cache)?;
         mkdir_world_readable(&dir)?;
         let path = dir.join(&name);
-        let found = |built_ms| ImageDrive {
-            digest: digest.to_owned(),
-            path: path.clone(),
-            built_ms,
+        let found = |built_ms| -> Result<ImageDrive, ImageError> {
+            let m = fs::metadata(&path).map_err(io_err("stat", &path))?;
+            Ok(ImageDrive {
+                digest: digest.to_owned(),
+                path: path.clone(),
+                identity: (
+                    m.dev(),
+                    m.ino(),
+                    i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+                ),
+                built_ms,
+            })
         };
         if path.is_file() {
-            return Ok(found(None));
+            return found(None);
         }
         let _build = lock(&dir.join(format!("{name}.lock")), FlockArg::LockExclusive)?;
         if path.is_file() {
-            return Ok(found(None));
+            return found(None);
         }
+        // What a builder that died mid-way left (only builders write these, under this
+        // lock).
+        remove_others(&dir, &format!("{name}.tmp"), Path::new(""));
         let t = Instant::now();
         build_image_squashfs(root, &path)?;
-        Ok(found(Some(ms(t))))
+        found(Some(ms(t)))
     }
 }
 
@@ -918,12 +933,18 @@ mod tests {
             agent: PathBuf::from("/nonexistent"),
             host_root: PathBuf::from("/nonexistent"),
         };
+        // A dead builder's leftover goes at the next build.
+        fs::create_dir_all(b.cache.join(IMAGES_DIR)).unwrap();
+        fs::write(b.cache.join(IMAGES_DIR).join("sha256-0123.sqfs.tmp1"), "x").unwrap();
         let first = b.image_drive("sha256:0123", &root).unwrap();
         assert!(first.built_ms.is_some());
         let meta = fs::metadata(&first.path).unwrap();
         assert_eq!(meta.mode() & 0o777, 0o644);
         let again = b.image_drive("sha256:0123", &root).unwrap();
-        assert_eq!((again.path.clone(), again.built_ms), (first.path.clone(), None));
+        assert_eq!(
+            (&again.path, again.identity, again.built_ms),
+            (&first.path, first.identity, None)
+        );
         assert_eq!(fs::metadata(&again.path).unwrap().ino(), meta.ino());
         // Nothing else is left in the images directory but the file and its lock.
         let mut names: Vec<String> = fs::read_dir(b.cache.join(IMAGES_DIR))
