@@ -488,6 +488,18 @@ impl ImageBuilder {
     }
 }
 
+/// The image drives in `cache`: how many, and their bytes in all.
+pub fn cached_image_drives(cache: &Path) -> (usize, u64) {
+    let Ok(entries) = fs::read_dir(cache.join(IMAGES_DIR)) else {
+        return (0, 0);
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sqfs"))
+        .filter_map(|e| e.metadata().ok())
+        .fold((0, 0), |(n, bytes), m| (n + 1, bytes + m.len()))
+}
+
 /// `mksquashfs` of the prepared tree `root` into `dest`, through a temporary file. The
 /// tree is taken as it is (owners, modes: root-owned, readable by all, no setuid bits, as
 /// the store prepares it), without xattrs; lz4 for an emulated guest's CPU, like the
@@ -953,6 +965,7 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, ["sha256-0123.sqfs", "sha256-0123.sqfs.lock"]);
+        assert_eq!(cached_image_drives(&b.cache), (1, meta.len()));
         // A missing tree is an error, and leaves nothing behind.
         assert!(b.image_drive("sha256:4567", &dir.path().join("nope")).is_err());
         assert!(!b.cache.join(IMAGES_DIR).join("sha256-4567.sqfs").exists());
