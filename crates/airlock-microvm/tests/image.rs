@@ -100,7 +100,9 @@ fn a_vm_of_an_image_runs_in_the_image_and_reuses_its_cached_drive() {
     // Nothing of the host's (or the guest's) system directories.
     let r = common::ok(
         vm.exec(
-            &common::sh("test -e /usr/bin/python3 && echo HOST-PYTHON; ls /usr 2>&1; id -u; id -g; echo end"),
+            &common::sh(
+                "test -e /usr/bin/python3 && echo HOST-PYTHON; ls /usr 2>&1; id -u; id -g; id -un; echo end",
+            ),
             &mut Capture,
             &[],
         )
@@ -108,7 +110,8 @@ fn a_vm_of_an_image_runs_in_the_image_and_reuses_its_cached_drive() {
     );
     assert!(!r.stdout.contains("HOST-"), "{}", r.stdout);
     assert!(r.stdout.contains("No such file"), "{}", r.stdout);
-    assert!(r.stdout.ends_with("1000\n1000\nend\n"), "{}", r.stdout);
+    // The identity files are the engine's, bound over the image's empty ones.
+    assert!(r.stdout.ends_with("1000\n1000\nsandbox\nend\n"), "{}", r.stdout);
 
     // The image is read-only; /workspace and /tmp are the sandbox's.
     let r = common::ok(
@@ -202,6 +205,15 @@ fn pooled_vms_of_two_images_never_serve_each_other() {
             .unwrap(),
     );
     assert_eq!(r.stdout, "image-a\n");
+    drop(vm);
+
+    // A session of image B, on a service whose pool has templates: its own VM, of B.
+    let mut session = backend.create(&shape_b, Purpose::Session).expect("session VM");
+    session.open_session(&shape_b).expect("open the session");
+    let r = session
+        .exec(&common::sh("cat /opt/which.txt"), &mut Capture, &[])
+        .unwrap();
+    assert_eq!(r.stdout, "image-b\n", "{r:?}");
 }
 
 /// How long `mksquashfs` takes for a tree of about 50 MB (run by hand:
