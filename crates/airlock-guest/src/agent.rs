@@ -107,7 +107,12 @@ fn check_network(abi: i32, devices: &[String]) -> Result<(), String> {
 }
 
 /// Serves until the host closes the port.
-pub fn serve(port: File, init_ms: u64, modules_ms: u64) -> Result<(), String> {
+pub fn serve(booted: crate::boot::Booted, init_ms: u64) -> Result<(), String> {
+    let crate::boot::Booted {
+        port,
+        modules_ms,
+        image,
+    } = booted;
     let port = Port(port);
     let engine = Engine::new().map_err(|e| format!("engine: {e}"))?;
     let abi = airlock_sandbox::landlock::kernel_abi();
@@ -126,7 +131,10 @@ pub fn serve(port: File, init_ms: u64, modules_ms: u64) -> Result<(), String> {
     port.send(&ToHost::Ready(info), &[])
         .map_err(|e| format!("port: {e}"))?;
 
-    let mut state = State::default();
+    let mut state = State {
+        image,
+        ..State::default()
+    };
     let mut reader = io::BufReader::with_capacity(CHUNK + 4096, &port.0);
     loop {
         let frame = match proto::read::<ToGuest>(&mut reader) {
@@ -190,6 +198,9 @@ struct State {
     /// Proxy mode is on (`Egress`): the sandbox's 127.0.0.1:3128 is relayed to the host's
     /// proxy, and programs get the proxy's environment.
     egress: bool,
+    /// The image's root mounted from its drive, when the VM carries one: the sandbox's
+    /// whole root (the engine's image mode), fixed for the VM's life.
+    image: Option<std::path::PathBuf>,
 }
 
 impl State {
@@ -233,6 +244,7 @@ impl State {
                 }
                 let config = SandboxConfig {
                     fixed_layout,
+                    image: self.image.clone(),
                     ..SandboxConfig::of(&spec)
                 };
                 match engine.create(&config) {
@@ -328,7 +340,10 @@ impl State {
                 Ok(())
             }
             ToGuest::Exec {
-                command, env, limits, ..
+                command,
+                env,
+                limits,
+                workdir,
             } => {
                 let stdin = std::mem::take(&mut self.stdin);
                 if std::mem::take(&mut self.stdin_overflow) {
@@ -351,6 +366,7 @@ impl State {
                 };
                 spec.limits = limits;
                 spec.stdin = stdin;
+                spec.workdir = workdir;
                 let mut sink = PortSink { port, failed: None };
                 // The port is the exec's cancel fd: the host writes to it during an exec
                 // only to cancel it (`Cancel`, read once the exec has answered).

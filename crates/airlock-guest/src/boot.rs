@@ -9,8 +9,16 @@
 //!    /sys under it; mount cgroup v2 and a /tmp;
 //! 4. make /newroot the root (move it over / and chroot: the initramfs cannot be
 //!    pivot_root'ed away, but the sandbox's own pivot_root works from a real mount);
-//! 5. find the agent's virtio-serial port by name and open it, retrying: its device node
+//! 5. with an image (the kernel command line has `airlock.image`): find the image's
+//!    drive by its serial and mount it read-only, nosuid, nodev at /run/airlock-image,
+//!    where the sandbox's engine takes it as its image root;
+//! 6. find the agent's virtio-serial port by name and open it, retrying: its device node
 //!    appears before the port is usable.
+//!
+//! With an image the VM has two drives, the guest's own rootfs (the host's system
+//! directories, which the agent, its loader and libraries and the sandbox's init run
+//! from) and the image's; the guest tells them apart by the image drive's serial, never by
+//! the order the kernel names them in.
 
 use nix::mount::{MsFlags, mount};
 use std::fs::{self, File, OpenOptions};
@@ -23,8 +31,10 @@ use crate::sys;
 
 /// Where the initramfs keeps the modules, as `NN-name.ko`.
 const MODULES: &str = "/modules";
-/// The rootfs's block device (the only virtio-blk device of the VM).
-const ROOT_DEVICE: &str = "/dev/vda";
+/// The rootfs's block device when it is the VM's only one.
+const ROOT_DEVICE: &str = "vda";
+/// The other device name, when the VM carries an image's drive too.
+const SECOND_DEVICE: &str = "vdb";
 /// How long a device may take to appear after its driver loads.
 const DEVICE_WAIT: Duration = Duration::from_secs(10);
 /// Name of the agent's port.
@@ -59,9 +69,53 @@ fn wait_for(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Boots the guest's userland and returns the agent's open port, and when (ms since the
-/// kernel started) the modules were loaded.
-pub fn boot() -> Result<(File, u64), String> {
+/// What booting left ready.
+pub struct Booted {
+    /// The agent's open port.
+    pub port: File,
+    /// When (ms since the kernel started) the modules were loaded.
+    pub modules_ms: u64,
+    /// Where the image's root is mounted, when the VM carries one.
+    pub image: Option<PathBuf>,
+}
+
+/// Whether the kernel command line asks for an image (the word `airlock.image`).
+fn wants_image(cmdline: &str) -> bool {
+    cmdline
+        .split_whitespace()
+        .any(|w| w == airlock_vmwire::frame::IMAGE_BOOT_PARAM)
+}
+
+/// The virtio-blk serial of `dev` (`vda`), as sysfs has it.
+fn serial(dev: &str) -> String {
+    fs::read_to_string(format!("/sys/block/{dev}/serial"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// The (rootfs, image) device names: with an image, both drives must appear, and the
+/// one whose serial is the image's is the image.
+fn drives(image: bool) -> Result<(&'static str, Option<&'static str>), String> {
+    wait_for(&Path::new("/dev").join(ROOT_DEVICE))?;
+    if !image {
+        return Ok((ROOT_DEVICE, None));
+    }
+    wait_for(&Path::new("/dev").join(SECOND_DEVICE))?;
+    let wanted = airlock_vmwire::frame::IMAGE_DRIVE_SERIAL;
+    match (serial(ROOT_DEVICE) == wanted, serial(SECOND_DEVICE) == wanted) {
+        (false, true) => Ok((ROOT_DEVICE, Some(SECOND_DEVICE))),
+        (true, false) => Ok((SECOND_DEVICE, Some(ROOT_DEVICE))),
+        _ => Err(format!(
+            "no single drive with serial {wanted} (vda: {:?}, vdb: {:?})",
+            serial(ROOT_DEVICE),
+            serial(SECOND_DEVICE)
+        )),
+    }
+}
+
+/// Boots the guest's userland and returns the agent's open port, when the modules were
+/// loaded, and the image's mount point if the VM has one.
+pub fn boot() -> Result<Booted, String> {
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV;
     // 1.
     for dir in ["/dev", "/proc", "/sys", "/newroot"] {
@@ -97,9 +151,10 @@ pub fn boot() -> Result<(File, u64), String> {
     let modules_ms = sys::boot_ms();
 
     // 3.
-    wait_for(Path::new(ROOT_DEVICE))?;
+    let cmdline = fs::read_to_string("/proc/cmdline").map_err(|e| format!("/proc/cmdline: {e}"))?;
+    let (root_dev, image_dev) = drives(wants_image(&cmdline))?;
     mnt(
-        ROOT_DEVICE,
+        &format!("/dev/{root_dev}"),
         "/newroot",
         Some("squashfs"),
         MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
@@ -137,8 +192,29 @@ pub fn boot() -> Result<(File, u64), String> {
     nix::unistd::chroot(".").map_err(|e| format!("chroot: {e}"))?;
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
 
-    // 5.
-    Ok((open_port()?, modules_ms))
+    // 5. The image is data to the guest: read-only, no device nodes, no setuid.
+    let image = match image_dev {
+        Some(dev) => {
+            let at = airlock_vmwire::frame::IMAGE_MOUNT;
+            mkdir(at)?;
+            mnt(
+                &format!("/dev/{dev}"),
+                at,
+                Some("squashfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                None,
+            )?;
+            Some(PathBuf::from(at))
+        }
+        None => None,
+    };
+
+    // 6.
+    Ok(Booted {
+        port: open_port()?,
+        modules_ms,
+        image,
+    })
 }
 
 /// The agent's port: the `/dev/vportNpM` whose sysfs name is ours.
@@ -170,4 +246,17 @@ fn find_port() -> Option<PathBuf> {
         .flatten()
         .find(|e| fs::read_to_string(e.path().join("name")).is_ok_and(|n| n.trim() == PORT_NAME))
         .map(|e| Path::new("/dev").join(e.file_name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_image_word_is_a_whole_word_of_the_command_line() {
+        assert!(wants_image("console=ttyS0 quiet airlock.image panic=-1"));
+        assert!(wants_image("airlock.image"));
+        assert!(!wants_image("console=ttyS0 quiet panic=-1"));
+        assert!(!wants_image("airlock.images=1 xairlock.image"));
+    }
 }

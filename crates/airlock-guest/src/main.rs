@@ -2,7 +2,9 @@
 //!
 //! The kernel starts it from the initramfs as PID 1. It loads the virtio and squashfs
 //! modules, mounts the read-only rootfs image (the host's system directories) as the new
-//! root with fresh /dev, /proc, /sys and cgroup v2, finds its virtio-serial port and
+//! root with fresh /dev, /proc, /sys and cgroup v2 (and, when the VM carries an OCI
+//! image's drive, that image, which then is its sandbox's root), finds its virtio-serial
+//! port and
 //! serves the host's requests there: build a sandbox, write files, run a program, read
 //! files. Programs run in airlock-sandbox's engine, exactly as on a host with the
 //! namespace backend (user, pid, mount, net, ipc, uts namespaces; seccomp; landlock;
@@ -25,14 +27,14 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let init_ms = sys::boot_ms();
-    let (port, modules_ms) = match boot::boot() {
-        Ok(port) => port,
+    let booted = match boot::boot() {
+        Ok(booted) => booted,
         Err(e) => {
             eprintln!("airlock-guest: boot failed: {e}");
             sys::power_off();
         }
     };
-    if let Err(e) = agent::serve(port, init_ms, modules_ms) {
+    if let Err(e) = agent::serve(booted, init_ms) {
         eprintln!("airlock-guest: {e}");
     }
     sys::power_off()

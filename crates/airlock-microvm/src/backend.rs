@@ -2,7 +2,7 @@
 //! host once and starts VMs (cloned from templates where that pays), [`BootedVm`] is
 //! its sandbox.
 
-use airlock_backend::{Backend, Error, OutputSink, Purpose, Shape};
+use airlock_backend::{Backend, Error, ImageRoot, OutputSink, Purpose, Shape};
 use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, Spec};
 use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
@@ -67,20 +67,31 @@ impl VmBackend {
     }
 
     /// A clone of the template of `size` (the one saved with its guest's sandbox built
-    /// for `prepared`, else the plain one), or a boot when no template can be made.
+    /// for `prepared`, else the plain one; of `image`'s, for a VM of an image), or a boot
+    /// when no template can be made.
     fn clone_or_boot(
         host: &MicroVmHost,
         size: VmSize,
         prepared: Option<&Limits>,
+        image: Option<&ImageRoot>,
     ) -> Result<BootedVm, VmError> {
-        match prepared {
-            Some(limits) => host.clone_prepared(size, limits),
-            None => host.clone_vm(size),
+        match (image, prepared) {
+            (Some(image), _) => host.clone_image(size, prepared, image),
+            (None, Some(limits)) => host.clone_prepared(size, limits),
+            (None, None) => host.clone_vm(size),
         }
         .or_else(|e| {
             tracing::warn!(error = %e, "micro-VMs: cloning failed; booting instead");
-            host.boot(size)
+            Self::boot(host, size, image)
         })
+    }
+
+    /// A cold boot, of `image` when there is one.
+    fn boot(host: &MicroVmHost, size: VmSize, image: Option<&ImageRoot>) -> Result<BootedVm, VmError> {
+        match image {
+            Some(image) => host.boot_image(size, image),
+            None => host.boot(size),
+        }
     }
 }
 
@@ -97,34 +108,44 @@ impl Backend for VmBackend {
         self.host().map(|_| ())
     }
 
-    /// Images are refused ([`Backend::runs_images`] is false): the guest's root is its
-    /// image of the host's system directories.
+    /// A shape with an image gets a VM that carries the image's squashfs (built once per
+    /// digest, cached) as a second drive, which its guest's sandbox has as its root. A
+    /// pool's VMs of an image are cloned from a template of that image (one per image the
+    /// pool serves); other VMs of an image boot cold, so that one-off images do not each
+    /// keep a template's memory.
     fn create(&self, shape: &Shape, purpose: Purpose) -> Result<Box<dyn airlock_backend::Sandbox>, Error> {
         self.check_shape(shape)?;
         let host = self.host()?;
         let limits = &shape.limits;
         let size = VmSize::for_limits(limits);
         let template = self.templates.as_ref().filter(|t| VmSize::for_limits(t) == size);
-        let vm = match (purpose, template) {
+        let image = shape.image.as_ref();
+        let vm = match (purpose, template, image) {
             // A pool's stock: a clone of the template saved with its sandbox built, then
             // warmed up, so its one exec finds the exec path translated.
-            (Purpose::Pool { .. }, _) => {
-                let mut vm = Self::clone_or_boot(host, size, Some(limits))?;
+            (Purpose::Pool { .. }, _, _) => {
+                let mut vm = Self::clone_or_boot(host, size, Some(limits), image)?;
                 vm.warm_up(limits)?;
                 vm
             }
             // The pool's prepared template serves any limits with its disk size (the
             // rest are applied per exec).
-            (_, Some(t)) => {
-                Self::clone_or_boot(host, size, (limits.disk_bytes == t.disk_bytes).then_some(t))?
+            (_, Some(t), None) => {
+                Self::clone_or_boot(host, size, (limits.disk_bytes == t.disk_bytes).then_some(t), None)?
             }
-            (_, None) => host.boot(size)?,
+            (_, _, image) => Self::boot(host, size, image)?,
         };
+        debug_assert_eq!(vm.image_digest(), image.map(|i| i.digest.as_str()));
         Ok(Box::new(vm))
     }
 
-    /// A VM serves a program that fits it: no more RAM or CPUs than it has, and the disk
-    /// its sandbox was built with (the network is started per exec).
+    /// A VM serves a program that fits it: no more RAM or CPUs than it has, the disk its
+    /// sandbox was built with and the same image (digest and tree; none for none); the
+    /// network is started per exec.
+    fn runs_images(&self) -> bool {
+        true
+    }
+
     fn serves(&self, pooled: &Shape, wanted: &Shape) -> bool {
         let (have, need) = (
             VmSize::for_limits(&pooled.limits),
@@ -199,7 +220,7 @@ impl airlock_backend::Sandbox for BootedVm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airlock_backend::{Capture, ErrorKind, ImageRoot};
+    use airlock_backend::{ErrorKind, ImageRoot};
 
     /// Never prepared: what these tests check is refused before any VM is built.
     fn backend() -> VmBackend {
@@ -212,34 +233,36 @@ mod tests {
         e.field
     }
 
-    #[test]
-    fn a_shape_with_an_image_is_refused_on_image_never_run_on_the_host_root() {
-        let spec = Spec::new(vec!["true".into()]);
-        let mut shape = Shape::of(&spec);
+    fn with_image(digest: &str) -> Shape {
+        let mut shape = Shape::of(&Spec::new(vec!["true".into()]));
         shape.image = Some(ImageRoot {
-            digest: "sha256:test".into(),
-            root: "/nonexistent/image-root".into(),
+            digest: digest.into(),
+            root: format!("/nonexistent/roots/{digest}").into(),
         });
-        let b = backend();
-        assert!(!b.runs_images());
-        let err = b.create(&shape, Purpose::OneShot).unwrap_err();
-        assert!(err.to_string().contains("microvm"), "{err}");
-        assert_eq!(refused_field(err), "image");
-        let err = b.run_in(&shape, &spec, &mut Capture, &[]).unwrap_err();
-        assert_eq!(refused_field(err), "image");
+        shape
     }
 
     #[test]
-    fn a_workdir_or_an_image_in_the_spec_is_refused_whatever_tier_it_names() {
+    fn images_run_and_a_vm_of_one_image_serves_only_that_image() {
+        let b = backend();
+        assert!(b.runs_images());
+        let (a, c) = (with_image("sha256:aa"), with_image("sha256:bb"));
+        let none = Shape::of(&Spec::new(vec!["true".into()]));
+        assert!(b.check_shape(&a).is_ok());
+        assert!(b.serves(&a, &a));
+        assert!(!b.serves(&a, &c));
+        assert!(!b.serves(&a, &none));
+        assert!(!b.serves(&none, &a));
+    }
+
+    #[test]
+    fn an_image_in_the_spec_is_refused_in_a_vm_without_one_and_a_workdir_is_not() {
         let mut spec = Spec::new(vec!["true".into()]);
         spec.workdir = Some("/opt".into());
-        let field = |spec: &Spec| match crate::vm::validate(spec) {
-            Err(VmError::Spec(e)) => e.field,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(field(&spec), "workdir");
-        spec.workdir = None;
+        assert!(crate::vm::validate(&spec, false).is_ok());
         spec.image = Some("busybox".into());
-        assert_eq!(field(&spec), "image");
+        let err = crate::vm::validate(&spec, false).unwrap_err();
+        assert_eq!(refused_field(err.into()), "image");
+        assert!(crate::vm::validate(&spec, true).is_ok());
     }
 }

@@ -91,6 +91,17 @@ pub fn run(opts: DoctorOptions) -> Vec<Check> {
         ),
         "",
     ));
+    let (drives, bytes) = crate::image::cached_image_drives(&options.cache);
+    checks.push(check(
+        "microvm: image drives",
+        true,
+        format!(
+            "{drives} cached in {} ({} MB): an OCI image's squashfs, built on its digest's first micro-VM",
+            options.cache.join(crate::image::IMAGES_DIR).display(),
+            bytes >> 20
+        ),
+        "",
+    ));
     // The verdict the host chose from its cache (probed when there was none), or a
     // fresh probe when asked: under a /dev/kvm that cannot boot a guest the probe waits
     // for its timeout, seconds every time.

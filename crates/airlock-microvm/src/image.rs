@@ -104,6 +104,9 @@ pub enum ImageError {
         /// Why.
         reason: String,
     },
+    /// An image digest that cannot name a cache file.
+    #[error("image digest {0:?} is not `algorithm:hex`")]
+    Digest(String),
     /// A kernel module could not be resolved.
     #[error("{0}")]
     Module(#[from] kmod::ModuleError),
@@ -407,6 +410,126 @@ impl ImageBuilder {
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644)).map_err(io_err("chmod", &tmp))?;
         fs::rename(&tmp, dest).map_err(io_err("rename", dest))
     }
+}
+
+/// Where an OCI image's squashfs lives in the cache, by its manifest digest.
+pub const IMAGES_DIR: &str = "images";
+
+/// An OCI image's root as a read-only block image: a squashfs of the image store's
+/// prepared tree, built once per manifest digest into `<cache>/images/` and reused by
+/// every VM of the image (and every airlock process).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageDrive {
+    /// The image's manifest digest.
+    pub digest: String,
+    /// The squashfs, world-readable (the VMM opens it unprivileged).
+    pub path: PathBuf,
+    /// The file's identity (device, inode, mtime in ns): a template keyed by it is never
+    /// restored over another file under the same name (a cache removed by hand and
+    /// rebuilt), whose blocks its guest's page cache would not match.
+    pub identity: (u64, u64, i128),
+    /// How long building it took in this call; `None`: it was cached.
+    pub built_ms: Option<u64>,
+}
+
+/// The cache file name for `digest` (`sha256:<hex>` → `sha256-<hex>.sqfs`): an
+/// algorithm and a hex string, nothing that could name another path.
+fn image_file_name(digest: &str) -> Result<String, ImageError> {
+    let bad = || ImageError::Digest(digest.to_owned());
+    let (algo, hex) = digest.split_once(':').ok_or_else(bad)?;
+    let algo_ok = !algo.is_empty()
+        && algo.len() <= 32
+        && algo.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let hex_ok = (1..=128).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    if !algo_ok || !hex_ok {
+        return Err(bad());
+    }
+    Ok(format!("{algo}-{}.sqfs", hex.to_ascii_lowercase()))
+}
+
+impl ImageBuilder {
+    /// The squashfs of an image's prepared tree `root` (see `airlock_backend::ImageRoot`),
+    /// built once per `digest`: a digest names the content, so a file that exists is the
+    /// image. Builders of one digest take turns on its own lock (the second finds the
+    /// first's file); a build goes to a temporary name, renamed into place when complete,
+    /// so a file under the final name is always whole.
+    pub fn image_drive(&self, digest: &str, root: &Path) -> Result<ImageDrive, ImageError> {
+        let name = image_file_name(digest)?;
+        let dir = self.cache.join(IMAGES_DIR);
+        mkdir_world_readable(&self.cache)?;
+        mkdir_world_readable(&dir)?;
+        let path = dir.join(&name);
+        let found = |built_ms| -> Result<ImageDrive, ImageError> {
+            let m = fs::metadata(&path).map_err(io_err("stat", &path))?;
+            Ok(ImageDrive {
+                digest: digest.to_owned(),
+                path: path.clone(),
+                identity: (
+                    m.dev(),
+                    m.ino(),
+                    i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+                ),
+                built_ms,
+            })
+        };
+        if path.is_file() {
+            return found(None);
+        }
+        let _build = lock(&dir.join(format!("{name}.lock")), FlockArg::LockExclusive)?;
+        if path.is_file() {
+            return found(None);
+        }
+        // What a builder that died mid-way left (only builders write these, under this
+        // lock).
+        remove_others(&dir, &format!("{name}.tmp"), Path::new(""));
+        let t = Instant::now();
+        build_image_squashfs(root, &path)?;
+        found(Some(ms(t)))
+    }
+}
+
+/// The image drives in `cache`: how many, and their bytes in all.
+pub fn cached_image_drives(cache: &Path) -> (usize, u64) {
+    let Ok(entries) = fs::read_dir(cache.join(IMAGES_DIR)) else {
+        return (0, 0);
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sqfs"))
+        .filter_map(|e| e.metadata().ok())
+        .fold((0, 0), |(n, bytes), m| (n + 1, bytes + m.len()))
+}
+
+/// `mksquashfs` of the prepared tree `root` into `dest`, through a temporary file. The
+/// tree is taken as it is (owners, modes: root-owned, readable by all, no setuid bits, as
+/// the store prepares it), without xattrs; lz4 for an emulated guest's CPU, like the
+/// rootfs.
+fn build_image_squashfs(root: &Path, dest: &Path) -> Result<(), ImageError> {
+    if !root.is_dir() {
+        return Err(ImageError::Io {
+            what: "read the image's prepared tree",
+            path: root.to_owned(),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        });
+    }
+    let tmp = dest.with_extension(format!("sqfs.tmp{}", std::process::id()));
+    let mut cmd = Command::new("mksquashfs");
+    cmd.arg(root).arg(&tmp).args([
+        "-noappend",
+        "-no-xattrs",
+        "-comp",
+        "lz4",
+        "-quiet",
+        "-no-progress",
+    ]);
+    let built = run_tool("mksquashfs", &mut cmd).and_then(|_| {
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644)).map_err(io_err("chmod", &tmp))?;
+        fs::rename(&tmp, dest).map_err(io_err("rename", dest))
+    });
+    if built.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    built
 }
 
 /// A shared lock on the cache's files: while held, no airlock process removes them.
@@ -790,6 +913,62 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(10));
         fs::write(root.path().join("usr/bin/tool"), "x").unwrap();
         assert_ne!(k1, b.rootfs_key().unwrap());
+    }
+
+    #[test]
+    fn an_image_file_is_named_by_its_digest_and_nothing_else() {
+        assert_eq!(
+            image_file_name("sha256:ABCdef0123").unwrap(),
+            "sha256-abcdef0123.sqfs"
+        );
+        for bad in [
+            "sha256",
+            "sha256:",
+            ":abc",
+            "sha256:../x",
+            "sha256:ab/cd",
+            "../x:ab",
+            "SHA:ab",
+        ] {
+            assert!(image_file_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_image_is_built_once_per_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        fs::create_dir_all(root.join("opt")).unwrap();
+        fs::write(root.join("opt/hello.txt"), "hello\n").unwrap();
+        let b = ImageBuilder {
+            cache: dir.path().join("cache"),
+            agent: PathBuf::from("/nonexistent"),
+            host_root: PathBuf::from("/nonexistent"),
+        };
+        // A dead builder's leftover goes at the next build.
+        fs::create_dir_all(b.cache.join(IMAGES_DIR)).unwrap();
+        fs::write(b.cache.join(IMAGES_DIR).join("sha256-0123.sqfs.tmp1"), "x").unwrap();
+        let first = b.image_drive("sha256:0123", &root).unwrap();
+        assert!(first.built_ms.is_some());
+        let meta = fs::metadata(&first.path).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o644);
+        let again = b.image_drive("sha256:0123", &root).unwrap();
+        assert_eq!(
+            (&again.path, again.identity, again.built_ms),
+            (&first.path, first.identity, None)
+        );
+        assert_eq!(fs::metadata(&again.path).unwrap().ino(), meta.ino());
+        // Nothing else is left in the images directory but the file and its lock.
+        let mut names: Vec<String> = fs::read_dir(b.cache.join(IMAGES_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["sha256-0123.sqfs", "sha256-0123.sqfs.lock"]);
+        assert_eq!(cached_image_drives(&b.cache), (1, meta.len()));
+        // A missing tree is an error, and leaves nothing behind.
+        assert!(b.image_drive("sha256:4567", &dir.path().join("nope")).is_err());
+        assert!(!b.cache.join(IMAGES_DIR).join("sha256-4567.sqfs").exists());
     }
 
     #[test]

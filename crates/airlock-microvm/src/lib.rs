@@ -4,7 +4,9 @@
 //!
 //! - [`image`] builds the guest's boot files from the host and caches them: the
 //!   distribution's kernel, an initramfs with the guest agent (`airlock-guest`) as
-//!   `/init`, and a read-only squashfs of the host's system directories.
+//!   `/init`, and a read-only squashfs of the host's system directories; and, per OCI
+//!   image digest, a read-only squashfs of the image store's prepared tree
+//!   ([`image::ImageBuilder::image_drive`]), built once and cached.
 //! - [`vmm::Vmm`] is the one interface a monitor implements; [`qemu::Qemu`] drives QEMU's
 //!   `microvm` machine (QMP for control, no network device, its own seccomp sandbox,
 //!   unprivileged, in its own cgroup).
@@ -17,6 +19,12 @@
 //!   other, keeping /workspace and /tmp between them. Inside, the agent runs the program with
 //!   airlock-sandbox's engine: namespaces, seccomp, landlock and a cgroup v2 of the
 //!   guest's, which is where `memory_peak_bytes`, `cpu_ms` and `oom` come from.
+//! - A VM of an image ([`MicroVmHost::boot_image`], [`MicroVmHost::clone_image`]) carries
+//!   the image's squashfs as a second read-only drive; the guest mounts it and its
+//!   sandbox has it as its whole root (the engine's image mode: nothing of the guest's
+//!   system directories), with the same identity files, uid 1000 and scratch
+//!   /workspace and /tmp as on the host. Its templates are the image's own: a clone of
+//!   one image never serves another.
 //! - The frame protocol both sides speak over the VM's virtio-serial port, and the
 //!   framing of its second port, which carries a proxy-mode program's connections to the
 //!   egress proxy served on the host (the VM has no network device), live in the

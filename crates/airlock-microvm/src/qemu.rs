@@ -145,6 +145,21 @@ impl Qemu {
         let mut drive = OsString::from("id=rootfs,if=none,format=raw,readonly=on,file=");
         drive.push(&launch.image.rootfs);
         a.push(drive);
+        if let Some(image) = launch.image_drive {
+            // After the rootfs's; the guest finds it by its serial all the same.
+            a.push("-device".into());
+            a.push(
+                format!(
+                    "virtio-blk-device,drive=image,serial={}",
+                    airlock_vmwire::frame::IMAGE_DRIVE_SERIAL
+                )
+                .into(),
+            );
+            a.push("-drive".into());
+            let mut drive = OsString::from("id=image,if=none,format=raw,readonly=on,file=");
+            drive.push(image);
+            a.push(drive);
+        }
         a.push("-kernel".into());
         a.push(launch.image.kernel.clone().into());
         a.push("-initrd".into());

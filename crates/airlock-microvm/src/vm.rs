@@ -29,10 +29,11 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use crate::image::{GuestImage, ImageBuilder, PrepareTimes};
+use crate::image::{GuestImage, ImageBuilder, ImageDrive, PrepareTimes};
 use crate::qemu::Qemu;
 use crate::vmm::{Accel, Launch, RamFile, VmControl, Vmm};
 use crate::{VmError, sys};
+use airlock_backend::ImageRoot;
 use airlock_vmwire::frame::{self as proto, CHUNK, Decoder, GuestInfo, ToGuest, ToHost};
 
 mod egress;
@@ -158,6 +159,10 @@ pub struct MicroVmHost {
     vmm: Box<dyn Vmm>,
     /// Boot files.
     image: GuestImage,
+    /// Builds (or finds) an OCI image's squashfs in the cache ([`MicroVmHost::image_drive`]).
+    builder: ImageBuilder,
+    /// Image squashfs builds this host made (not found cached), for the logs and tests.
+    image_builds: AtomicU32,
     /// How long preparing them took.
     prepared: PrepareTimes,
     /// cgroups of the VMM processes.
@@ -206,10 +211,13 @@ impl MicroVmHost {
             host_root: PathBuf::from("/"),
         };
         let (image, prepared, cache_use) = builder.prepare()?;
+        let image_builds = AtomicU32::new(0);
         let vmm: Box<dyn Vmm> = Box::new(Qemu::default());
         let mut host = MicroVmHost {
             vmm,
             image,
+            builder,
+            image_builds,
             prepared,
             cgroups,
             state_dir,
@@ -265,8 +273,25 @@ impl MicroVmHost {
         self.purged
     }
 
-    /// The guest kernel's command line.
-    fn cmdline(&self, accel: Accel) -> String {
+    /// The read-only drive of an OCI image's prepared root: its squashfs in the cache,
+    /// built on the first use of its digest (by any airlock process), then reused.
+    pub fn image_drive(&self, image: &ImageRoot) -> Result<ImageDrive, VmError> {
+        let drive = self.builder.image_drive(&image.digest, &image.root)?;
+        if let Some(ms) = drive.built_ms {
+            self.image_builds.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(digest = %image.digest, took_ms = ms, "micro-VMs: image drive built");
+        }
+        Ok(drive)
+    }
+
+    /// How many image drives this host built (rather than found in the cache).
+    pub fn image_builds(&self) -> u32 {
+        self.image_builds.load(Ordering::Relaxed)
+    }
+
+    /// The guest kernel's command line; with `image`, the word that tells the guest its
+    /// VM carries an image's drive.
+    fn cmdline(&self, accel: Accel, image: bool) -> String {
         // tsc_early_khz: the early TSC calibration is unreliable when emulated (about one
         // boot in eight hangs without it). cryptomgr.notests: the boot-time self-tests of
         // the kernel's crypto algorithms check the implementations, not a security
@@ -286,6 +311,10 @@ impl MicroVmHost {
             // expensive to emulate.
             c.push_str(" mitigations=off");
         }
+        if image {
+            c.push(' ');
+            c.push_str(airlock_vmwire::frame::IMAGE_BOOT_PARAM);
+        }
         c
     }
 
@@ -296,7 +325,15 @@ impl MicroVmHost {
     /// must therefore boot from threads that live as long as the VMs they boot (not, for
     /// example, from tokio's `spawn_blocking` threads, which exit when idle).
     pub fn boot(&self, size: VmSize) -> Result<BootedVm, VmError> {
-        self.boot_with(size, self.accel, BOOT_TIMEOUT)
+        self.boot_with(size, self.accel, BOOT_TIMEOUT, None)
+    }
+
+    /// Like [`MicroVmHost::boot`], with an OCI image's prepared root as its sandbox's
+    /// root (the image's squashfs is built first unless the cache has it): the VM runs
+    /// programs of that image only.
+    pub fn boot_image(&self, size: VmSize, image: &ImageRoot) -> Result<BootedVm, VmError> {
+        let drive = self.image_drive(image)?;
+        self.boot_with(size, self.accel, BOOT_TIMEOUT, Some(&drive))
     }
 
     /// Boots as root with a given accelerator and a short timeout: the KVM probe only.
@@ -309,9 +346,10 @@ impl MicroVmHost {
         boot(BootParams {
             vmm: &*self.vmm,
             image: &self.image,
+            image_drive: None,
             cgroups: &self.cgroups,
             state_dir: &self.state_dir,
-            cmdline: self.cmdline(accel),
+            cmdline: self.cmdline(accel, false),
             accel,
             size,
             uid: 0,
@@ -321,13 +359,20 @@ impl MicroVmHost {
         })
     }
 
-    fn boot_with(&self, size: VmSize, accel: Accel, timeout: Duration) -> Result<BootedVm, VmError> {
+    fn boot_with(
+        &self,
+        size: VmSize,
+        accel: Accel,
+        timeout: Duration,
+        drive: Option<&ImageDrive>,
+    ) -> Result<BootedVm, VmError> {
         boot(BootParams {
             vmm: &*self.vmm,
             image: &self.image,
+            image_drive: drive,
             cgroups: &self.cgroups,
             state_dir: &self.state_dir,
-            cmdline: self.cmdline(accel),
+            cmdline: self.cmdline(accel, drive.is_some()),
             accel,
             size,
             uid: self.vmm_uid(),
@@ -350,7 +395,7 @@ impl MicroVmHost {
         sink: &mut dyn OutputSink,
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
-        validate(spec)?;
+        validate(spec, false)?;
         let mut vm = self.boot(VmSize::for_limits(&spec.limits))?;
         let mut result = vm.run(spec, sink, cancel)?;
         result.setup_ms = round3(result.setup_ms + vm.boot_time().as_secs_f64() * 1e3);
@@ -370,6 +415,8 @@ impl Drop for MicroVmHost {
 pub(crate) struct BootParams<'a> {
     pub vmm: &'a dyn Vmm,
     pub image: &'a GuestImage,
+    /// An OCI image's drive: the guest's sandbox's root.
+    pub image_drive: Option<&'a ImageDrive>,
     pub cgroups: &'a CgroupHost,
     pub state_dir: &'a Path,
     pub cmdline: String,
@@ -419,6 +466,7 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
         sandbox_setup: Duration::ZERO,
         egress_port: None,
         egress: None,
+        image: p.image_drive.map(|d| d.digest.clone()),
     };
     let limits = CgroupLimits {
         memory_bytes: (p.size.ram_mib
@@ -456,6 +504,7 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
     };
     let launched = p.vmm.launch(Launch {
         image: p.image,
+        image_drive: p.image_drive.map(|d| d.path.as_path()),
         cmdline: p.cmdline,
         ram_mib: p.size.ram_mib,
         vcpus: p.size.vcpus,
@@ -625,6 +674,9 @@ pub struct BootedVm {
     /// Owned: in proxy mode, the relay serving the program's connections with the
     /// egress proxy; stopped on drop.
     egress: Option<egress::EgressRelay>,
+    /// The digest of the OCI image whose root the guest's sandbox has, when the VM
+    /// carries one (fixed at boot: its drive and the guest's mount).
+    image: Option<String>,
 }
 
 impl BootedVm {
@@ -636,6 +688,11 @@ impl BootedVm {
     /// How long the boot took, from launch to the agent's `Ready`.
     pub fn boot_time(&self) -> Duration {
         self.boot
+    }
+
+    /// The digest of the OCI image this VM's sandbox has as its root, if any.
+    pub fn image_digest(&self) -> Option<&str> {
+        self.image.as_deref()
     }
 
     /// What the guest reported at start.
@@ -776,7 +833,7 @@ impl BootedVm {
         sink: &mut dyn OutputSink,
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
-        validate(spec)?;
+        validate(spec, self.image.is_some())?;
         let t0 = Instant::now();
         self.ensure_sandbox(&spec.limits)?;
         if std::mem::replace(&mut self.used, true) {
@@ -790,7 +847,8 @@ impl BootedVm {
     /// guest kernel's exec, program loading and exit) is then translated already when a
     /// clone emulated in software runs its one program. A clone's translation cache
     /// starts empty: without this, that first exec translates all of it, for hundreds of
-    /// milliseconds.
+    /// milliseconds. An image may have no /bin/true: its VM accepts "not found" (127),
+    /// which went through the same path up to the exec.
     pub fn warm_up(&mut self, limits: &Limits) -> Result<(), VmError> {
         if self.used {
             return Err(VmError::Guest("this VM already ran a program".into()));
@@ -798,7 +856,11 @@ impl BootedVm {
         let mut spec = Spec::new(vec!["/bin/true".into()]);
         spec.limits = limits.clone();
         let result = self.exec(&spec, &mut airlock_sandbox::Capture, &[])?;
-        if result.exit_code != Some(0) {
+        let fine = match self.image {
+            None => result.exit_code == Some(0),
+            Some(_) => matches!(result.exit_code, Some(0 | 127)),
+        };
+        if !fine {
             return Err(VmError::Guest(format!(
                 "warming up: /bin/true ended {:?}",
                 result.outcome
@@ -823,7 +885,7 @@ impl BootedVm {
         sink: &mut dyn OutputSink,
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
-        validate(spec)?;
+        validate(spec, self.image.is_some())?;
         let t0 = Instant::now();
         self.ensure_sandbox(&spec.limits)?;
         self.used = true;
@@ -851,7 +913,7 @@ impl BootedVm {
             command: spec.command.clone(),
             env: spec.env.clone(),
             limits: spec.limits.clone(),
-            workdir: None,
+            workdir: spec.workdir.clone(),
         };
         self.send(&exec, &[])?;
         // What this call waited for before the program: the sandbox (unless prepared
@@ -1242,20 +1304,16 @@ fn purge_state(root: &Path) -> usize {
     purged
 }
 
-/// `spec` validated as the micro-VM serves it, whatever tier it names: what the guest
-/// cannot do yet (an image's root, a workdir) is refused, never ignored.
-pub(crate) fn validate(spec: &Spec) -> Result<(), VmError> {
+/// `spec` validated as a VM serves it, whatever tier it names: a spec that names an
+/// image, in a VM without one (`has_image` false), is refused on `image`, never run on
+/// the guest's system directories in its place. Which image a VM has is its shape's
+/// business (the service resolves the name and pools compare digests).
+pub(crate) fn validate(spec: &Spec, has_image: bool) -> Result<(), VmError> {
     spec.validate().map_err(VmError::Spec)?;
-    if spec.image.is_some() {
+    if spec.image.is_some() && !has_image {
         return Err(VmError::Spec(SpecError::new(
             "image",
-            "is not available with isolation microvm yet",
-        )));
-    }
-    if spec.workdir.is_some() {
-        return Err(VmError::Spec(SpecError::new(
-            "workdir",
-            "is not available with isolation microvm yet (programs start in /workspace)",
+            "was not resolved to an image's prepared root: this VM has the host's system directories",
         )));
     }
     Ok(())

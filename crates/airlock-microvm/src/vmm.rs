@@ -41,6 +41,9 @@ impl Accel {
 pub struct Launch<'a> {
     /// Kernel, initramfs and rootfs image.
     pub image: &'a GuestImage,
+    /// An OCI image's squashfs, attached as a second read-only drive whose serial is
+    /// `airlock_vmwire::frame::IMAGE_DRIVE_SERIAL` (the command line then says so).
+    pub image_drive: Option<&'a std::path::Path>,
     /// The kernel command line.
     pub cmdline: String,
     /// Guest RAM in MiB.

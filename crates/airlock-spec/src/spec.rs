@@ -287,18 +287,6 @@ impl Spec {
                 "is not available with isolation microvm (the guest's system directories come from its image of the host's)",
             ));
         }
-        if self.image.is_some() {
-            return Err(SpecError::new(
-                "image",
-                "is not available with isolation microvm yet",
-            ));
-        }
-        if self.workdir.is_some() {
-            return Err(SpecError::new(
-                "workdir",
-                "is not available with isolation microvm yet (programs start in /workspace)",
-            ));
-        }
         Ok(())
     }
 
@@ -568,7 +556,8 @@ mod tests {
 
     #[test]
     fn isolation_parses_and_refuses_what_microvm_lacks() {
-        // A micro-VM has proxy mode (through its egress port), not --rootfs.
+        // A micro-VM has proxy mode (through its egress port), images and a workdir, not
+        // --rootfs.
         assert_eq!("microvm".parse::<Isolation>().unwrap(), Isolation::Microvm);
         assert_eq!(
             serde_json::from_str::<Isolation>(r#""namespaces""#).unwrap(),
@@ -592,13 +581,8 @@ mod tests {
         let mut s = spec();
         s.isolation = Isolation::Microvm;
         s.image = Some("busybox".into());
-        let err = s.validate().unwrap_err();
-        assert_eq!(err.field, "image");
-        assert!(err.to_string().contains("microvm"), "{err}");
-        let mut s = spec();
-        s.isolation = Isolation::Microvm;
         s.workdir = Some("/opt".into());
-        assert_eq!(s.validate().unwrap_err().field, "workdir");
+        s.validate().unwrap();
     }
 
     #[test]

@@ -13,6 +13,21 @@ use std::io::{self, Read, Write};
 /// Name of the agent's virtio-serial port (the guest finds it in /sys/class/virtio-ports).
 pub const AGENT_PORT: &str = "airlock.agent";
 
+/// The kernel command-line word that tells the guest its VM carries an image: a second
+/// read-only virtio-blk drive (serial [`IMAGE_DRIVE_SERIAL`]) holding an OCI image's
+/// prepared root as a squashfs, which the guest mounts at [`IMAGE_MOUNT`] and builds its
+/// sandbox's root from (the sandbox's whole root: nothing of the guest's own system
+/// directories). Absent: the sandbox binds the guest's system directories as today.
+pub const IMAGE_BOOT_PARAM: &str = "airlock.image";
+
+/// The serial number of the image's drive, which the guest finds it by (the order of
+/// virtio-blk devices is not a contract).
+pub const IMAGE_DRIVE_SERIAL: &str = "airlock-image";
+
+/// Where the guest mounts the image's drive (read-only, nosuid, nodev), on its own
+/// /run tmpfs.
+pub const IMAGE_MOUNT: &str = "/run/airlock-image";
+
 /// Payload bytes per data frame (stdin, files, output).
 pub const CHUNK: usize = 64 * 1024;
 /// Largest frame accepted: a chunk plus a header. The biggest header is the final
@@ -61,8 +76,8 @@ pub enum ToGuest {
         env: Vec<(String, String)>,
         /// Limits (memory, CPU and pids may differ from `Create`'s).
         limits: Limits,
-        /// Where the program starts (absolute); `None`: /workspace. The gVisor agent
-        /// honours it; the micro-VM's host never sends one (it refuses a workdir).
+        /// Where the program starts (absolute); `None`: /workspace. The gVisor and
+        /// micro-VM agents honour it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         workdir: Option<String>,
     },

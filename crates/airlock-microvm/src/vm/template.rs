@@ -34,8 +34,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{BOOT_TIMEOUT, BootParams, BootedVm, MicroVmHost, Recv, VmSize, boot};
+use crate::image::ImageDrive;
 use crate::vmm::{Accel, RamFile};
 use crate::{VmError, sys};
+use airlock_backend::ImageRoot;
 use airlock_spec::Limits;
 use airlock_vmwire::frame::{GuestInfo, RESUME_SEED, ToGuest, ToHost};
 
@@ -61,11 +63,13 @@ pub(crate) struct Template {
     sandbox_disk: Option<u64>,
 }
 
-/// What a template is: a VM size, and the limits its guest's sandbox was built with
-/// before the save (none: clones build their own).
-type Key = (VmSize, Option<Limits>);
+/// What a template is: a VM size, the limits its guest's sandbox was built with before
+/// the save (none: clones build their own), and the OCI image whose drive it carries and
+/// whose root its guest mounted (none: the host's system directories). A clone runs on
+/// its template's drives, so a template of one image never serves another.
+type Key = (VmSize, Option<Limits>, Option<ImageDrive>);
 
-/// The host's templates, one per VM size and prepared limits.
+/// The host's templates, one per VM size, prepared limits and image.
 #[derive(Debug, Default)]
 pub(crate) struct Templates {
     ready: Mutex<Vec<(Key, Arc<Template>)>>,
@@ -93,7 +97,7 @@ impl MicroVmHost {
     ///
     /// Like [`MicroVmHost::boot`], the VMM dies with the calling thread.
     pub fn clone_vm(&self, size: VmSize) -> Result<BootedVm, VmError> {
-        self.clone_from(&(size, None))
+        self.clone_from(&(size, None, None))
     }
 
     /// Like [`MicroVmHost::clone_vm`], from a template whose guest's sandbox was built
@@ -101,7 +105,24 @@ impl MicroVmHost {
     /// [`BootedVm::prepare`]), and costs the host only the pages it changes. Its
     /// template is built on the first call for this size and these limits.
     pub fn clone_prepared(&self, size: VmSize, limits: &Limits) -> Result<BootedVm, VmError> {
-        self.clone_from(&(size, Some(limits.clone())))
+        self.clone_from(&(size, Some(limits.clone()), None))
+    }
+
+    /// Like [`MicroVmHost::clone_vm`] (or, with `prepared`,
+    /// [`MicroVmHost::clone_prepared`]) for VMs whose sandbox's root is `image`: cloned
+    /// from a template of this image (booted with its drive, on the first call for this
+    /// size, limits and image), never from another image's or the host's.
+    pub fn clone_image(
+        &self,
+        size: VmSize,
+        prepared: Option<&Limits>,
+        image: &ImageRoot,
+    ) -> Result<BootedVm, VmError> {
+        let drive = ImageDrive {
+            built_ms: None,
+            ..self.image_drive(image)?
+        };
+        self.clone_from(&(size, prepared.cloned(), Some(drive)))
     }
 
     fn clone_from(&self, key: &Key) -> Result<BootedVm, VmError> {
@@ -110,9 +131,10 @@ impl MicroVmHost {
         let mut vm = boot(BootParams {
             vmm: &*self.vmm,
             image: &self.image,
+            image_drive: key.2.as_ref(),
             cgroups: &self.cgroups,
             state_dir: &self.state_dir,
-            cmdline: self.cmdline(template.accel),
+            cmdline: self.cmdline(template.accel, key.2.is_some()),
             accel: template.accel,
             size,
             uid: self.vmm_uid(),
@@ -130,7 +152,7 @@ impl MicroVmHost {
     /// Builds the template for `size` unless it exists, and returns how long building it
     /// took (when it was built, by this call or an earlier one).
     pub fn prepare_template(&self, size: VmSize) -> Result<Duration, VmError> {
-        Ok(self.template(&(size, None))?.built_in)
+        Ok(self.template(&(size, None, None))?.built_in)
     }
 
     fn template(&self, key: &Key) -> Result<Arc<Template>, VmError> {
@@ -145,7 +167,7 @@ impl MicroVmHost {
         if let Some(t) = self.templates.get(key) {
             return Ok(t);
         }
-        let t = Arc::new(self.build_template(key.0, key.1.as_ref())?);
+        let t = Arc::new(self.build_template(key.0, key.1.as_ref(), key.2.as_ref())?);
         self.templates
             .ready
             .lock()
@@ -156,7 +178,12 @@ impl MicroVmHost {
 
     /// Boots a VM with its RAM in a memfd (and, with `prepare`, builds its guest's
     /// sandbox), saves it, and seals both files.
-    fn build_template(&self, size: VmSize, prepare: Option<&Limits>) -> Result<Template, VmError> {
+    fn build_template(
+        &self,
+        size: VmSize,
+        prepare: Option<&Limits>,
+        drive: Option<&ImageDrive>,
+    ) -> Result<Template, VmError> {
         let t0 = Instant::now();
         let host_err = |what: &str, e: std::io::Error| VmError::Host(format!("template {what}: {e}"));
         let ram = sys::memfd(c"airlock-vm-ram").map_err(|e| host_err("RAM file", e))?;
@@ -166,9 +193,10 @@ impl MicroVmHost {
         let mut vm = boot(BootParams {
             vmm: &*self.vmm,
             image: &self.image,
+            image_drive: drive,
             cgroups: &self.cgroups,
             state_dir: &self.state_dir,
-            cmdline: self.cmdline(self.accel),
+            cmdline: self.cmdline(self.accel, drive.is_some()),
             accel: self.accel,
             size,
             uid: self.vmm_uid(),
