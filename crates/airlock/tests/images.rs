@@ -833,13 +833,11 @@ fn service_runs_images_on_gvisor() {
 }
 
 #[test]
-#[ignore = "microvm images land with branch microimg"]
 fn service_runs_images_on_microvm() {
     service_runs_images("microvm");
 }
 
 #[test]
-#[ignore = "microvm images land with branch microimg"]
 fn cli_runs_an_image_on_microvm() {
     let _g = serial();
     let img = python_image();

@@ -61,24 +61,13 @@ macro_rules! contract_image {
         mod image {
             $crate::tierutil::contract_image!(@tier namespaces [$($case),*]);
             $crate::tierutil::contract_image!(@tier gvisor [$($case),*]);
-            $crate::tierutil::contract_image!(@ignored microvm [$($case),*]);
+            $crate::tierutil::contract_image!(@tier microvm [$($case),*]);
         }
     };
     (@tier $tier:ident [$($case:ident),*]) => {
         mod $tier {
             $(
                 #[test]
-                fn $case() {
-                    $crate::tierutil::contract_image!(@body $tier $case);
-                }
-            )*
-        }
-    };
-    (@ignored $tier:ident [$($case:ident),*]) => {
-        mod $tier {
-            $(
-                #[test]
-                #[ignore = "microvm images land with branch microimg"]
                 fn $case() {
                     $crate::tierutil::contract_image!(@body $tier $case);
                 }
