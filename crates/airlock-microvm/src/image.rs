@@ -500,6 +500,28 @@ pub fn cached_image_drives(cache: &Path) -> (usize, u64) {
         .fold((0, 0), |(n, bytes), m| (n + 1, bytes + m.len()))
 }
 
+/// Removes the image drives in `cache` of the images whose manifest digests are
+/// `digests` (`sha256:<hex>`; an image removed from its store), each under its build lock
+/// so a drive being built is not cut; returns how many and their bytes. Drives of other
+/// images stay: several image stores may share one VM cache. A VM that has a removed
+/// drive open keeps reading it.
+pub fn remove_image_drives(cache: &Path, digests: &[String]) -> Result<(usize, u64), ImageError> {
+    let dir = cache.join(IMAGES_DIR);
+    let mut removed = (0, 0);
+    for digest in digests {
+        let name = image_file_name(digest)?;
+        let path = dir.join(&name);
+        if !path.is_file() {
+            continue;
+        }
+        let _build = lock(&dir.join(format!("{name}.lock")), FlockArg::LockExclusive)?;
+        let Ok(m) = fs::metadata(&path) else { continue };
+        fs::remove_file(&path).map_err(io_err("remove", &path))?;
+        removed = (removed.0 + 1, removed.1 + m.len());
+    }
+    Ok(removed)
+}
+
 /// `mksquashfs` of the prepared tree `root` into `dest`, through a temporary file. The
 /// tree is taken as it is (owners, modes: root-owned, readable by all, no setuid bits, as
 /// the store prepares it), without xattrs; lz4 for an emulated guest's CPU, like the

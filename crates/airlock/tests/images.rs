@@ -863,3 +863,31 @@ fn cli_runs_an_image_on_microvm() {
     ));
     assert_eq!(out, format!("image-cmd in {PY_WORKDIR} as 1000\n"));
 }
+
+/// A micro-VM of an image boots with the image's block image (a squashfs of its prepared
+/// root, cached per manifest digest); `airlock image rm` removes it with the image.
+#[test]
+fn image_rm_removes_the_micro_vm_block_image() {
+    let _g = serial();
+    let work = workdir("vmdrive");
+    let store = work.path().join("store");
+    let layout = busybox_layout(work.path(), "bb");
+    import(&store, &layout, "vmdrive:1");
+    let ls: Value = serde_json::from_str(&image_ok(&store, &["ls", "--json"])).unwrap();
+    let digest = ls[0]["digest"].as_str().unwrap().to_owned();
+    let cache = std::env::var("AIRLOCK_VM_CACHE").unwrap_or_else(|_| "/var/cache/airlock/microvm".into());
+    let drive = Path::new(&cache)
+        .join("images")
+        .join(format!("{}.sqfs", digest.replace(':', "-")));
+    let out = ok(&run_in(
+        "microvm",
+        &store,
+        &["--image", "vmdrive:1", "--", "echo", "in-vm"],
+    ));
+    assert_eq!(out, "in-vm\n");
+    assert!(drive.is_file(), "{} after a VM of the image", drive.display());
+    let run = image_cmd(&store, &["rm", "vmdrive:1"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert!(run.stderr().contains("micro-VM image drive"), "{}", run.stderr());
+    assert!(!drive.exists(), "{} after image rm", drive.display());
+}

@@ -245,6 +245,15 @@ pub fn run(args: ImageArgs) -> anyhow::Result<ExitCode> {
                 let image = airlock_image::resolve(&store, name)?;
                 let freed = store.remove_image(&image.name)?;
                 eprintln!("airlock: removed {} (freed {})", image.name, human_size(freed));
+                // Its micro-VM block image goes with its last name.
+                let digest = image.manifest_digest.to_string();
+                if !store
+                    .images()?
+                    .iter()
+                    .any(|i| i.manifest_digest == image.manifest_digest)
+                {
+                    remove_vm_drive(&digest)?;
+                }
             }
         }
         ImageCommand::Prune => {
@@ -258,6 +267,21 @@ pub fn run(args: ImageArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Removes the micro-VM tier's block image of the image `digest` (built from its
+/// prepared root in the VM cache), if there is one.
+fn remove_vm_drive(digest: &str) -> anyhow::Result<()> {
+    let cache = airlock_microvm::HostOptions::from_env().cache;
+    let (n, bytes) = airlock_microvm::image::remove_image_drives(&cache, &[digest.to_owned()])
+        .with_context(|| format!("removing the micro-VM image drive in {}", cache.display()))?;
+    if n > 0 {
+        eprintln!(
+            "airlock: removed its micro-VM image drive (freed {})",
+            human_size(bytes)
+        );
+    }
+    Ok(())
 }
 
 /// `run --image`: the image, pulled first when it is not in the store and `pull` allows.
