@@ -655,6 +655,17 @@ fn copy_items(context: &Path, st: &State, sources: &[String], dest: &str) -> Res
     let mut resolved = Vec::new();
     for s in sources {
         let s = st.subst(s);
+        let mut depth = 0i32;
+        for c in s.split('/') {
+            match c {
+                "" | "." => {}
+                ".." => depth -= 1,
+                _ => depth += 1,
+            }
+            if depth < 0 {
+                return Err(format!("{s}: outside the build context"));
+            }
+        }
         let p = context.join(s.trim_start_matches('/'));
         let real = fs::canonicalize(&p).map_err(|_| format!("{s}: not found in the build context"))?;
         if !real.starts_with(context) {
