@@ -185,6 +185,9 @@ impl State {
     }
 }
 
+/// What a layer step does on a cache miss: its layer's entries (`None`: no layer).
+type MakeLayer<'a> = Box<dyn FnOnce(&State) -> Result<Option<Vec<Entry>>, Error> + 'a>;
+
 /// A lexically normalised absolute path, as components.
 fn normalize(path: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -301,10 +304,7 @@ pub fn build(
         };
         let t0 = Instant::now();
         // The layer step's key and entries-maker, for the shared cache logic below.
-        let (key, make): (
-            String,
-            Box<dyn FnOnce(&State) -> Result<Option<Vec<Entry>>, Error> + '_>,
-        ) = match &step.instruction {
+        let (key, make): (String, MakeLayer<'_>) = match &step.instruction {
             Instruction::Arg(name, default) => {
                 let value = build_args
                     .get(name.as_str())

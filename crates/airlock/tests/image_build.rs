@@ -212,11 +212,7 @@ fn bad_input_is_one_line_and_tags_nothing() {
         s.write("Airlockfile", file);
         let out = s.build("bad", extra);
         let err = text(&out.stderr);
-        let last = err
-            .lines()
-            .filter(|l| !l.starts_with("STEP"))
-            .next_back()
-            .unwrap_or("");
+        let last = err.lines().rfind(|l| !l.starts_with("STEP")).unwrap_or("");
         assert!(!out.status.success(), "{file}: {err}");
         assert!(
             last.starts_with("airlock: ") && last.contains(want),
