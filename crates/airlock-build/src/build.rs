@@ -263,20 +263,7 @@ pub fn build(
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let work_root = store.root().join("build-work");
-    fs::create_dir_all(&work_root).map_err(|e| Error::Io {
-        op: "create",
-        path: work_root.clone(),
-        source: e,
-    })?;
-    let work = tempfile::Builder::new()
-        .prefix("build-")
-        .tempdir_in(&work_root)
-        .map_err(|e| Error::Io {
-            op: "create",
-            path: work_root.clone(),
-            source: e,
-        })?;
+    let (work, _held) = work_dir(store)?;
     let mut cache = Cache::load(store);
     let mut st = State {
         layers: Vec::new(),
@@ -483,6 +470,41 @@ pub fn build(
     }
     let image = commit(store, &st, &options.tag)?;
     Ok(Built { image, cached, ran })
+}
+
+/// This build's work directory under `<store>/build-work/`, with the lock that says it is
+/// in use (held until the build ends). Directories there whose lock is free were left by a
+/// build that crashed (a killed airlock): they are removed first.
+fn work_dir(store: &Store) -> Result<(tempfile::TempDir, fs::File), Error> {
+    let root = store.root().join("build-work");
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io {
+            op: "prepare the build's work directory",
+            path,
+            source,
+        }
+    };
+    fs::create_dir_all(&root).map_err(io(&root))?;
+    for e in fs::read_dir(&root).map_err(io(&root))? {
+        let p = e.map_err(io(&root))?.path();
+        let Ok(lock) = fs::File::open(p.join(".lock")) else {
+            continue; // Being created: its lock is not there yet.
+        };
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            let _ = fs::remove_dir_all(&p);
+        }
+    }
+    let work = tempfile::Builder::new()
+        .prefix("build-")
+        .tempdir_in(&root)
+        .map_err(io(&root))?;
+    // Locked under another name, then renamed: whoever opens `.lock` finds it held.
+    let fresh = work.path().join(".lock-new");
+    let lock = fs::File::create(&fresh).map_err(io(&fresh))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).map_err(|e| io(&fresh)(e.into()))?;
+    fs::rename(&fresh, work.path().join(".lock")).map_err(io(&fresh))?;
+    Ok((work, lock))
 }
 
 fn read_airlockfile(path: &Path) -> Result<String, Error> {
