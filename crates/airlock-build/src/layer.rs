@@ -391,4 +391,42 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn the_same_entries_make_the_same_layer() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return; // unpacking chowns to root
+        }
+        let d = tempfile::tempdir().unwrap();
+        mk(d.path(), "src/a", "content", 0o640);
+        let entries = vec![
+            Entry::Dir {
+                path: "opt".into(),
+                mode: 0o755,
+            },
+            Entry::File {
+                path: "opt/a".into(),
+                mode: 0o640,
+                src: d.path().join("src/a"),
+            },
+            Entry::Symlink {
+                path: "opt/l".into(),
+                target: b"a".to_vec(),
+            },
+            Entry::Whiteout {
+                path: "opt/gone".into(),
+            },
+        ];
+        let mut layers = Vec::new();
+        for name in ["s1", "s2"] {
+            let store = Store::open(d.path().join(name), Default::default()).unwrap();
+            let l = write(&store, &entries, d.path()).unwrap();
+            let unpacked = store.layer_path(&l.digest);
+            assert_eq!(fs::read(unpacked.join("opt/a")).unwrap(), b"content");
+            assert!(unpacked.join("opt/.wh.gone").exists());
+            layers.push(l);
+        }
+        assert_eq!(layers[0], layers[1]);
+    }
 }

@@ -103,8 +103,8 @@ fn built(out: &Output) -> serde_json::Value {
 }
 
 const AIRLOCKFILE: &str = r#"# tools image
-ARG GREETING=hi
-FROM base:1
+ARG BASE=base:1
+FROM $BASE
 ARG GREETING=hey
 COPY hello.txt /app/
 COPY lib /app/lib
