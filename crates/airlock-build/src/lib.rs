@@ -25,11 +25,21 @@
 //!
 //! Why a copy and not overlayfs: the step's program is the unprivileged sandbox user,
 //! and the image's files are root's; for `pip install` into /usr/local or writing
-//! /usr/local/bin the user must own the tree. An overlay over the store's root-owned
-//! layers would copy up every file the chown touches anyway, and diffing an upper
-//! directory needs the whiteout conventions of overlayfs (character devices) that the
-//! sandbox's user namespace cannot create. A copy is simple and exact; its price is one
-//! copy of the image per missed `RUN` (two flattenings: the step's and its base).
+//! /usr/local/bin the user must own the tree. Tried on the build host (kernel 6.18): an
+//! overlay mounts inside a user namespace and copies up root-owned lower files when the
+//! namespace maps host root, but airlock's sandbox namespaces never map host root, so the
+//! lower tree shows as `nobody`'s, 0755, and the sandbox user cannot write into it; making
+//! it the user's would take an id-mapped lower mount in the engine's mount code, and a
+//! diff of the upper directory in overlayfs's own whiteout formats. A copy is simple and
+//! exact; its price is one copy of the image per missed `RUN` (two flattenings: the
+//! step's and its base), plus a chown walk of the step's copy.
+//!
+//! Measured (debug build, ext4, the build host): on a static-busybox base (1 MB), a RUN
+//! step takes 0.15–0.3 s (trees, sandbox, diff, layer), a COPY 0.05–0.1 s, a whole
+//! 10-step build 1.0 s and its fully cached rebuild 0.3 s. With a 54 MB, 1,500-file
+//! tree (`/usr/lib/python3.11` copied in): the COPY 14 s (mostly gzip and hashing in a
+//! debug build), `RUN true` 0.9 s, a RUN changing two files 1.4 s; the cached rebuild
+//! 2.3 s (hashing the COPY source again); `--no-cache` gives the same digest.
 //!
 //! Determinism and the cache: a layer's tar has sorted entries, mtime 0, uid and gid 0
 //! and no names; gzip has no name or timestamp; the config has no `created`; so the same
