@@ -4,7 +4,7 @@
 //! `scratch`), `RUN`, `COPY`, `ENV`, `WORKDIR`, `ARG`, `CMD`, `ENTRYPOINT`. [`build`] runs
 //! it step by step:
 //!
-//! - `RUN` runs in an ordinary airlock sandbox of the [`Backend`] the caller passes (the
+//! - `RUN` runs in an ordinary airlock sandbox of the `airlock_backend::Backend` the caller passes (the
 //!   namespace tier built with `Engine::with_writable_image_root`): the build's limits,
 //!   timeout and network policy (none, or the egress proxy with the build's allowlist), as
 //!   the sandbox user, never root. Its root is a throwaway tree: the image so far,
