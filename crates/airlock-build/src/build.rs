@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fs;
 use std::io::Read;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -242,13 +243,16 @@ struct RootFsOut<'a> {
 }
 
 /// Builds the Airlockfile of `options` and tags the result. `from` finds (or pulls) the
-/// image a FROM names; RUN output goes to `sink`; `progress` hears of every step.
+/// image a FROM names; RUN output goes to `sink`; a readable `cancel` fd kills a running
+/// step's sandbox (the build then fails with the backend's `Cancelled`); `progress` hears
+/// of every step.
 pub fn build(
     store: &Store,
     backend: &dyn Backend,
     options: &BuildOptions,
     from: &mut dyn FnMut(&str) -> Result<Image, String>,
     sink: &mut dyn OutputSink,
+    cancel: &[BorrowedFd<'_>],
     progress: &mut dyn FnMut(&StepEvent),
 ) -> Result<Built, Error> {
     airlock_image::validate_name(&options.tag)?;
@@ -421,7 +425,7 @@ pub fn build(
                     key,
                     Box::new(move |st: &State| {
                         run_step(
-                            store, backend, options, st, cmd, &work, sink, n, step.line, &step.text,
+                            store, backend, options, st, cmd, &work, sink, cancel, n, step.line, &step.text,
                         )
                         .map(Some)
                     }),
@@ -782,6 +786,7 @@ fn run_step(
     cmd: &[String],
     work: &Path,
     sink: &mut dyn OutputSink,
+    cancel: &[BorrowedFd<'_>],
     n: usize,
     line: usize,
     text: &str,
@@ -814,7 +819,7 @@ fn run_step(
         root: tree.clone(),
     });
     let result = backend
-        .run_in(&shape, &spec, sink, &[])
+        .run_in(&shape, &spec, sink, cancel)
         .map_err(|source| Error::Sandbox {
             step: n,
             line,

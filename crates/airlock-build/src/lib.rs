@@ -70,6 +70,7 @@
 //!     &options,
 //!     &mut |r| airlock_image::resolve(&store, r).map_err(|e| e.to_string()),
 //!     &mut airlock_backend::Capture,
+//!     &[],
 //!     &mut |e| eprintln!("{e}"),
 //! )?;
 //! println!("{} {}", built.image.name, built.image.manifest_digest);

@@ -5,9 +5,12 @@ use airlock_backend::OutputSink;
 use airlock_build::{BuildOptions, StepEvent};
 use airlock_image::Store;
 use airlock_spec::{Limits, NetworkPolicy, parse_duration, parse_size};
-use anyhow::bail;
+use anyhow::{Context, bail};
 use clap::Args;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::SignalFd;
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -120,14 +123,32 @@ pub fn run(store: &Store, args: BuildArgs) -> anyhow::Result<ExitCode> {
     let registry = args.registry.clone();
     let mut from =
         |r: &str| super::image::for_run(store, r, "missing", &registry).map_err(|e| format!("{e:#}"));
-    let built = airlock_build::build(
+    // Ctrl-C, SIGTERM and SIGHUP kill the running step's sandbox (purged) and end the
+    // build with nothing tagged, instead of killing airlock mid-step.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals.thread_block().context("blocking signals")?;
+    let cancel = SignalFd::new(&signals).context("signalfd")?;
+    let built = match airlock_build::build(
         store,
         &engine,
         &options,
         &mut from,
         &mut ToStderr,
+        &[cancel.as_fd()],
         &mut |e: &StepEvent| eprintln!("{e}"),
-    )?;
+    ) {
+        Ok(built) => built,
+        Err(airlock_build::Error::Sandbox { source, .. })
+            if source.kind() == airlock_backend::ErrorKind::Cancelled =>
+        {
+            eprintln!("airlock: interrupted; the step's sandbox was killed and purged, nothing tagged");
+            return Ok(ExitCode::from(130));
+        }
+        Err(e) => return Err(e.into()),
+    };
     let image = &built.image;
     eprintln!(
         "airlock: built {} (sha256:{}, {} layers; {} steps cached, {} run, {:.1} s)",
