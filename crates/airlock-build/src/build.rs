@@ -818,13 +818,22 @@ fn run_step(
         digest: format!("build-step:{}", st.key),
         root: tree.clone(),
     });
-    let result = backend
-        .run_in(&shape, &spec, sink, cancel)
-        .map_err(|source| Error::Sandbox {
+    let (result, overflow) = run_watched(backend, &shape, &spec, sink, cancel, &tree)?;
+    if let Some(what) = overflow {
+        let _ = fs::remove_dir_all(&base);
+        let _ = fs::remove_dir_all(&tree);
+        return Err(Error::RunFailed {
             step: n,
             line,
-            source,
-        })?;
+            text: text.to_owned(),
+            status: format!("killed: wrote more than {what} into the image's tree (--disk)"),
+        });
+    }
+    let result = result.map_err(|source| Error::Sandbox {
+        step: n,
+        line,
+        source,
+    })?;
     let status = match result.outcome {
         Outcome::Exited if result.exit_code == Some(0) => None,
         Outcome::Exited => Some(format!("exit code {}", result.exit_code.unwrap_or(-1))),
@@ -850,6 +859,79 @@ fn run_step(
     // (the caller writes the layer, then the next materialize replaces it).
     let _ = fs::remove_dir_all(&base);
     Ok(entries)
+}
+
+/// A step's result, and what it wrote too much of, if it did.
+type Watched = (
+    Result<airlock_spec::ExecResult, airlock_backend::Error>,
+    Option<String>,
+);
+
+/// How often a RUN's writes into its tree are measured.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Runs the step, and kills it when the filesystem holding its tree has lost more than the
+/// step's `--disk` in bytes (or `--disk`/4 KiB in inodes) since it started: the tree is on
+/// the host's disk, not on the sandbox's capped tmpfs, and RLIMIT_FSIZE bounds one file
+/// only. Measured on the whole filesystem (statvfs), so others' writes meanwhile count
+/// too: the bound errs towards stopping the step. Returns what was exceeded, if it was.
+fn run_watched(
+    backend: &dyn Backend,
+    shape: &Shape,
+    spec: &Spec,
+    sink: &mut dyn OutputSink,
+    cancel: &[BorrowedFd<'_>],
+    tree: &Path,
+) -> Result<Watched, Error> {
+    use std::os::fd::AsFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let usage = |p: &Path| {
+        rustix::fs::statvfs(p)
+            .ok()
+            .map(|v| ((v.f_blocks - v.f_bfree) * v.f_frsize, v.f_files - v.f_ffree))
+    };
+    let max_bytes = spec.limits.disk_bytes;
+    let max_inodes = (spec.limits.disk_bytes / 4096).max(4096);
+    let (reader, mut writer) = match std::io::pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            return Err(Error::Io {
+                op: "create the watch pipe for",
+                path: tree.to_path_buf(),
+                source: e,
+            });
+        }
+    };
+    let done = AtomicBool::new(false);
+    let start = usage(tree);
+    std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let (b0, i0) = start?;
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(WATCH_EVERY);
+                let Some((b, i)) = usage(tree) else { continue };
+                let over = if b.saturating_sub(b0) > max_bytes {
+                    Some(airlock_spec::format_size(max_bytes))
+                } else if i.saturating_sub(i0) > max_inodes {
+                    Some(format!("{max_inodes} files"))
+                } else {
+                    None
+                };
+                if over.is_some() {
+                    use std::io::Write;
+                    let _ = writer.write_all(b"x");
+                    return over;
+                }
+            }
+            None
+        });
+        let mut fds: Vec<BorrowedFd<'_>> = cancel.to_vec();
+        fds.push(reader.as_fd());
+        let result = backend.run_in(shape, spec, sink, &fds);
+        done.store(true, Ordering::Relaxed);
+        let over = watcher.join().unwrap_or(None);
+        Ok((result, over))
+    })
 }
 
 /// Writes the config and manifest and tags them.

@@ -54,9 +54,12 @@
 //! fails the build with the step's line and status (its output was streamed to the
 //! caller's sink); layers already stored stay (they are cached), the work trees go.
 //!
-//! Not bounded: the disk a `RUN` writes into its tree (the file-size limit is the
-//! build's `--disk`, but not the count of files); the layer then goes through the store's
-//! budget.
+//! Disk: a `RUN` writes its tree on the host's disk, not on the sandbox's capped tmpfs.
+//! One file is bounded by RLIMIT_FSIZE (the build's `--disk`); all of them by a watcher
+//! that kills the step once the filesystem holding the tree has lost more than `--disk`
+//! bytes, or `--disk`/4 KiB inodes, since the step started (statvfs every 50 ms, so a
+//! fast writer may pass the bound by what it writes in that time; others' writes count
+//! too). The layer then goes through the store's budget.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -211,6 +211,16 @@ fn bad_input_is_one_line_and_tags_nothing() {
             "step 2 (line 2: RUN echo to-stdout; echo to-stderr >&2; exit 3) failed: exit code 3",
         ),
         ("FROM base:1\nRUN sleep 30\n", &["--timeout", "1s"], "deadline"),
+        (
+            "FROM base:1\nRUN i=0; while :; do head -c 1048576 /dev/zero > /f$i; i=$((i+1)); done\n",
+            &["--disk", "16M"],
+            "wrote more than 16 MiB into the image's tree (--disk)",
+        ),
+        (
+            "FROM base:1\nRUN i=0; while :; do : > /f$i; i=$((i+1)); done\n",
+            &["--disk", "16M"],
+            "wrote more than 4096 files into the image's tree (--disk)",
+        ),
     ];
     for (file, extra, want) in cases {
         s.write("Airlockfile", file);
