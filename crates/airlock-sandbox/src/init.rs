@@ -117,6 +117,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         disk_bytes,
         rootfs,
         image,
+        image_writable,
         proxy_port,
         fixed_layout,
     } = msg
@@ -126,6 +127,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
     let layout = mounts::Layout {
         rootfs: rootfs.as_deref(),
         image: image.as_deref(),
+        image_writable,
         disk_bytes,
     };
     try_or!(mounts::build(&layout), "building the filesystem");
@@ -146,7 +148,9 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP),
         "unshare cgroup namespace"
     );
-    try_or!(mounts::seal_root(), "sealing the root");
+    if !image_writable {
+        try_or!(mounts::seal_root(), "sealing the root");
+    }
     try_or!(nix::unistd::sethostname("airlock"), "sethostname");
     try_or!(sys::loopback_up(), "bringing up loopback");
     // The egress proxy's socket lives in the sandbox's network namespace (so the program
@@ -158,7 +162,10 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         )),
         None => None,
     };
-    let landlock = try_or!(crate::landlock::prepare(proxy_port, image.is_some()), "landlock");
+    let landlock = try_or!(
+        crate::landlock::prepare(proxy_port, image.is_some(), image_writable),
+        "landlock"
+    );
     if fixed_layout {
         // Inherited by every program's process, across fork and exec (seccomp allows
         // only querying the persona, so it is set before the filter).

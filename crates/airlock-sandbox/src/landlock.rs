@@ -52,8 +52,14 @@ const SYSTEM_PATHS: &[&str] = &[
 /// Builds the ruleset, opening the paths it names. Called in init after the filesystem
 /// is built, before the program is forked; the fork applies it with [`restrict`].
 /// With `image_root` the whole root is an image's read-only tree: all of it may be read
-/// and executed (an image puts programs anywhere: /opt, /app, /usr/local...).
-pub fn prepare(proxy_port: Option<u16>, image_root: bool) -> Result<RulesetCreated, LandlockError> {
+/// and executed (an image puts programs anywhere: /opt, /app, /usr/local...); with
+/// `image_writable` too (an image build's step), all of it may be written as well (the
+/// tree is that step's own copy).
+pub fn prepare(
+    proxy_port: Option<u16>,
+    image_root: bool,
+    image_writable: bool,
+) -> Result<RulesetCreated, LandlockError> {
     let read_exec = AccessFs::from_read(POLICY_ABI);
     let read_only = read_exec & !AccessFs::Execute;
     // Writable scratch space: everything but creating device nodes.
@@ -83,6 +89,11 @@ pub fn prepare(proxy_port: Option<u16>, image_root: bool) -> Result<RulesetCreat
         .add_rules(path_beneath_rules(["/proc"], read_only | AccessFs::WriteFile))?
         .add_rules(path_beneath_rules(["/dev"], devices | AccessFs::ReadDir))?
         .add_rules(path_beneath_rules(["/tmp", "/workspace", "/dev/shm"], read_write))?;
+    let ruleset = if image_root && image_writable {
+        ruleset.add_rules(path_beneath_rules(["/"], read_write))?
+    } else {
+        ruleset
+    };
     // TCP: nothing may be bound or connected to, except, in proxy mode, the proxy's port.
     let ruleset = match proxy_port {
         Some(port) => ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?,

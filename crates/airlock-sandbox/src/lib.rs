@@ -155,6 +155,9 @@ pub struct Engine {
     zygote: OnceLock<zygote::Zygote>,
     /// Set when the zygote stopped answering: sandboxes are cloned directly from then on.
     zygote_gone: AtomicBool,
+    /// Image roots are mounted read-write, handed to the sandbox user (`image build` only:
+    /// see [`Engine::with_writable_image_root`]).
+    pub(crate) writable_image: bool,
 }
 
 impl Engine {
@@ -183,7 +186,20 @@ impl Engine {
             purged,
             zygote: OnceLock::new(),
             zygote_gone: AtomicBool::new(false),
+            writable_image: false,
         })
+    }
+
+    /// An engine whose sandboxes' image roots are writable, for building images (one
+    /// `RUN` step of an Airlockfile changes the tree it runs in): the tree is a throwaway
+    /// copy made for that one sandbox, and it is handed to the sandbox user before the
+    /// sandbox starts (every file and directory, symlinks themselves, chowned to the
+    /// host uid the sandbox user maps to), mounted read-write (still nosuid, nodev), and
+    /// writable under landlock. The mount points, /proc, /dev, /tmp and /workspace are
+    /// mounted over it as usual. Never for a prepared root of the store: those are shared.
+    pub fn with_writable_image_root(mut self) -> Engine {
+        self.writable_image = true;
+        self
     }
 
     /// Runs `spec` in a fresh sandbox, purges it, and returns the result. Output within

@@ -131,6 +131,9 @@ pub struct Layout<'a> {
     pub rootfs: Option<&'a Path>,
     /// An image's prepared tree on the host: the whole root (then `rootfs` is `None`).
     pub image: Option<&'a Path>,
+    /// The image's tree stays writable (an image build's step); it is still nosuid and
+    /// nodev.
+    pub image_writable: bool,
     /// Size of the writable tmpfs behind /tmp, /workspace and /dev/shm.
     pub disk_bytes: u64,
 }
@@ -189,15 +192,19 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
                     None::<&str>,
                 ),
             )?;
-            remount_readonly(&src, Path::new(IMAGE))?;
-            // Mounts beneath the tree on the host (a prepared tree has none) are made
-            // read-only too; a kernel without mount_setattr (< 5.12) leaves them as
-            // they are.
-            match crate::sys::make_tree_readonly(c"/.image") {
-                Err(e) if e.raw_os_error() != Some(libc::ENOSYS) => {
-                    return io_op("make the image read-only", IMAGE, Err(e));
+            if layout.image_writable {
+                remount_nosuid(&src, Path::new(IMAGE))?;
+            } else {
+                remount_readonly(&src, Path::new(IMAGE))?;
+                // Mounts beneath the tree on the host (a prepared tree has none) are made
+                // read-only too; a kernel without mount_setattr (< 5.12) leaves them as
+                // they are.
+                match crate::sys::make_tree_readonly(c"/.image") {
+                    Err(e) if e.raw_os_error() != Some(libc::ENOSYS) => {
+                        return io_op("make the image read-only", IMAGE, Err(e));
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
             check_mount_points(Path::new(IMAGE))?;
             etc::bind_generated(Path::new(IMAGE))?;
@@ -457,6 +464,17 @@ pub(crate) fn remount_readonly(src: &Path, dst: &Path) -> Result<(), MountError>
         | locked_flags(src);
     sys(
         "remount read-only",
+        dst,
+        mount(None::<&str>, dst, None::<&str>, flags, None::<&str>),
+    )
+}
+
+/// Remounts the bind at `dst` (of `src`) nosuid and nodev, leaving it writable.
+fn remount_nosuid(src: &Path, dst: &Path) -> Result<(), MountError> {
+    let flags =
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | locked_flags(src);
+    sys(
+        "remount nosuid",
         dst,
         mount(None::<&str>, dst, None::<&str>, flags, None::<&str>),
     )

@@ -44,6 +44,10 @@ pub enum Request {
         /// An image's prepared tree: the sandbox's whole root (see `mounts`).
         #[serde(default)]
         image: Option<PathBuf>,
+        /// The image's tree is mounted read-write (an image build's step: see
+        /// `Engine::with_writable_image_root`).
+        #[serde(default)]
+        image_writable: bool,
         /// In proxy mode, the loopback port to listen on for the egress proxy; init sends
         /// the listening socket back with `Ready`.
         proxy_port: Option<u16>,

@@ -160,6 +160,18 @@ pub(crate) fn new_id() -> Result<String, SandboxError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Chowns `root` and everything below it to `uid` (as uid and gid), symlinks themselves,
+/// following none.
+fn chown_tree(root: &std::path::Path, uid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(root, Some(uid), Some(uid))?;
+    if std::fs::symlink_metadata(root)?.is_dir() {
+        for e in std::fs::read_dir(root)? {
+            chown_tree(&e?.path(), uid)?;
+        }
+    }
+    Ok(())
+}
+
 impl Sandbox {
     /// Builds a sandbox and waits until it is ready for requests. With `ahead` (a pool
     /// building it before anyone asked), the build runs in the background's CPU share.
@@ -227,6 +239,13 @@ impl Sandbox {
         // The child waits on the control socket: map its ids, then go.
         let base = host_uid_base(engine.next_slot());
         sandbox.host_user = base + crate::mounts::SANDBOX_ID;
+        let image_writable = engine.writable_image && config.image.is_some();
+        if let (true, Some(tree)) = (image_writable, &config.image) {
+            // The build step's own copy: the sandbox user owns all of it.
+            chown_tree(tree, sandbox.host_user).map_err(|e| {
+                SandboxError::Setup(format!("handing {} to the sandbox user: {e}", tree.display()))
+            })?;
+        }
         let map = format!("0 {base} {}\n", crate::mounts::SANDBOX_ID + 1);
         for file in ["uid_map", "gid_map"] {
             let path = format!("/proc/{}/{file}", cloned.pid);
@@ -240,6 +259,7 @@ impl Sandbox {
             disk_bytes: config.disk_bytes,
             rootfs: config.rootfs.clone(),
             image: config.image.clone(),
+            image_writable,
             proxy_port: policy.is_some().then_some(egress::PROXY_PORT),
             fixed_layout: config.fixed_layout,
         };

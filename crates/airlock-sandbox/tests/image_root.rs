@@ -198,7 +198,42 @@ fn a_spec_naming_an_image_never_runs_on_the_host_root(engine: &Engine, _root: &P
 
 type Case = fn(&Engine, &Path);
 
+/// An engine for image builds (`with_writable_image_root`): the tree is the sandbox
+/// user's and writable everywhere but the sandbox's own mounts, and still nosuid.
+fn a_writable_root_is_the_sandbox_users_and_nosuid(_engine: &Engine, _root: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let builder = Engine::new().unwrap().with_writable_image_root();
+    let dir = tempfile::tempdir().unwrap();
+    let root = &image::make(dir.path());
+    let r = ok(
+        &builder,
+        root,
+        &sh(
+            "id -u; echo new > /opt/new && rm /opt/hello.txt && mkdir -p /usr/local/bin && echo t > /usr/local/bin/t && echo wrote; touch /etc/passwd 2>/dev/null && echo WROTE-PASSWD; grep ' / ' /proc/mounts | grep -c 'rw,nosuid,nodev'",
+        ),
+    );
+    assert_eq!(r.stdout, "1000\nwrote\n1\n", "{r:#?}");
+    assert_eq!(std::fs::read_to_string(root.join("opt/new")).unwrap(), "new\n");
+    assert!(!root.join("opt/hello.txt").exists());
+    let owner = std::fs::metadata(root.join("opt/new")).unwrap().uid();
+    assert!(
+        owner >= airlock_sandbox::HOST_UID_BASE,
+        "owned by host uid {owner}"
+    );
+    // The ordinary engine still refuses writes to the same tree.
+    let r = ok(
+        _engine,
+        root,
+        &sh("touch /opt/again 2>/dev/null && echo WROTE; echo end"),
+    );
+    assert_eq!(r.stdout, "end\n");
+}
+
 const CASES: &[(&str, Case)] = &[
+    (
+        "a_writable_root_is_the_sandbox_users_and_nosuid",
+        a_writable_root_is_the_sandbox_users_and_nosuid,
+    ),
     ("image_files_are_readable", image_files_are_readable),
     (
         "the_root_is_the_image_not_the_host",

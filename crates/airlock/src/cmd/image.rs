@@ -128,6 +128,9 @@ enum ImageCommand {
     },
     /// Remove every blob, layer and root no image needs, and work a crashed airlock left.
     Prune,
+    /// Build an image from an Airlockfile (FROM/RUN/COPY/ENV/WORKDIR/ARG/CMD/ENTRYPOINT),
+    /// each RUN in a sandbox, each layer cached.
+    Build(super::build::BuildArgs),
 }
 
 fn size(s: &str) -> Result<u64, String> {
@@ -256,6 +259,7 @@ pub fn run(args: ImageArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        ImageCommand::Build(build) => return super::build::run(&store, build),
         ImageCommand::Prune => {
             let report = store.prune_images()?;
             eprintln!(

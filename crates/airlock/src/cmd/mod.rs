@@ -1,4 +1,5 @@
 //! One file per subcommand.
+pub mod build;
 pub mod doctor;
 pub mod image;
 pub mod mcp;
