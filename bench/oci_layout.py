@@ -111,7 +111,11 @@ def write_layout(out, layers, config, ref=None, compress=True):
     return mdigest
 
 
-def busybox_layer(applets=("sh", "ls", "cat", "echo", "env", "id", "pwd", "sleep", "touch", "true", "false", "printf", "wc", "head", "mkdir", "rm")):
+APPLETS = ("sh", "ls", "cat", "echo", "env", "id", "pwd", "sleep", "touch", "true", "false", "printf", "wc",
+           "head", "mkdir", "rm", "chmod", "ln", "cp", "mv", "grep", "sed", "test", "[", "tr", "stat", "find")
+
+
+def busybox_layer(applets=APPLETS):
     """A layer with Debian's static busybox as /bin/busybox and its applets as links."""
     entries = [("bin/busybox", "/bin/busybox", 0o755)]
     entries += [("symlink", f"bin/{a}", "busybox") for a in applets]

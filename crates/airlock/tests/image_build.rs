@@ -249,3 +249,95 @@ fn bad_input_is_one_line_and_tags_nothing() {
     let work = Path::new(&s.store).join("build-work");
     assert_eq!(fs::read_dir(&work).unwrap().count(), 0);
 }
+
+/// The README's build example ("Building images"), as typed: its Airlockfile written into
+/// a context beside a `tool.sh`, its commands run by `sh` in that context, with the base
+/// `tools:1` (busybox) imported first and the store in `AIRLOCK_IMAGE_STORE`.
+#[test]
+fn readme_build_example_runs_as_typed() {
+    let Some(setup) = Setup::new("readme") else { return };
+    let readme =
+        fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
+    let section = &readme[readme
+        .find("### Building images")
+        .expect("README section \"Building images\"")..];
+    let block = |fence: &str| -> String {
+        let start = section.find(fence).unwrap_or_else(|| panic!("{fence} block")) + fence.len();
+        section[start..start + section[start..].find("```").unwrap()].to_owned()
+    };
+    let airlockfile = block("```dockerfile\n");
+    let commands = block("```sh\n");
+    let ctx = setup.ctx();
+    fs::write(ctx.join("Airlockfile"), &airlockfile).unwrap();
+    fs::write(ctx.join("tool.sh"), "#!/bin/sh\necho \"tool $TOOL_VERSION\"\n").unwrap();
+    let out = airlock(&[
+        "image",
+        "--image-store",
+        &setup.store,
+        "import",
+        "--name",
+        "tools:1",
+    ]);
+    assert!(!out.status.success(), "import needs a path");
+    let layout = setup.dir.path().join("layout");
+    let out = airlock(&[
+        "image",
+        "--image-store",
+        &setup.store,
+        "import",
+        "--name",
+        "tools:1",
+        layout.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_airlock"));
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let digest = || {
+        let ls = airlock(&["image", "--image-store", &setup.store, "ls", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["name"] == "docker.io/library/mytools:latest")
+            .map(|i| i["digest"].as_str().unwrap().to_owned())
+    };
+    let lines: Vec<&str> = commands
+        .lines()
+        .map(|l| l.split("  #").next().unwrap().trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(lines.len(), 3, "the README's block changed: {lines:#?}");
+    let mut built = None;
+    for (i, line) in lines.iter().enumerate() {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(line)
+            .current_dir(&ctx)
+            .env("PATH", &path)
+            .env("AIRLOCK_IMAGE_STORE", &setup.store)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "`{line}`: {stdout}\n{stderr}");
+        match i {
+            0 => {
+                assert_eq!(stderr.matches("/7: ").count(), 7, "{stderr}");
+                built = digest();
+                assert!(built.is_some(), "mytools tagged: {stderr}");
+            }
+            1 => assert_eq!(stdout, "tool 2.0\n", "{stderr}"),
+            2 => {
+                assert!(
+                    stderr.contains("CACHED") && stderr.contains(" 0 run,"),
+                    "{stderr}"
+                );
+                assert_eq!(digest(), built, "the same digest");
+            }
+            _ => unreachable!(),
+        }
+    }
+}
