@@ -221,20 +221,7 @@ impl Store {
             return Ok(0);
         }
         let size = self.root_size(manifest);
-        let tmp_dir = self.root().join("tmp");
-        let graveyard = tempfile::Builder::new()
-            .prefix("removed-")
-            .tempdir_in(&tmp_dir)
-            .map_err(io_err("create temporary directory", &tmp_dir))?;
-        let moved = graveyard.path().join("root");
-        fs::rename(&p, &moved).map_err(io_err("remove root", &p))?;
-        let record = self.root_size_path(manifest);
-        match fs::remove_file(&record) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err("remove root size", record)(e)),
-        }
-        fs::remove_dir_all(&moved).map_err(io_err("remove root", &moved))?;
+        self.remove_tree(&p, &self.root_size_path(manifest))?;
         Ok(size)
     }
 }

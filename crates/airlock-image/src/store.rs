@@ -611,23 +611,29 @@ impl Store {
 
     /// Renames the layer out of `layers/` first, so it disappears at once, then deletes it.
     fn remove_layer(&self, d: &Digest) -> Result<u64, Error> {
-        let p = self.layer_path(d);
         let size = self.layer_size(d)?;
+        self.remove_tree(&self.layer_path(d), &self.layer_size_path(d))?;
+        Ok(size)
+    }
+
+    /// Removes the tree `tree` (a layer or a prepared root) and its size record: renamed
+    /// into `tmp/` first, so it disappears from where readers look at once (a crash
+    /// mid-way leaves it for `prune` to finish), then deleted.
+    pub(crate) fn remove_tree(&self, tree: &Path, size_record: &Path) -> Result<(), Error> {
         let tmp_dir = self.root.join("tmp");
         let graveyard = tempfile::Builder::new()
             .prefix("removed-")
             .tempdir_in(&tmp_dir)
             .map_err(io_err("create temporary directory", &tmp_dir))?;
-        let moved = graveyard.path().join("layer");
-        fs::rename(&p, &moved).map_err(io_err("remove layer", &p))?;
-        let record = self.layer_size_path(d);
-        match fs::remove_file(&record) {
+        let moved = graveyard.path().join("tree");
+        fs::rename(tree, &moved).map_err(io_err("remove", tree))?;
+        match fs::remove_file(size_record) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err("remove layer size", record)(e)),
+            Err(e) => return Err(io_err("remove size record", size_record)(e)),
         }
-        fs::remove_dir_all(&moved).map_err(io_err("remove layer", &moved))?;
-        Ok(size)
+        fs::remove_dir_all(&moved).map_err(io_err("remove", &moved))?;
+        Ok(())
     }
 }
 
