@@ -7,7 +7,10 @@
      into a local directory. Median of --pulls each; ratio airlock/skopeo.
   2. Cold CLI: `airlock run --image X -- /bin/true` with X in the store, against
      `airlock run -- /bin/true` on the host's root, interleaved; ratio.
-  3. Memory: 50 concurrent sessions of one image in one `airlock serve`, against 50
+  3. Pooled: one `airlock serve --pool 2 --pool X=2`, `POST /v1/exec` of /bin/true with
+     and without the image, interleaved at concurrency 1 and paced so each request finds
+     its pool refilled; p50 and p99 of each (the target: the same p50).
+  4. Memory: 50 concurrent sessions of one image in one `airlock serve`, against 50
      sessions on the host root: host memory used (MemTotal - MemAvailable) before and
      after, per sandbox. An image's files are shared (page cache of one read-only tree),
      so the per-sandbox figure should match the host root's, not grow by the image.
@@ -135,7 +138,7 @@ class Daemon:
 
 
 def sessions_memory(airlock, store, image, n):
-    d = Daemon([airlock, "serve", "--listen", "127.0.0.1:0", "--image-store", store, "--pool-size", "0",
+    d = Daemon([airlock, "serve", "--listen", "127.0.0.1:0", "--image-store", store, "--pool", "0",
                 "--max-sandboxes", str(n + 4), "--max-sessions-per-key", str(n + 4)])
     try:
         time.sleep(1)
@@ -160,15 +163,47 @@ def sessions_memory(airlock, store, image, n):
         d.close()
 
 
+def pct(xs, p):
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def pooled(airlock, store, image, n):
+    """Client-side latency of /bin/true from each pool, interleaved, paced."""
+    d = Daemon([airlock, "serve", "--listen", "127.0.0.1:0", "--image-store", store, "--pool", "2",
+                "--pool", f"{image}=2"])
+    try:
+        time.sleep(2)
+        host, img = [], []
+        for i in range(2 * n):
+            body = {"cmd": ["/bin/true"]}
+            if i % 2:
+                body["image"] = image
+            t0 = time.perf_counter()
+            r = d.post("/v1/exec", body)
+            ms = (time.perf_counter() - t0) * 1000
+            if r.get("exit_code") != 0:
+                sys.exit(f"pooled exec failed: {r}")
+            (img if i % 2 else host).append(ms)
+            time.sleep(0.03)
+        return host, img
+    finally:
+        d.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--airlock", default="target/release/airlock")
     ap.add_argument("--pulls", type=int, default=5)
     ap.add_argument("--cold", type=int, default=10)
     ap.add_argument("--sessions", type=int, default=50)
+    ap.add_argument("--requests", type=int, default=100)
     a = ap.parse_args()
     airlock = os.path.abspath(a.airlock)
     work = tempfile.mkdtemp(prefix="airlock-bench-images-")
+    os.chmod(work, 0o755)  # sandboxes reach the store by its path
     reg = None
     try:
         layout = os.path.join(work, "layout")
@@ -195,6 +230,7 @@ def main():
             host.append(timed([airlock, "run", "--", "/bin/true"])[0])
             image.append(timed([airlock, "run", "--image-store", store, "--image", ref, "--", "/bin/true"])[0])
 
+        pool_host, pool_image = pooled(airlock, store, ref, a.requests)
         mem_host = sessions_memory(airlock, store, None, a.sessions)
         mem_image = sessions_memory(airlock, store, ref, a.sessions)
 
@@ -202,6 +238,8 @@ def main():
         print(f"image: 3 layers, {size / 1e6:.1f} MB compressed")
         print(f"pull          airlock {med(pulls_airlock):8.1f} ms   skopeo {med(pulls_skopeo):8.1f} ms   ratio {med(pulls_airlock) / med(pulls_skopeo):.2f}")
         print(f"cold /bin/true image  {med(image):8.1f} ms   host   {med(host):8.1f} ms   ratio {med(image) / med(host):.2f}")
+        print(f"pooled /bin/true p50 image {pct(pool_image, 50):6.2f} ms  host {pct(pool_host, 50):6.2f} ms  ratio {pct(pool_image, 50) / pct(pool_host, 50):.2f}"
+              f"   p99 image {pct(pool_image, 99):6.2f} ms  host {pct(pool_host, 99):6.2f} ms")
         print(f"{a.sessions} sessions     image {mem_image / 2**20:8.2f} MiB/session   host {mem_host / 2**20:8.2f} MiB/session")
     finally:
         if reg:

@@ -2,7 +2,7 @@
 
 Two rules of a request that a schema cannot state, each answered with a 400 naming the
 field; bodies that break them are dropped from generation, everything else is left as
-generated, in every mode:
+generated, in every mode (but for `image`, below):
 
 - in `files`, no entry's path may be a directory of another's (`{"path": "d/f"}` and
   `{"path": "d"}`: `d` cannot be both), refused on `files[i].path`
@@ -10,11 +10,22 @@ generated, in every mode:
 - with `"isolation": "gvisor"`, `limits.memory_bytes` is at least 40 MiB (the cap covers
   the Sentry and Gofer too), refused on `limits.memory_bytes`; the schema's minimum is
   the other tiers' (crates/airlock-gvisor's tests check the refusal).
+
+And one fact no schema states: which images the service's store holds. A generated
+`image` that the schema allows (1 to 512 printable ASCII characters, no spaces) is
+replaced by the one image run.sh put in the store, `tools:1`; an
+image the schema refuses is left as generated, for the server to refuse (400 on `image`).
+An image the store lacks is refused the same way (crates/airlock/tests/images.rs tests it).
 """
 
 GVISOR_MIN_MEMORY = 40 << 20
+STORED_IMAGE = "tools:1"
+
+import re
 
 import schemathesis
+
+_IMAGE = re.compile(r"^[!-~]{1,512}$")
 
 
 def _conflicting(files) -> bool:
@@ -40,3 +51,11 @@ def _gvisor_under_its_floor(body) -> bool:
 @schemathesis.hook
 def filter_body(context, body) -> bool:
     return not (isinstance(body, dict) and (_conflicting(body.get("files")) or _gvisor_under_its_floor(body)))
+
+
+@schemathesis.hook
+def before_call(context, case, **kwargs):
+    # At the call, so every phase's requests get it (the examples' included).
+    body = case.body
+    if isinstance(body, dict) and isinstance(body.get("image"), str) and _IMAGE.match(body["image"]):
+        case.body = {**body, "image": STORED_IMAGE}

@@ -34,6 +34,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The service's image store, with the one image generated requests name (hooks.py maps
+# every valid `image` to it): busybox, made from the host's static busybox. Its parents
+# must be searchable by others (sandboxes reach image roots by path).
+chmod 755 "$work"
+python3 "$repo/bench/oci_layout.py" "$work/layout" --busybox --ref tools:1 --env PATH=/bin \
+    --cmd sh,-c,'echo from the image' >/dev/null
+"$AIRLOCK" image --image-store "$work/images" import "$work/layout" --name tools:1 2>/dev/null
+
 key="st-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 echo "schemathesis:$key" > "$work/keys"
 # Micro-VMs unavailable (their state directory would be under a regular file): see
@@ -41,7 +49,7 @@ echo "schemathesis:$key" > "$work/keys"
 # small; the document the daemon serves states them, so schemathesis generates within.
 : > "$work/not-a-directory"
 AIRLOCK_VM_STATE="$work/not-a-directory/vm" "$AIRLOCK" serve \
-    --listen 127.0.0.1:0 --api-keys "$work/keys" --pool 2 \
+    --listen 127.0.0.1:0 --api-keys "$work/keys" --pool 2 --image-store "$work/images" \
     --max-timeout 5s --max-memory 512M --max-disk 256M --max-output 1M --max-pids 256 \
     --max-cpus 1 --default-ttl 30s --max-ttl 60s --queue-timeout 2s --per-key-concurrency 256 \
     >"$work/serve.out" 2>"$work/serve.log" &

@@ -423,10 +423,10 @@ fn validate_image(image: &str) -> Result<(), SpecError> {
             ),
         ));
     }
-    if let Some(c) = image.chars().find(|c| c.is_whitespace() || c.is_control()) {
+    if let Some(c) = image.chars().find(|c| !c.is_ascii_graphic()) {
         return Err(SpecError::new(
             "image",
-            format!("{image:?} contains {c:?}; an image reference has no spaces or control characters"),
+            format!("{image:?} contains {c:?}; an image reference is printable ASCII without spaces"),
         ));
     }
     Ok(())

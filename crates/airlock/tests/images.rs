@@ -770,12 +770,19 @@ fn service_runs_images(tier: &str) {
     let all = c.get("/v1/sandboxes").expect(200).json();
     assert!(all.to_string().contains(digest), "{all}");
 
-    let v = c.session_exec(&id, &json!({})).expect(200).json();
+    // The image's own command: the exec names the session's image (any spelling), as a
+    // one-shot exec does; an exec with neither `cmd` nor `image` is refused, as anywhere.
+    let v = c
+        .session_exec(&id, &json!({"image": img.name}))
+        .expect(200)
+        .json();
     assert_eq!(
         v["stdout"],
         format!("image-cmd in {PY_WORKDIR} as 1000\n"),
         "{v:#}"
     );
+    let e = c.session_exec(&id, &json!({})).api_error(400);
+    assert_eq!(e["field"], "cmd", "{e}");
     let v = c
         .session_exec(
             &id,

@@ -120,23 +120,16 @@ pub(crate) fn session_spec(state: &AppState, session: &Session, req: &ExecReques
             ),
         ));
     }
-    // The session's image, whose config goes under every exec's request (its command
-    // when the exec gives none); an exec may name it again, never another.
-    let with_image;
-    let req = match (&req.image, &session.image) {
-        (None, Some(image)) => {
-            with_image = ExecRequest {
-                image: Some(image.name.clone()),
-                ..req.clone()
-            };
-            &with_image
-        }
-        _ => req,
-    };
+    // The session's image, whose config goes under every exec's request; an exec may
+    // name it again (as it must to run the image's own command without `cmd`, as a
+    // one-shot exec does), never another.
     let mut spec = req.to_spec(&state.config, &session.limits)?;
     spec.isolation = session.isolation;
-    match (&spec.image, &session.image) {
-        (None, None) => {}
+    if spec.image.is_none() {
+        spec.image = session.image.as_ref().map(|i| i.name.clone());
+    }
+    match (&req.image, &session.image) {
+        (None, _) => {}
         (Some(asked), Some(image)) if *asked == image.name || same_image(state, asked, image) => {}
         (Some(asked), None) => {
             return Err(ApiError::invalid(
@@ -155,8 +148,6 @@ pub(crate) fn session_spec(state: &AppState, session: &Session, req: &ExecReques
                 ),
             ));
         }
-        // Not reached: the session's image was put in the request above.
-        (None, Some(_)) => {}
     }
     if let Some(image) = &session.image {
         image.apply(&mut spec)?;
