@@ -898,3 +898,37 @@ fn image_rm_removes_the_micro_vm_block_image() {
     assert!(run.stderr().contains("micro-VM image drive"), "{}", run.stderr());
     assert!(!drive.exists(), "{} after image rm", drive.display());
 }
+
+/// `airlock doctor` reports the image store: its images and use, or why sandboxes cannot
+/// reach it.
+#[test]
+fn doctor_reports_the_image_store() {
+    use std::os::unix::fs::PermissionsExt;
+    let _g = serial();
+    let work = workdir("doctor");
+    let store = work.path().join("store");
+    let layout = busybox_layout(work.path(), "bb");
+    import(&store, &layout, "tools:1");
+    let line = |run: Run| {
+        run.stdout()
+            .lines()
+            .find(|l| l.contains("image store"))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no image store line: {}", run.stdout()))
+    };
+    let ok = line(airlock(&[
+        "doctor",
+        "--no-boot",
+        "--image-store",
+        store.to_str().unwrap(),
+    ]));
+    assert!(ok.starts_with("ok") && ok.contains("1 image(s)"), "{ok}");
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let warn = line(airlock(&[
+        "doctor",
+        "--no-boot",
+        "--image-store",
+        store.to_str().unwrap(),
+    ]));
+    assert!(warn.starts_with("warn") && warn.contains("mode 0700"), "{warn}");
+}

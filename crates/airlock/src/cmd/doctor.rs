@@ -19,6 +19,9 @@ pub struct DoctorArgs {
     /// that hangs here, like kvm under a nested /dev/kvm, is tried until its deadline).
     #[arg(long)]
     probe_gvisor: bool,
+    /// The image store to report on.
+    #[command(flatten)]
+    store: super::image::StoreArgs,
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
@@ -29,6 +32,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         &crate::tiers::gvisor_options(),
         args.probe_gvisor,
     ));
+    checks.push(image_store(&args.store));
     checks.extend(airlock_microvm::doctor::run(
         airlock_microvm::doctor::DoctorOptions {
             probe_kvm: args.probe_kvm,
@@ -49,4 +53,49 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The image store: where it is, what it holds, whether sandboxes can reach it. Not
+/// required (without images, sandboxes run on the host's system directories).
+fn image_store(args: &super::image::StoreArgs) -> airlock_sandbox::doctor::Check {
+    let dir = &args.image_store;
+    let mut check = airlock_sandbox::doctor::Check {
+        name: "image store",
+        ok: false,
+        slow: false,
+        required: false,
+        detail: String::new(),
+        fix: "give --image-store (or AIRLOCK_IMAGE_STORE) a directory whose parents others may search",
+    };
+    if !dir.exists() {
+        check.ok = true;
+        check.detail = format!(
+            "{} (not created yet: the first pull or import makes it)",
+            dir.display()
+        );
+        return check;
+    }
+    let summary = args.open().and_then(|store| {
+        let images = store.images()?;
+        let usage = store.usage()?;
+        Ok((store, images.len(), usage))
+    });
+    match summary {
+        Ok((store, images, usage)) => match airlock_server::images::reachable(store.root()) {
+            Ok(()) => {
+                check.ok = true;
+                check.detail = format!(
+                    "{}: {images} image(s), {} used{}",
+                    dir.display(),
+                    airlock_spec::human_size(usage),
+                    args.image_store_max
+                        .map(|m| format!(" of {}", airlock_spec::human_size(m)))
+                        .unwrap_or_default()
+                );
+            }
+            Err(e) => check.detail = e,
+        },
+        Err(e) => check.detail = format!("{}: {e:#}", dir.display()),
+    }
+    check
 }
