@@ -422,6 +422,12 @@ impl ExecRequest {
     /// The validated spec this request asks for, with `base` limits as defaults.
     pub fn to_spec(&self, config: &ServerConfig, base: &Limits) -> Result<Spec, ApiError> {
         let command = match (&self.cmd, self.language, &self.code) {
+            (Some(cmd), None, None) if cmd.is_empty() => {
+                return Err(ApiError::invalid(
+                    "cmd",
+                    "is empty: give the program to run (or, with `image`, omit `cmd` to run the image's own command)",
+                ));
+            }
             (Some(cmd), None, None) => cmd.clone(),
             (None, Some(lang), Some(code)) => {
                 let (prog, flag) = match lang {

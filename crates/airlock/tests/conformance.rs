@@ -84,6 +84,8 @@ fn command_errors_name_the_requests_own_fields_cmd_cmd_0_and_code() {
     let d = Daemon::start(&["--pool", "0"]);
     for (body, field) in [
         (r#"{"cmd": []}"#, "cmd"),
+        // Even with an image: its own command is asked for by leaving `cmd` out.
+        (r#"{"cmd": [], "image": "tools:1"}"#, "cmd"),
         (r#"{"cmd": [""]}"#, "cmd[0]"),
         (r#"{"cmd": ["echo", "a\u0000b"]}"#, "cmd[1]"),
         (r#"{"language": "bash", "code": "echo \u0000"}"#, "code"),
