@@ -3,7 +3,7 @@
 //! ([`Spec::apply_image_config`]). Shared by the service and `airlock run`.
 
 use airlock_backend::{Error, ImageRoot};
-use airlock_image::Store;
+use airlock_image::{Image, Store};
 use airlock_spec::{ImageConfig, Spec, SpecError};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -40,10 +40,15 @@ pub fn resolve(store: Option<&Store>, reference: &str) -> Result<Resolved, Error
         ));
     };
     let image = airlock_image::resolve(store, reference).map_err(|e| lookup_error(reference, e))?;
-    let root = store
-        .image_root(&image)
-        .map_err(|e| Error::host(format!("preparing the root of image {}", image.name), e))?;
+    prepare(store, &image)
+}
+
+/// `image` (found in `store`) ready to run: its root prepared (built on first use).
+pub fn prepare(store: &Store, image: &Image) -> Result<Resolved, Error> {
     reachable(store.root()).map_err(|e| Error::host("the image store", e))?;
+    let root = store
+        .image_root(image)
+        .map_err(|e| Error::host(format!("preparing the root of image {}", image.name), e))?;
     Ok(Resolved {
         root: ImageRoot {
             digest: image.manifest_digest.to_string(),

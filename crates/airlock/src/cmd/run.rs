@@ -269,7 +269,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(reference) = spec.image.clone() {
         let store = store.open()?;
         let image = super::image::for_run(&store, &reference, &pull, &registry)?;
-        let resolved = airlock_server::images::resolve(Some(&store), &image.name)
+        let resolved = airlock_server::images::prepare(&store, &image)
             .map_err(|e| anyhow::anyhow!("--image {reference}: {e}"))?;
         match resolved.apply(&mut spec) {
             Ok(()) => {}
