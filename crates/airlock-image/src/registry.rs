@@ -5,7 +5,7 @@
 //! (OCI image index or Docker manifest list), and stores in the store, as blobs verified by
 //! sha256: the config, every layer (a few at a time, streamed to disk) and, last, the
 //! manifest itself, so a manifest in the store always has its config and layers beside it.
-//! Each layer is then unpacked ([`Store::unpack_layer`]). Blobs already stored are not
+//! Each layer is unpacked while it downloads ([`Store::ensure_layer`]). Blobs already stored are not
 //! fetched again; two pulls of one image at once fetch each blob once (the store's
 //! per-digest locks).
 //!
@@ -433,16 +433,20 @@ impl Puller<'_> {
         }
     }
 
-    /// Stores one blob (fetching it only if missing) and unpacks it if it is a layer;
-    /// returns the bytes fetched, if it was.
+    /// Stores one blob (fetching it only if missing) and unpacks it if it is a layer,
+    /// while it downloads ([`Store::ensure_layer`]); returns the bytes fetched, if it was.
     fn fetch(&self, job: &Job) -> Result<Option<u64>, Error> {
-        let status = self
-            .store
-            .ensure_blob(&job.digest, Some(job.size), || self.open_blob(job))
-            .map_err(|e| self.fetch_error(e, job))?;
-        if job.unpack {
-            self.store.unpack_layer(&job.digest, Some(&job.media_type))?;
+        let status = if job.unpack {
+            self.store
+                .ensure_layer(&job.digest, Some(job.size), Some(&job.media_type), || {
+                    self.open_blob(job)
+                })
+                .map(|(blob, _layer)| blob)
+        } else {
+            self.store
+                .ensure_blob(&job.digest, Some(job.size), || self.open_blob(job))
         }
+        .map_err(|e| self.fetch_error(e, job))?;
         Ok(match status {
             BlobStatus::Stored(n) => Some(n),
             BlobStatus::Present => None,
