@@ -394,9 +394,13 @@ impl Puller<'_> {
         Ok(jobs)
     }
 
-    /// Fetches (and unpacks) `jobs` on up to `concurrency` threads; stops taking new jobs
-    /// at the first error, which it returns. Returns the bytes and blobs stored.
+    /// Fetches (and unpacks) `jobs` on up to `concurrency` threads, the largest first (the
+    /// largest layer is the longest download and unpack: started last, it would finish
+    /// last); stops taking new jobs at the first error, which it returns. Returns the
+    /// bytes and blobs stored.
     fn fetch_all(&self, jobs: &[Job]) -> Result<(u64, usize), Error> {
+        let mut jobs: Vec<&Job> = jobs.iter().collect();
+        jobs.sort_by_key(|job| std::cmp::Reverse(job.size));
         let next = AtomicUsize::new(0);
         let first_error: Mutex<Option<Error>> = Mutex::new(None);
         let totals = Mutex::new((0u64, 0usize));

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -384,20 +384,30 @@ impl Store {
         let (layer_dir, root_fd) = self.layer_work(digest)?;
         // The blob will take its declared size of the budget too.
         let params = self.unpack_params(headroom, size.unwrap_or(0));
+        // Three stages, each on its own thread, so that on a multi-core machine the
+        // download (with hashing), the decompression and the writing of files overlap:
+        // download -> compressed chunks -> decompressor -> plain chunks -> unpacker.
         let (fetched, unpacked) = std::thread::scope(|s| {
             let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(TEE_CHUNKS);
+            let (plain_tx, plain_rx) = mpsc::sync_channel::<Vec<u8>>(TEE_CHUNKS);
             let (root_fd, params) = (&root_fd, &params);
-            let unpacker = s.spawn(move || {
-                let archive = decoder(ChunkReader::new(rx), media_type).map_err(|source| Error::Archive {
+            let decompressor = s.spawn(move || decompress(ChunkReader::new(rx), media_type, plain_tx));
+            let unpacker = s.spawn(move || unpack(digest, ChunkReader::new(plain_rx), root_fd, params));
+            // `tx` is dropped when `tee` returns, so the decompressor sees the end of the
+            // stream (or of a failed download), and then the unpacker sees the end of its.
+            let fetched = tee(&mut reader, blob, tx);
+            let decompressed = decompressor
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            let unpacked = unpacker.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            // A decompression error cut the unpacker's stream short: it is the cause.
+            let unpacked = match decompressed {
+                Err(source) => Err(Error::Archive {
                     layer: digest.clone(),
                     source,
-                })?;
-                unpack(digest, archive, root_fd, params)
-            });
-            // `tx` is dropped when `tee` returns, so the unpacker sees the end of the
-            // stream (or of a failed download) and stops.
-            let fetched = tee(&mut reader, blob, tx);
-            let unpacked = unpacker.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+                }),
+                Ok(()) => unpacked,
+            };
             (fetched, unpacked)
         });
         let (tmp, got) = fetched?;
@@ -718,10 +728,10 @@ impl Store {
     }
 }
 
-/// How many chunks (of at most [`CHUNK`] bytes) the download may run ahead of the
-/// unpack in [`Store::ensure_layer`]: 8 MiB at most held in memory per layer, enough to
-/// keep the unpack fed while a slow decompressor makes the download wait.
-const TEE_CHUNKS: usize = 128;
+/// How many chunks (of at most [`CHUNK`] bytes) each stage of [`Store::ensure_layer`] may
+/// run ahead of the next: at most 2 x 4 MiB held in memory per layer, enough to keep each
+/// stage fed while a slower one makes it wait.
+const TEE_CHUNKS: usize = 64;
 
 /// The store's error for a failed `fetch` or a failed read of what it returned.
 fn fetch_err(digest: &Digest) -> impl Fn(io::Error) -> Error + '_ {
@@ -832,7 +842,30 @@ fn tee(
     blob.finish()
 }
 
-/// The unpacker's side of [`tee`]: the chunks as a `Read`, ending when the sender is
+/// Decompresses the layer's chunks from `compressed` and sends them on to the unpacker
+/// until the end, or until the unpacker stops taking them (done or failed).
+fn decompress(
+    compressed: impl BufRead,
+    media_type: Option<&str>,
+    plain: mpsc::SyncSender<Vec<u8>>,
+) -> io::Result<()> {
+    let mut archive = decoder(compressed, media_type)?;
+    loop {
+        let mut buf = vec![0u8; CHUNK];
+        let n = match archive.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        buf.truncate(n);
+        if plain.send(buf).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// The receiving side of a stage of [`Store::ensure_layer`]: the chunks as a `Read`, ending when the sender is
 /// dropped.
 struct ChunkReader {
     rx: mpsc::Receiver<Vec<u8>>,
@@ -842,32 +875,41 @@ struct ChunkReader {
 }
 
 impl ChunkReader {
-    fn new(rx: mpsc::Receiver<Vec<u8>>) -> BufReader<Self> {
-        BufReader::with_capacity(
-            CHUNK,
-            Self {
-                rx,
-                chunk: Vec::new(),
-                pos: 0,
-            },
-        )
+    fn new(rx: mpsc::Receiver<Vec<u8>>) -> Self {
+        Self {
+            rx,
+            chunk: Vec::new(),
+            pos: 0,
+        }
     }
 }
 
-impl Read for ChunkReader {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+impl BufRead for ChunkReader {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
         while self.pos == self.chunk.len() {
             match self.rx.recv() {
                 Ok(chunk) => {
                     self.chunk = chunk;
                     self.pos = 0;
                 }
-                Err(mpsc::RecvError) => return Ok(0),
+                // The sender is gone: the end of the stream.
+                Err(mpsc::RecvError) => break,
             }
         }
-        let n = out.len().min(self.chunk.len() - self.pos);
-        out[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
-        self.pos += n;
+        Ok(&self.chunk[self.pos..])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.chunk.len());
+    }
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = out.len().min(available.len());
+        out[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
         Ok(n)
     }
 }

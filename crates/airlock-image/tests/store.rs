@@ -327,6 +327,23 @@ fn a_teed_layer_the_unpack_refuses_keeps_only_its_verified_blob() {
 }
 
 #[test]
+fn a_teed_layer_whose_gzip_stream_is_corrupt_is_refused_not_cut_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let mut blob = teed_layer();
+    // Garbage in the middle of the deflate stream: the digest matches (it is of these
+    // bytes), the decompression fails part way.
+    let mid = blob.len() / 2;
+    blob[mid..mid + 64].fill(0xff);
+    let d = Digest::of(&blob);
+    let err = s.ensure_layer(&d, None, None, || Ok(&blob[..])).unwrap_err();
+    assert!(matches!(err, Error::Archive { .. }), "{err}");
+    assert!(!s.has_layer(&d));
+    assert!(s.layers().unwrap().is_empty());
+    assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+}
+
+#[test]
 fn a_teed_layer_over_budget_leaves_neither_blob_nor_layer() {
     let dir = tempfile::tempdir().unwrap();
     let s = store_with(
