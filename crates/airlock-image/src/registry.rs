@@ -5,9 +5,9 @@
 //! (OCI image index or Docker manifest list), and stores in the store, as blobs verified by
 //! sha256: the config, every layer (a few at a time, streamed to disk) and, last, the
 //! manifest itself, so a manifest in the store always has its config and layers beside it.
-//! Each layer is unpacked while it downloads ([`Store::ensure_layer`]). Blobs already stored are not
-//! fetched again; two pulls of one image at once fetch each blob once (the store's
-//! per-digest locks).
+//! Each layer is unpacked while it downloads ([`Store::ensure_layer`]), the largest
+//! first. Blobs already stored are not fetched again; two pulls of one image at once fetch
+//! each blob once (the store's per-digest locks).
 //!
 //! The distribution protocol is `oci-client` (the ORAS project's client, used by
 //! Kubernetes-adjacent tools such as Krustlet and wasmCloud): manifests and blobs by
