@@ -5,9 +5,9 @@
 //! (OCI image index or Docker manifest list), and stores in the store, as blobs verified by
 //! sha256: the config, every layer (a few at a time, streamed to disk) and, last, the
 //! manifest itself, so a manifest in the store always has its config and layers beside it.
-//! Each layer is then unpacked ([`Store::unpack_layer`]). Blobs already stored are not
-//! fetched again; two pulls of one image at once fetch each blob once (the store's
-//! per-digest locks).
+//! Each layer is unpacked while it downloads ([`Store::ensure_layer`]), the largest
+//! first. Blobs already stored are not fetched again; two pulls of one image at once fetch
+//! each blob once (the store's per-digest locks).
 //!
 //! The distribution protocol is `oci-client` (the ORAS project's client, used by
 //! Kubernetes-adjacent tools such as Krustlet and wasmCloud): manifests and blobs by
@@ -394,9 +394,13 @@ impl Puller<'_> {
         Ok(jobs)
     }
 
-    /// Fetches (and unpacks) `jobs` on up to `concurrency` threads; stops taking new jobs
-    /// at the first error, which it returns. Returns the bytes and blobs stored.
+    /// Fetches (and unpacks) `jobs` on up to `concurrency` threads, the largest first (the
+    /// largest layer is the longest download and unpack: started last, it would finish
+    /// last); stops taking new jobs at the first error, which it returns. Returns the
+    /// bytes and blobs stored.
     fn fetch_all(&self, jobs: &[Job]) -> Result<(u64, usize), Error> {
+        let mut jobs: Vec<&Job> = jobs.iter().collect();
+        jobs.sort_by_key(|job| std::cmp::Reverse(job.size));
         let next = AtomicUsize::new(0);
         let first_error: Mutex<Option<Error>> = Mutex::new(None);
         let totals = Mutex::new((0u64, 0usize));
@@ -433,16 +437,20 @@ impl Puller<'_> {
         }
     }
 
-    /// Stores one blob (fetching it only if missing) and unpacks it if it is a layer;
-    /// returns the bytes fetched, if it was.
+    /// Stores one blob (fetching it only if missing) and unpacks it if it is a layer,
+    /// while it downloads ([`Store::ensure_layer`]); returns the bytes fetched, if it was.
     fn fetch(&self, job: &Job) -> Result<Option<u64>, Error> {
-        let status = self
-            .store
-            .ensure_blob(&job.digest, Some(job.size), || self.open_blob(job))
-            .map_err(|e| self.fetch_error(e, job))?;
-        if job.unpack {
-            self.store.unpack_layer(&job.digest, Some(&job.media_type))?;
+        let status = if job.unpack {
+            self.store
+                .ensure_layer(&job.digest, Some(job.size), Some(&job.media_type), || {
+                    self.open_blob(job)
+                })
+                .map(|(blob, _layer)| blob)
+        } else {
+            self.store
+                .ensure_blob(&job.digest, Some(job.size), || self.open_blob(job))
         }
+        .map_err(|e| self.fetch_error(e, job))?;
         Ok(match status {
             BlobStatus::Stored(n) => Some(n),
             BlobStatus::Present => None,

@@ -2,12 +2,14 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use rustix::fs::{self as rfs, FlockOperation, Mode, OFlags};
+use tempfile::{NamedTempFile, TempDir};
 
 use crate::digest::Hasher;
 use crate::error::io_err;
@@ -288,79 +290,143 @@ impl Store {
         {
             return Err(Error::OverBudget { budget, usage, size });
         }
-        let fetch_err = |source| Error::Io {
-            op: "fetch blob",
-            path: digest.to_string().into(),
-            source,
-        };
-        let mut reader = fetch().map_err(fetch_err)?;
-        let tmp_dir = self.root.join("tmp");
-        let mut tmp = tempfile::Builder::new()
-            .prefix(&format!("blob-{}-", digest.hex()))
-            .tempfile_in(&tmp_dir)
-            .map_err(io_err("create temporary blob", &tmp_dir))?;
-        let mut hasher = Hasher::new();
-        let mut got: u64 = 0;
+        let mut reader = fetch().map_err(fetch_err(digest))?;
+        let mut blob = self.blob_writer(digest, size, headroom)?;
         let mut buf = vec![0u8; CHUNK];
         loop {
             let n = match reader.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(fetch_err(e)),
+                Err(e) => return Err(fetch_err(digest)(e)),
             };
-            got += n as u64;
-            if let Some(expected) = size
-                && got > expected
-            {
-                return Err(Error::TooLong {
-                    digest: digest.clone(),
-                    expected,
-                });
-            }
-            if let Some((budget, usage)) = headroom
-                && usage.saturating_add(got) > budget
-            {
-                return Err(Error::OverBudget {
-                    budget,
-                    usage,
-                    size: got,
-                });
-            }
-            hasher.update(&buf[..n]);
-            tmp.write_all(&buf[..n])
-                .map_err(io_err("write temporary blob", tmp.path()))?;
+            blob.write(&buf[..n])?;
         }
-        if let Some(expected) = size
-            && got < expected
-        {
-            return Err(Error::Truncated {
-                digest: digest.clone(),
-                expected,
-                got,
-            });
-        }
-        let actual = hasher.finish();
-        if actual != *digest {
-            return Err(Error::DigestMismatch {
-                expected: digest.clone(),
-                actual,
-            });
-        }
-        let file = tmp.as_file();
-        file.set_permissions(fs::Permissions::from_mode(0o444))
-            .map_err(io_err("chmod temporary blob", tmp.path()))?;
-        file.sync_all()
-            .map_err(io_err("sync temporary blob", tmp.path()))?;
+        let (tmp, got) = blob.finish()?;
         let _store = self.store_lock()?;
         self.check_budget(got)?;
+        self.persist_blob(tmp, digest)?;
+        Ok(BlobStatus::Stored(got))
+    }
+
+    /// Starts writing the blob `digest` to a temporary file (removed on drop).
+    fn blob_writer<'d>(
+        &self,
+        digest: &'d Digest,
+        size: Option<u64>,
+        headroom: Option<(u64, u64)>,
+    ) -> Result<BlobWriter<'d>, Error> {
+        let tmp_dir = self.root.join("tmp");
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("blob-{}-", digest.hex()))
+            .tempfile_in(&tmp_dir)
+            .map_err(io_err("create temporary blob", &tmp_dir))?;
+        Ok(BlobWriter {
+            digest,
+            size,
+            headroom,
+            tmp,
+            hasher: Hasher::new(),
+            got: 0,
+        })
+    }
+
+    /// With the store lock held and the budget checked: renames a finished blob into place.
+    fn persist_blob(&self, tmp: NamedTempFile, digest: &Digest) -> Result<(), Error> {
         let dest = self.blob_path(digest);
         tmp.persist(&dest).map_err(|e| Error::Io {
             op: "store blob",
             path: dest,
             source: e.error,
         })?;
-        Ok(BlobStatus::Stored(got))
+        Ok(())
+    }
+
+    /// Makes sure the layer `digest` is both stored as a blob and unpacked, like
+    /// [`Store::ensure_blob`] then [`Store::unpack_layer`], but when neither is there yet,
+    /// unpacks the layer while it downloads: the bytes `fetch` reads are hashed and
+    /// written to the temporary blob on this thread and, as they arrive, decompressed and
+    /// unpacked into the temporary layer directory on another, so the two costs overlap
+    /// instead of adding up.
+    ///
+    /// Nothing unverified becomes visible: the blob and the layer are renamed into place
+    /// (under the store lock, with the budget checked for both) only once the download
+    /// hashed to `digest` and the unpack accepted every entry. A wrong, short, long or
+    /// over-budget download leaves neither (its error wins over whatever the unpack made
+    /// of those bytes); a layer the unpack refuses leaves only its verified blob, as the
+    /// two steps would. Both digest locks are held throughout (layer first, then blob), so
+    /// concurrent calls for one digest do the work once.
+    pub fn ensure_layer<R: Read>(
+        &self,
+        digest: &Digest,
+        size: Option<u64>,
+        media_type: Option<&str>,
+        fetch: impl FnOnce() -> io::Result<R>,
+    ) -> Result<(BlobStatus, LayerStatus), Error> {
+        let layer_lock = self.digest_lock("layer", digest)?;
+        let blob_lock = self.digest_lock("blob", digest)?;
+        if self.has_blob(digest) || self.has_layer(digest) {
+            // At most one of the two left to make: each step takes its own lock again (a
+            // second flock of the same file from this process would wait for this one).
+            drop((blob_lock, layer_lock));
+            let blob = self.ensure_blob(digest, size, fetch)?;
+            let layer = self.unpack_layer(digest, media_type)?;
+            return Ok((blob, layer));
+        }
+        let headroom = self.headroom()?;
+        if let (Some((budget, usage)), Some(size)) = (headroom, size)
+            && usage.saturating_add(size) > budget
+        {
+            return Err(Error::OverBudget { budget, usage, size });
+        }
+        let mut reader = fetch().map_err(fetch_err(digest))?;
+        let blob = self.blob_writer(digest, size, headroom)?;
+        let (layer_dir, root_fd) = self.layer_work(digest)?;
+        // The blob will take its declared size of the budget too.
+        let params = self.unpack_params(headroom, size.unwrap_or(0));
+        // Three stages, each on its own thread, so that on a multi-core machine the
+        // download (with hashing), the decompression and the writing of files overlap:
+        // download -> compressed chunks -> decompressor -> plain chunks -> unpacker.
+        let (fetched, unpacked) = std::thread::scope(|s| {
+            let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(TEE_CHUNKS);
+            let (plain_tx, plain_rx) = mpsc::sync_channel::<Vec<u8>>(TEE_CHUNKS);
+            let (root_fd, params) = (&root_fd, &params);
+            let decompressor = s.spawn(move || decompress(ChunkReader::new(rx), media_type, plain_tx));
+            let unpacker = s.spawn(move || unpack(digest, ChunkReader::new(plain_rx), root_fd, params));
+            // `tx` is dropped when `tee` returns, so the decompressor sees the end of the
+            // stream (or of a failed download), and then the unpacker sees the end of its.
+            let fetched = tee(&mut reader, blob, tx);
+            let decompressed = decompressor
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            let unpacked = unpacker.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            // A decompression error cut the unpacker's stream short: it is the cause.
+            let unpacked = match decompressed {
+                Err(source) => Err(Error::Archive {
+                    layer: digest.clone(),
+                    source,
+                }),
+                Ok(()) => unpacked,
+            };
+            (fetched, unpacked)
+        });
+        let (tmp, got) = fetched?;
+        let report = match unpacked {
+            Ok(report) => report,
+            Err(e) => {
+                // The layer is refused; its blob is verified and stays, as it would have.
+                let _store = self.store_lock()?;
+                self.check_budget(got)?;
+                self.persist_blob(tmp, digest)?;
+                return Err(e);
+            }
+        };
+        let layer_size = self.finish_layer(&layer_dir, &root_fd)?;
+        let _store = self.store_lock()?;
+        self.check_budget(got.saturating_add(layer_size))?;
+        self.persist_blob(tmp, digest)?;
+        self.persist_layer(layer_dir, digest, layer_size)?;
+        Ok((BlobStatus::Stored(got), LayerStatus::Unpacked(report)))
     }
 
     /// Writes the layer's size record (temporary file, renamed), so that `usage` need not
@@ -406,42 +472,67 @@ impl Store {
             return Ok(LayerStatus::Present);
         }
         let blob = self.open_blob(digest)?;
-        let reader = decoder(blob, media_type).map_err(|source| Error::Archive {
+        let reader = decoder(BufReader::new(blob), media_type).map_err(|source| Error::Archive {
             layer: digest.clone(),
             source,
         })?;
+        let (tmp, root_fd) = self.layer_work(digest)?;
+        let params = self.unpack_params(self.headroom()?, 0);
+        let report = unpack(digest, reader, &root_fd, &params)?;
+        let size = self.finish_layer(&tmp, &root_fd)?;
+        let _store = self.store_lock()?;
+        self.check_budget(size)?;
+        self.persist_layer(tmp, digest, size)?;
+        Ok(LayerStatus::Unpacked(report))
+    }
+
+    /// A temporary directory (removed on drop) to unpack the layer `digest` into, and
+    /// its descriptor.
+    fn layer_work(&self, digest: &Digest) -> Result<(TempDir, OwnedFd), Error> {
         let tmp_dir = self.root.join("tmp");
         let tmp = tempfile::Builder::new()
             .prefix(&format!("layer-{}-", digest.hex()))
             .tempdir_in(&tmp_dir)
             .map_err(io_err("create temporary layer directory", &tmp_dir))?;
         let root_fd = open_dir_fd(tmp.path())?;
-        let (budget, usage) = self.headroom()?.unwrap_or((u64::MAX, 0));
-        let params = UnpackParams {
+        Ok((tmp, root_fd))
+    }
+
+    /// The unpack's limits: what is left of the budget measured as `headroom`, less
+    /// `reserved` bytes that something else stored with the layer will take.
+    fn unpack_params(&self, headroom: Option<(u64, u64)>, reserved: u64) -> UnpackParams {
+        let (budget, usage) = headroom.unwrap_or((u64::MAX, 0));
+        let usage = usage.saturating_add(reserved);
+        UnpackParams {
             owner: self.options.owner,
             max_bytes: self.options.max_bytes.map(|_| budget.saturating_sub(usage)),
             budget,
             usage,
-        };
-        let report = unpack(digest, reader, &root_fd, &params)?;
+        }
+    }
+
+    /// Gives an unpacked layer's root the store's owner and mode; returns its size.
+    fn finish_layer(&self, tmp: &TempDir, root_fd: &OwnedFd) -> Result<u64, Error> {
         self.options
             .owner
-            .apply(&root_fd)
+            .apply(root_fd)
             .map_err(io_err("chown layer", tmp.path()))?;
-        rfs::fchmod(&root_fd, Mode::from_raw_mode(0o755)).map_err(|e| Error::Io {
+        rfs::fchmod(root_fd, Mode::from_raw_mode(0o755)).map_err(|e| Error::Io {
             op: "chmod layer",
             path: tmp.path().into(),
             source: e.into(),
         })?;
-        let size = tree_size(tmp.path())?;
-        let _store = self.store_lock()?;
-        self.check_budget(size)?;
+        tree_size(tmp.path())
+    }
+
+    /// With the store lock held and the budget checked: renames an unpacked layer into
+    /// place and records its size.
+    fn persist_layer(&self, tmp: TempDir, digest: &Digest, size: u64) -> Result<(), Error> {
         let dest = self.layer_path(digest);
         fs::rename(tmp.path(), &dest).map_err(io_err("store layer", &dest))?;
         // The directory now lives at `dest`; nothing for the guard to remove.
         let _ = tmp.keep();
-        self.record_layer_size(digest, size)?;
-        Ok(LayerStatus::Unpacked(report))
+        self.record_layer_size(digest, size)
     }
 
     /// Builds at `dest` (which must not exist) one tree of `layers` applied in order.
@@ -634,6 +725,192 @@ impl Store {
         }
         fs::remove_dir_all(&moved).map_err(io_err("remove", &moved))?;
         Ok(())
+    }
+}
+
+/// How many chunks (of at most [`CHUNK`] bytes) each stage of [`Store::ensure_layer`] may
+/// run ahead of the next: at most 2 x 4 MiB held in memory per layer, enough to keep each
+/// stage fed while a slower one makes it wait.
+const TEE_CHUNKS: usize = 64;
+
+/// The store's error for a failed `fetch` or a failed read of what it returned.
+fn fetch_err(digest: &Digest) -> impl Fn(io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        op: "fetch blob",
+        path: digest.to_string().into(),
+        source,
+    }
+}
+
+/// A blob being downloaded into `tmp/`: counted, bounded and hashed as it is written.
+struct BlobWriter<'d> {
+    digest: &'d Digest,
+    /// The size the manifest declares, if known.
+    size: Option<u64>,
+    /// The budget and the usage measured before the download.
+    headroom: Option<(u64, u64)>,
+    /// Removed on drop unless persisted.
+    tmp: NamedTempFile,
+    hasher: Hasher,
+    /// Bytes written so far.
+    got: u64,
+}
+
+impl BlobWriter<'_> {
+    /// Appends `bytes`, refusing them past the declared size or the budget.
+    fn write(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        self.got += bytes.len() as u64;
+        if let Some(expected) = self.size
+            && self.got > expected
+        {
+            return Err(Error::TooLong {
+                digest: self.digest.clone(),
+                expected,
+            });
+        }
+        if let Some((budget, usage)) = self.headroom
+            && usage.saturating_add(self.got) > budget
+        {
+            return Err(Error::OverBudget {
+                budget,
+                usage,
+                size: self.got,
+            });
+        }
+        self.hasher.update(bytes);
+        self.tmp
+            .write_all(bytes)
+            .map_err(io_err("write temporary blob", self.tmp.path()))
+    }
+
+    /// Checks the length and the digest, makes the file read-only and syncs it, so that a
+    /// blob under its final name is whole after a crash; returns it and its size.
+    fn finish(self) -> Result<(NamedTempFile, u64), Error> {
+        if let Some(expected) = self.size
+            && self.got < expected
+        {
+            return Err(Error::Truncated {
+                digest: self.digest.clone(),
+                expected,
+                got: self.got,
+            });
+        }
+        let actual = self.hasher.finish();
+        if actual != *self.digest {
+            return Err(Error::DigestMismatch {
+                expected: self.digest.clone(),
+                actual,
+            });
+        }
+        let file = self.tmp.as_file();
+        file.set_permissions(fs::Permissions::from_mode(0o444))
+            .map_err(io_err("chmod temporary blob", self.tmp.path()))?;
+        file.sync_all()
+            .map_err(io_err("sync temporary blob", self.tmp.path()))?;
+        Ok((self.tmp, self.got))
+    }
+}
+
+/// Reads the download to its end into `blob`, sending each chunk to the unpacker too
+/// while it still takes them (it stops taking them when it is done or has failed; the
+/// blob is still read to its end and verified). Dropping `tx` on return ends the
+/// unpacker's stream.
+fn tee(
+    reader: &mut impl Read,
+    mut blob: BlobWriter<'_>,
+    tx: mpsc::SyncSender<Vec<u8>>,
+) -> Result<(NamedTempFile, u64), Error> {
+    let mut tx = Some(tx);
+    loop {
+        let mut buf = vec![0u8; CHUNK];
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(fetch_err(blob.digest)(e)),
+        };
+        buf.truncate(n);
+        blob.write(&buf)?;
+        if let Some(sender) = &tx
+            && sender.send(buf).is_err()
+        {
+            tx = None;
+        }
+    }
+    drop(tx);
+    // Synced while the unpacker may still be working.
+    blob.finish()
+}
+
+/// Decompresses the layer's chunks from `compressed` and sends them on to the unpacker
+/// until the end, or until the unpacker stops taking them (done or failed).
+fn decompress(
+    compressed: impl BufRead,
+    media_type: Option<&str>,
+    plain: mpsc::SyncSender<Vec<u8>>,
+) -> io::Result<()> {
+    let mut archive = decoder(compressed, media_type)?;
+    loop {
+        let mut buf = vec![0u8; CHUNK];
+        let n = match archive.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        buf.truncate(n);
+        if plain.send(buf).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// The receiving side of a stage of [`Store::ensure_layer`]: the chunks as a `Read`, ending when the sender is
+/// dropped.
+struct ChunkReader {
+    rx: mpsc::Receiver<Vec<u8>>,
+    /// The chunk being handed out, and how far.
+    chunk: Vec<u8>,
+    pos: usize,
+}
+
+impl ChunkReader {
+    fn new(rx: mpsc::Receiver<Vec<u8>>) -> Self {
+        Self {
+            rx,
+            chunk: Vec::new(),
+            pos: 0,
+        }
+    }
+}
+
+impl BufRead for ChunkReader {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        while self.pos == self.chunk.len() {
+            match self.rx.recv() {
+                Ok(chunk) => {
+                    self.chunk = chunk;
+                    self.pos = 0;
+                }
+                // The sender is gone: the end of the stream.
+                Err(mpsc::RecvError) => break,
+            }
+        }
+        Ok(&self.chunk[self.pos..])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.chunk.len());
+    }
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = out.len().min(available.len());
+        out[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
     }
 }
 

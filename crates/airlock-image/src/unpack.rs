@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, Read};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 
@@ -89,17 +89,19 @@ pub(crate) struct UnpackParams {
     pub(crate) usage: u64,
 }
 
-/// Opens the decompressing reader for `blob`.
-pub(crate) fn decoder(blob: File, media_type: Option<&str>) -> io::Result<Box<dyn Read>> {
-    let mut buf = BufReader::new(blob);
+/// The decompressing reader for the layer blob `blob`.
+pub(crate) fn decoder<'a>(
+    mut blob: impl BufRead + 'a,
+    media_type: Option<&str>,
+) -> io::Result<Box<dyn Read + 'a>> {
     let compression = match media_type.and_then(Compression::from_media_type) {
         Some(c) => c,
-        None => Compression::sniff(buf.fill_buf()?),
+        None => Compression::sniff(blob.fill_buf()?),
     };
     Ok(match compression {
-        Compression::None => Box::new(buf),
-        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(buf)),
-        Compression::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(buf)?),
+        Compression::None => Box::new(blob),
+        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(blob)),
+        Compression::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(blob)?),
     })
 }
 

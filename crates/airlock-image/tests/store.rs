@@ -9,6 +9,7 @@ use std::sync::{Arc, Barrier};
 
 use airlock_image::{BlobStatus, Digest, Error, LayerStatus, StoreOptions};
 use common::{Layer, leftovers, put, store, store_with};
+use tar::EntryType;
 
 #[test]
 fn blob_is_stored_once_and_fetch_skipped_when_present() {
@@ -234,6 +235,197 @@ fn concurrent_unpacks_of_one_layer_unpack_once() {
         vec![13u8; 4096]
     );
     assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+}
+
+/// A gzip layer of a few directories of files, big enough to arrive in many chunks.
+fn teed_layer() -> Vec<u8> {
+    let mut layer = Layer::new();
+    for i in 0..200u32 {
+        let content: Vec<u8> = (0..4096u32).map(|j| (i.wrapping_mul(31) ^ j) as u8).collect();
+        layer = layer.file(&format!("d{}/f{i}", i % 10), &content, 0o644);
+    }
+    layer.gzip()
+}
+
+#[test]
+fn a_layer_unpacked_while_it_downloads_is_stored_with_its_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let blob = teed_layer();
+    let d = Digest::of(&blob);
+    let (b, l) = s
+        .ensure_layer(&d, Some(blob.len() as u64), None, || Ok(&blob[..]))
+        .unwrap();
+    assert_eq!(b, BlobStatus::Stored(blob.len() as u64));
+    assert!(
+        matches!(l, LayerStatus::Unpacked(ref r) if r.entries == 200),
+        "{l:?}"
+    );
+    assert_eq!(std::fs::read(s.blob_path(&d)).unwrap(), blob);
+    let f13: Vec<u8> = (0..4096u32).map(|j| ((13u32 * 31) ^ j) as u8).collect();
+    assert_eq!(std::fs::read(s.layer_path(&d).join("d3/f13")).unwrap(), f13);
+    let again = s
+        .ensure_layer(&d, None, None, || -> io::Result<&[u8]> {
+            panic!("fetched a stored layer")
+        })
+        .unwrap();
+    assert_eq!(again, (BlobStatus::Present, LayerStatus::Present));
+    assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+}
+
+#[test]
+fn a_teed_unpack_whose_digest_mismatches_leaves_neither_blob_nor_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    // A valid layer that unpacks fine, under another layer's digest.
+    let sent = teed_layer();
+    let claimed = Digest::of(b"the layer the manifest names");
+    let err = s
+        .ensure_layer(&claimed, Some(sent.len() as u64), None, || Ok(&sent[..]))
+        .unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch { .. }), "{err}");
+    assert!(err.to_string().contains(&Digest::of(&sent).to_string()), "{err}");
+    assert!(!s.has_blob(&claimed));
+    assert!(!s.has_layer(&claimed));
+    assert!(s.blobs().unwrap().is_empty() && s.layers().unwrap().is_empty());
+    assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+}
+
+#[test]
+fn a_teed_download_cut_short_leaves_neither_blob_nor_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let blob = teed_layer();
+    let d = Digest::of(&blob);
+    let half = blob.len() / 2;
+    let err = s
+        .ensure_layer(&d, Some(blob.len() as u64), None, || Ok(&blob[..half]))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Truncated { got, .. } if got == half as u64),
+        "{err}"
+    );
+    assert!(!s.has_blob(&d) && !s.has_layer(&d));
+    assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+}
+
+#[test]
+fn a_teed_layer_the_unpack_refuses_keeps_only_its_verified_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let blob = Layer::new()
+        .file("ok", b"fine", 0o644)
+        .raw(EntryType::Regular, "../../outside/pwned", "", b"x")
+        .gzip();
+    let d = Digest::of(&blob);
+    let err = s.ensure_layer(&d, None, None, || Ok(&blob[..])).unwrap_err();
+    assert!(matches!(err, Error::UnsafeEntry { .. }), "{err}");
+    // As `ensure_blob` then `unpack_layer` would leave it: the blob, verified; no layer.
+    assert!(s.has_blob(&d));
+    assert!(!s.has_layer(&d));
+    assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+}
+
+#[test]
+fn a_teed_layer_whose_gzip_stream_is_corrupt_is_refused_not_cut_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let mut blob = teed_layer();
+    // Garbage in the middle of the deflate stream: the digest matches (it is of these
+    // bytes), the decompression fails part way.
+    let mid = blob.len() / 2;
+    blob[mid..mid + 64].fill(0xff);
+    let d = Digest::of(&blob);
+    let err = s.ensure_layer(&d, None, None, || Ok(&blob[..])).unwrap_err();
+    assert!(matches!(err, Error::Archive { .. }), "{err}");
+    assert!(!s.has_layer(&d));
+    assert!(s.layers().unwrap().is_empty());
+    assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+}
+
+#[test]
+fn a_teed_layer_over_budget_leaves_neither_blob_nor_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store_with(
+        dir.path(),
+        StoreOptions {
+            max_bytes: Some(100_000),
+            ..Default::default()
+        },
+    );
+    let blob: Vec<u8> = (0..50_000u32)
+        .flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes())
+        .collect();
+    let blob = Layer::new().file("big", &blob, 0o644).tar();
+    let d = Digest::of(&blob);
+    // The size is not declared, so the download itself runs into the budget.
+    let err = s.ensure_layer(&d, None, None, || Ok(&blob[..])).unwrap_err();
+    assert!(matches!(err, Error::OverBudget { budget: 100_000, .. }), "{err}");
+    assert!(!s.has_blob(&d) && !s.has_layer(&d));
+    assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+}
+
+#[test]
+fn concurrent_teed_layers_of_one_digest_fetch_and_unpack_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let blob = Arc::new(teed_layer());
+    let d = Digest::of(&blob);
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let threads = 8;
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (root, blob, d, fetches, barrier) = (
+                dir.path().to_path_buf(),
+                blob.clone(),
+                d.clone(),
+                fetches.clone(),
+                barrier.clone(),
+            );
+            std::thread::spawn(move || {
+                let s = store(&root);
+                barrier.wait();
+                s.ensure_layer(&d, Some(blob.len() as u64), None, || {
+                    fetches.fetch_add(1, Ordering::SeqCst);
+                    Ok(io::Cursor::new(blob.to_vec()))
+                })
+                .unwrap()
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    let made = results
+        .iter()
+        .filter(|(b, l)| matches!(b, BlobStatus::Stored(_)) && matches!(l, LayerStatus::Unpacked(_)))
+        .count();
+    assert_eq!(made, 1, "{results:?}");
+    assert_eq!(
+        results
+            .iter()
+            .filter(|r| **r == (BlobStatus::Present, LayerStatus::Present))
+            .count(),
+        threads - 1
+    );
+    let s = store(dir.path());
+    assert!(s.has_blob(&d) && s.has_layer(&d));
+    assert!(leftovers(&s).is_empty(), "{:?}", leftovers(&s));
+}
+
+#[test]
+fn a_teed_layer_whose_blob_is_stored_is_unpacked_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let blob = teed_layer();
+    let d = put(&s, &blob);
+    let (b, l) = s
+        .ensure_layer(&d, None, None, || -> io::Result<&[u8]> {
+            panic!("fetched a stored blob")
+        })
+        .unwrap();
+    assert_eq!(b, BlobStatus::Present);
+    assert!(matches!(l, LayerStatus::Unpacked(_)), "{l:?}");
+    assert!(s.has_layer(&d));
 }
 
 #[test]
