@@ -213,16 +213,17 @@ def main():
         ref = f"127.0.0.1:{reg.port}/bench/py:1"
         timed(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:py:bench", f"docker://{ref}"])
 
+        # Each pull into a fresh directory, none removed until the end: on ext4 without a
+        # journal (this project's build machines), creating files soon after many were
+        # deleted walks the recently freed inodes, which would charge one pull for the
+        # last one's cleanup (airlock creates ~750 files, skopeo 5).
         pulls_airlock, pulls_skopeo = [], []
         for i in range(a.pulls):
             dest = os.path.join(work, f"skopeo-{i}")
             pulls_skopeo.append(timed(["skopeo", "copy", "--src-tls-verify=false", f"docker://{ref}", f"dir:{dest}"])[0])
-            shutil.rmtree(dest)
             store = os.path.join(work, f"store-{i}")
             pulls_airlock.append(timed([airlock, "image", "pull", "--image-store", store,
                                         "--insecure-registry", f"127.0.0.1:{reg.port}", ref])[0])
-            if i + 1 < a.pulls:
-                shutil.rmtree(store)
         store = os.path.join(work, f"store-{a.pulls - 1}")
 
         host, image = [], []
