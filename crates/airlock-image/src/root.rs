@@ -35,7 +35,7 @@
 //! Roots are removed with their image ([`Store::remove_image`], [`Store::prune_images`]).
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
@@ -194,20 +194,7 @@ impl Store {
 
     /// With the store lock held: writes the root's copied size.
     fn record_root_size(&self, d: &Digest, size: u64) -> Result<(), Error> {
-        let tmp_dir = self.root().join("tmp");
-        let mut tmp = tempfile::Builder::new()
-            .prefix("size-")
-            .tempfile_in(&tmp_dir)
-            .map_err(io_err("create temporary file", &tmp_dir))?;
-        tmp.write_all(size.to_string().as_bytes())
-            .map_err(io_err("write root size", tmp.path()))?;
-        let dest = self.root_size_path(d);
-        tmp.persist(&dest).map_err(|e| Error::Io {
-            op: "store root size",
-            path: dest,
-            source: e.error,
-        })?;
-        Ok(())
+        self.write_size_record(&self.root_size_path(d), size)
     }
 
     /// Removes the prepared root of `manifest`, if any, waiting for a build in progress;

@@ -429,20 +429,23 @@ impl Store {
         Ok((BlobStatus::Stored(got), LayerStatus::Unpacked(report)))
     }
 
-    /// Writes the layer's size record (temporary file, renamed), so that `usage` need not
-    /// walk every layer.
+    /// Writes the layer's size record, so that `usage` need not walk every layer.
     fn record_layer_size(&self, d: &Digest, size: u64) -> Result<(), Error> {
+        self.write_size_record(&self.layer_size_path(d), size)
+    }
+
+    /// Writes a tree's size record at `dest` (a temporary file in `tmp/`, renamed).
+    pub(crate) fn write_size_record(&self, dest: &Path, size: u64) -> Result<(), Error> {
         let tmp_dir = self.root.join("tmp");
         let mut tmp = tempfile::Builder::new()
             .prefix("size-")
             .tempfile_in(&tmp_dir)
             .map_err(io_err("create temporary file", &tmp_dir))?;
         tmp.write_all(size.to_string().as_bytes())
-            .map_err(io_err("write layer size", tmp.path()))?;
-        let dest = self.layer_size_path(d);
-        tmp.persist(&dest).map_err(|e| Error::Io {
-            op: "store layer size",
-            path: dest,
+            .map_err(io_err("write size record", tmp.path()))?;
+        tmp.persist(dest).map_err(|e| Error::Io {
+            op: "store size record",
+            path: dest.to_path_buf(),
             source: e.error,
         })?;
         Ok(())
