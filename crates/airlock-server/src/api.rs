@@ -510,11 +510,9 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(
     if !json {
         return Err(ApiError::unsupported_media_type());
     }
-    let body = if body.iter().all(u8::is_ascii_whitespace) {
-        b"{}".as_slice()
-    } else {
-        body
-    };
+    // No body at all is `{}` (`curl -X POST …/v1/sandboxes`); anything else must be JSON
+    // (a body of only whitespace is not).
+    let body = if body.is_empty() { b"{}".as_slice() } else { body };
     // A request is a JSON object (serde would also build a struct from an array).
     if let Some(first) = body.iter().find(|b| !b.is_ascii_whitespace())
         && *first != b'{'

@@ -606,3 +606,17 @@ fn base64_file_content_is_checked_as_the_document_says() {
     let then = &doc["components"]["schemas"]["FileInput"]["then"]["properties"]["content"]["pattern"];
     assert!(then.is_string(), "{then}");
 }
+
+/// No body at all is `{}` (a session of the defaults); a body of only whitespace is not
+/// JSON, and is refused as malformed like any other.
+#[test]
+fn an_empty_body_is_an_empty_object_and_whitespace_is_malformed() {
+    let d = Daemon::start(&["--pool", "0"]);
+    let r = post(&d, "/v1/sandboxes", "").expect(201);
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    d.client().delete(&format!("/v1/sandboxes/{id}")).expect(204);
+    for body in ["\r", " ", "\n\t "] {
+        let e = post(&d, "/v1/sandboxes", body).api_error(400);
+        assert_eq!(e["code"], "malformed_json", "{body:?}: {e}");
+    }
+}
