@@ -86,16 +86,7 @@ impl Store {
 
     /// The manifest digests of the prepared roots.
     pub fn roots(&self) -> Result<Vec<Digest>, Error> {
-        let p = self.root().join("roots/sha256");
-        let mut out = Vec::new();
-        for e in fs::read_dir(&p).map_err(io_err("list", &p))? {
-            let e = e.map_err(io_err("list", &p))?;
-            if let Some(d) = e.file_name().to_str().and_then(|n| Digest::from_hex(n).ok()) {
-                out.push(d);
-            }
-        }
-        out.sort();
-        Ok(out)
+        self.list_dir("roots/sha256")
     }
 
     /// The image's prepared root (see the module's documentation), built on first use.

@@ -236,8 +236,9 @@ impl Store {
         Ok(fs::symlink_metadata(&p).map_err(io_err("stat blob", &p))?.len())
     }
 
-    /// The digests under `blobs/sha256` or `layers/sha256` (other names are ignored).
-    fn list_dir(&self, dir: &str) -> Result<Vec<Digest>, Error> {
+    /// The digests named by the entries of `dir` (`blobs/sha256`, `layers/sha256`,
+    /// `roots/sha256`; other names are ignored), sorted.
+    pub(crate) fn list_dir(&self, dir: &str) -> Result<Vec<Digest>, Error> {
         let p = self.root.join(dir);
         let mut out = Vec::new();
         for e in fs::read_dir(&p).map_err(io_err("list", &p))? {
