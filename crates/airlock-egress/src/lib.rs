@@ -72,8 +72,11 @@
 #![deny(missing_docs)]
 
 mod addr;
+mod control;
+mod dns;
 mod policy;
 mod proxy;
+mod redirect;
 mod relay;
 mod request;
 mod resolver;
@@ -82,6 +85,8 @@ mod resolver;
 mod test_util;
 
 pub use addr::{Cidr, CidrError, format_ip, format_ipv6, parse_ipv4_literal};
+pub use control::{Control, Decision, Pending};
 pub use policy::{DEFAULT_PORTS, MAX_ENTRIES, Policy, PolicyError, Target, parse_host};
 pub use proxy::{ClientStream, Proxy, ProxyLimits};
+pub use redirect::original_destination;
 pub use resolver::{BoxFuture, Resolver, StaticResolver, SystemResolver};

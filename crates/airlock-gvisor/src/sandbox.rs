@@ -121,8 +121,8 @@ impl GvisorSandbox {
         // Proxy mode's policy, checked before anything is built.
         let policy = match &shape.network {
             NetworkPolicy::None => None,
-            NetworkPolicy::Proxy { allow, allow_cidrs } => Some(
-                airlock_egress::Policy::new(allow, allow_cidrs)
+            NetworkPolicy::Proxy(p) => Some(
+                airlock_egress::Policy::from_proxy(p)
                     .map_err(|e| Error::Invalid(SpecError::new(e.field, e.message)))?,
             ),
         };

@@ -1000,7 +1000,7 @@ impl BootedVm {
     /// it at creation, and every later exec, whatever its own `network`, goes through
     /// the proxy and gets its egress log. A VM serves one policy: another is refused.
     pub fn start_egress(&mut self, network: &NetworkPolicy) -> Result<(), VmError> {
-        let NetworkPolicy::Proxy { allow, allow_cidrs } = network else {
+        let NetworkPolicy::Proxy(proxy_policy) = network else {
             return Ok(());
         };
         if let Some(relay) = &self.egress {
@@ -1012,7 +1012,7 @@ impl BootedVm {
             }
             return Ok(());
         }
-        let policy = airlock_egress::Policy::new(allow, allow_cidrs)
+        let policy = airlock_egress::Policy::from_proxy(proxy_policy)
             .map_err(|e| VmError::Spec(SpecError::new(e.field, e.message)))?;
         let port = self.egress_port.take().ok_or(VmError::Gone)?;
         self.egress = Some(egress::EgressRelay::start(

@@ -39,7 +39,7 @@ const SETTLE: Duration = Duration::from_millis(500);
 pub fn policy(network: &NetworkPolicy) -> Result<Option<Policy>, SandboxError> {
     match network {
         NetworkPolicy::None => Ok(None),
-        NetworkPolicy::Proxy { allow, allow_cidrs } => Policy::new(allow, allow_cidrs)
+        NetworkPolicy::Proxy(p) => Policy::from_proxy(p)
             .map(Some)
             .map_err(|e| SandboxError::Spec(SpecError::new(e.field, e.message))),
     }

@@ -221,7 +221,10 @@ fn network<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NetworkPolicy>, D::
 /// the egress proxy accepts more spellings (`0` for 0.0.0.0, as inet_aton reads it), which
 /// a schema cannot describe and a reader could misread; the API takes these only.
 pub fn check_network(network: Option<&NetworkPolicy>) -> Result<(), ApiError> {
-    let Some(NetworkPolicy::Proxy { allow, allow_cidrs }) = network else {
+    let Some(NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
+        allow, allow_cidrs, ..
+    })) = network
+    else {
         return Ok(());
     };
     for (i, entry) in allow.iter().enumerate() {

@@ -99,7 +99,13 @@ impl AirlockMcp {
             ttl_s: input.ttl_s.map(NonZeroU64::get),
             network: input.network.map(|n| match n {
                 NetworkInput::None => NetworkPolicy::None,
-                NetworkInput::Proxy { allow, allow_cidrs } => NetworkPolicy::Proxy { allow, allow_cidrs },
+                NetworkInput::Proxy { allow, allow_cidrs } => {
+                    NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
+                        allow,
+                        allow_cidrs,
+                        ..airlock_spec::ProxyPolicy::default()
+                    })
+                }
             }),
             isolation: input.isolation.map(Into::into),
             image: input.image,

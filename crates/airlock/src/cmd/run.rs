@@ -193,10 +193,11 @@ impl RunArgs {
         }
         match self.net.as_str() {
             "proxy" => {
-                spec.network = NetworkPolicy::Proxy {
+                spec.network = NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
                     allow: self.allow.clone(),
                     allow_cidrs: self.allow_cidrs.clone(),
-                };
+                    ..airlock_spec::ProxyPolicy::default()
+                });
             }
             _ if !self.allow.is_empty() || !self.allow_cidrs.is_empty() => {
                 bail!("--allow and --allow-cidr need --net proxy");
