@@ -56,6 +56,11 @@ impl HostProxy {
 
     /// Log entries recorded since the last call (one exec's egress), waiting a bounded
     /// time for connections still closing.
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
+    /// Log entries recorded since the last call.
     pub fn take_new(&mut self) -> Vec<EgressEntry> {
         self.proxy.log_since(&mut self.seen, SETTLE)
     }

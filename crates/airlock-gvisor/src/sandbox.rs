@@ -731,6 +731,10 @@ impl Sandbox for GvisorSandbox {
         }
         self.alive
     }
+
+    fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
+        self.egress.as_ref().map(|e| std::sync::Arc::clone(e.proxy()))
+    }
 }
 
 /// Whether any of `fds` is readable now.

@@ -1025,6 +1025,11 @@ impl BootedVm {
         self.expect_ok("starting the egress proxy")
     }
 
+    /// Proxy mode's egress proxy, once started.
+    pub fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
+        self.egress.as_ref().map(|r| std::sync::Arc::clone(r.proxy()))
+    }
+
     /// The egress log of the exec that just ended (empty without a proxy).
     fn take_egress(&mut self) -> Vec<airlock_spec::EgressEntry> {
         self.egress

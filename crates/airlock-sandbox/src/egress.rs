@@ -82,6 +82,11 @@ impl EgressProxy {
         })
     }
 
+    /// The proxy served.
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
     /// Log entries recorded since the last call (one exec's egress). The program's
     /// processes are gone by now, but the proxy may still be closing their connections
     /// (each is logged when it ends): wait for that, a bounded time.
