@@ -275,6 +275,17 @@ fn refused(query: &[u8]) -> Option<Vec<u8>> {
     Some(answer)
 }
 
+impl Drop for HostProxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::refused;
@@ -294,16 +305,5 @@ mod tests {
         assert_eq!(refused(&a), None);
         assert_eq!(refused(&q[..5]), None);
         assert_eq!(refused(&q[..20]), None);
-    }
-}
-
-impl Drop for HostProxy {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
