@@ -3,7 +3,9 @@
 //! (tests/egressutil: fake "remote" hosts on its loopback, nothing leaves it); the
 //! sandbox itself has no network device at all, only the agent's relay to the host.
 
+mod common;
 mod egressutil;
+mod tierutil;
 
 use egressutil::{ALLOWED, API, Net, egress};
 use serde_json::json;
@@ -16,18 +18,34 @@ use serde_json::json;
 /// from the address asked; other UDP gets nothing back; IPv6 has no route.
 #[test]
 fn gvisor_redirects_direct_connections_to_the_proxy_with_their_original_destination() {
+    redirects_with_original_destination(&[]);
+}
+
+/// The same in an image's root (the python image of tests/tierutil): the agent needs no
+/// binary of the root to set the redirections up, and the image's /etc names airlock's
+/// resolver.
+#[test]
+fn gvisor_redirects_direct_connections_in_an_image() {
+    let img = tierutil::image::python_image();
+    let store = img.store.to_str().expect("UTF-8 store path");
+    redirects_with_original_destination(&["--image-store", store, "--image", img.name, "--pull", "never"]);
+}
+
+fn redirects_with_original_destination(image: &[&str]) {
     let net = Net::start();
+    let mut args = image.to_vec();
+    args.extend([
+        "--isolation",
+        "gvisor",
+        "--net",
+        "proxy",
+        "--allow-cidr",
+        "10.9.9.9/32",
+        "--timeout",
+        "120s",
+    ]);
     let (v, out) = net.python(
-        &[
-            "--isolation",
-            "gvisor",
-            "--net",
-            "proxy",
-            "--allow-cidr",
-            "10.9.9.9/32",
-            "--timeout",
-            "120s",
-        ],
+        &args,
         r#"
 def raw_get(host, port, path):
     """A GET on a plain socket to the address itself: [status line, body] or the errno."""
