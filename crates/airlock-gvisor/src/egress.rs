@@ -1,17 +1,23 @@
 //! Proxy mode, the host's half: airlock's egress proxy (airlock-egress, the same policy,
-//! limits and log as the other tiers) served on a Unix socket in the sandbox's bundle,
-//! which the bundle binds into the sandbox for the agent's relay. The sandbox itself has
-//! no network (`--network=none`): this socket is its only way out. Served on a thread
-//! of its own with its own small runtime, so one sandbox flooding its proxy cannot slow
-//! another's.
+//! limits and log as the other tiers) served on Unix sockets in the sandbox's bundle,
+//! which the bundle binds into the sandbox for the agent's relay (see the agent's
+//! `relay` for what each carries): `proxy.sock` (the explicit proxy), `redirect.sock`
+//! (every other TCP connection, with its original destination) and `dns.sock` (DNS
+//! queries). The sandbox itself has no network (`--network=none`): these sockets are
+//! its only way out. Served on a thread of its own with its own small runtime, so one
+//! sandbox flooding its proxy cannot slow another's.
 
 use airlock_egress::{Policy, Proxy, ProxyLimits, SystemResolver};
 use airlock_spec::EgressEntry;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
 
 /// How long the log may take to settle after a program ends: the relay's connections
 /// close when the exec's end kills the relay, and each is logged when the proxy sees it.
@@ -31,12 +37,20 @@ pub struct HostProxy {
 }
 
 impl HostProxy {
-    /// Serves `policy` on `dir/proxy.sock` (`dir` is created, readable by root only).
+    /// Serves `policy` on the relay's sockets in `dir` (created, readable by root only).
     pub fn start(policy: Policy, dir: &Path, id: &str) -> std::io::Result<HostProxy> {
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        let listener = std::os::unix::net::UnixListener::bind(dir.join("proxy.sock"))?;
-        listener.set_nonblocking(true)?;
+        let mut listeners = Vec::new();
+        for (name, kind) in [
+            ("proxy.sock", Relayed::Explicit),
+            ("redirect.sock", Relayed::Redirected),
+            ("dns.sock", Relayed::Dns),
+        ] {
+            let listener = std::os::unix::net::UnixListener::bind(dir.join(name))?;
+            listener.set_nonblocking(true)?;
+            listeners.push((kind, listener));
+        }
         let proxy = Proxy::new(policy, ProxyLimits::default(), Arc::new(SystemResolver));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -45,7 +59,7 @@ impl HostProxy {
         let served = Arc::clone(&proxy);
         let thread = std::thread::Builder::new()
             .name(format!("airlock-proxy-{id}"))
-            .spawn(move || runtime.block_on(serve(listener, served, stopped)))?;
+            .spawn(move || runtime.block_on(serve(listeners, served, stopped)))?;
         Ok(HostProxy {
             proxy,
             seen: 0,
@@ -66,48 +80,204 @@ impl HostProxy {
     }
 }
 
-/// Accepts the relay's connections until `stop`, each served by the proxy.
+/// What a relay connection carries, by the socket it came on.
+#[derive(Debug, Clone, Copy)]
+enum Relayed {
+    /// The explicit proxy's protocol (127.0.0.1:3128 in the sandbox).
+    Explicit,
+    /// A redirected connection: a line naming its original destination, then its bytes.
+    Redirected,
+    /// One DNS query, framed as in DNS over TCP; the answer goes back the same way.
+    Dns,
+}
+
+/// Accepts the relay's connections until `stop`, each served by [`serve_relayed`].
 async fn serve(
-    listener: std::os::unix::net::UnixListener,
+    listeners: Vec<(Relayed, std::os::unix::net::UnixListener)>,
     proxy: Arc<Proxy>,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let listener = match tokio::net::UnixListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "the gVisor egress proxy cannot serve its socket");
-            return;
+    let mut accepting = Vec::new();
+    for (kind, listener) in listeners {
+        match tokio::net::UnixListener::from_std(listener) {
+            Ok(l) => accepting.push((kind, l)),
+            Err(e) => {
+                tracing::error!(error = %e, "the gVisor egress proxy cannot serve its socket");
+                return;
+            }
         }
-    };
+    }
     let (stop_all, stopping) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let mut stop = std::pin::pin!(stop);
+    // One accept of each socket in flight at a time; `next` yields whichever is ready.
+    let mut next = tokio::task::JoinSet::new();
+    let accepting: Vec<Arc<(Relayed, tokio::net::UnixListener)>> =
+        accepting.into_iter().map(Arc::new).collect();
+    for l in &accepting {
+        let l = Arc::clone(l);
+        next.spawn(async move { (l.1.accept().await, l) });
+    }
     loop {
         tokio::select! {
             biased;
             _ = &mut stop => break,
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let proxy = Arc::clone(&proxy);
-                    let mut stopping = stopping.clone();
-                    tasks.spawn(async move {
-                        proxy
-                            .serve_stream(stream, async move {
+            Some(Ok((accepted, l))) = next.join_next() => {
+                match accepted {
+                    Ok((stream, _)) => {
+                        let proxy = Arc::clone(&proxy);
+                        let mut stopping = stopping.clone();
+                        let kind = l.0;
+                        tasks.spawn(async move {
+                            serve_relayed(proxy, kind, stream, async move {
                                 let _ = stopping.wait_for(|s| *s).await;
                             })
                             .await;
-                    });
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the gVisor egress proxy failed to accept");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "the gVisor egress proxy failed to accept");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
+                let again = Arc::clone(&l);
+                next.spawn(async move { (again.1.accept().await, again) });
+            }
         }
     }
+    next.abort_all();
     let _ = stop_all.send(true);
     while tasks.join_next().await.is_some() {}
+}
+
+/// The longest first line of a redirected connection (`255.255.255.255:65535`, or an
+/// IPv6 address in brackets, and its newline).
+const MAX_HEADER: usize = 64;
+
+/// Serves one relay connection by its kind. This is where the relayed traffic meets
+/// airlock-egress: the explicit proxy's connections go to `Proxy::serve_stream`; a
+/// redirected connection and a DNS query go to the two calls marked below, which
+/// airlock-egress's transparent and DNS API replaces.
+async fn serve_relayed(
+    proxy: Arc<Proxy>,
+    kind: Relayed,
+    mut stream: UnixStream,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    match kind {
+        Relayed::Explicit => proxy.serve_stream(stream, stop).await,
+        Relayed::Redirected => {
+            let dst = match read_destination(&mut stream).await {
+                Ok(dst) => dst,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a redirected connection from the gVisor relay had no destination");
+                    return;
+                }
+            };
+            // Becomes `proxy.serve_redirected(stream, dst, stop).await`.
+            through_explicit(proxy, stream, dst, stop).await;
+        }
+        Relayed::Dns => {
+            let mut len = [0u8; 2];
+            if stream.read_exact(&mut len).await.is_err() {
+                return;
+            }
+            let mut query = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            if stream.read_exact(&mut query).await.is_err() {
+                return;
+            }
+            // Becomes `proxy.answer_dns(&query).await`.
+            let answer = refused(&query);
+            if let Some(answer) = answer
+                && let Ok(len) = u16::try_from(answer.len())
+            {
+                let _ = stream.write_all(&len.to_be_bytes()).await;
+                let _ = stream.write_all(&answer).await;
+            }
+        }
+    }
+}
+
+/// The first line of a redirected connection: its original destination.
+async fn read_destination(stream: &mut UnixStream) -> std::io::Result<SocketAddr> {
+    let mut line = Vec::with_capacity(MAX_HEADER);
+    loop {
+        let byte = stream.read_u8().await?;
+        if byte == b'\n' {
+            break;
+        }
+        if line.len() == MAX_HEADER {
+            return Err(std::io::Error::other("the destination line is too long"));
+        }
+        line.push(byte);
+    }
+    std::str::from_utf8(&line)
+        .ok()
+        .and_then(|l| l.parse().ok())
+        .ok_or_else(|| {
+            std::io::Error::other(format!("not a destination: {:?}", String::from_utf8_lossy(&line)))
+        })
+}
+
+/// Until airlock-egress serves redirected connections itself: `stream` is served as a
+/// CONNECT to `dst` through the explicit proxy's own path (same policy, judged by the
+/// address; same log), and spliced to the tunnel once the proxy opens it. A refusal
+/// closes the connection: the program sees it end.
+async fn through_explicit(
+    proxy: Arc<Proxy>,
+    mut stream: UnixStream,
+    dst: SocketAddr,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let (mut ours, theirs) = tokio::io::duplex(64 << 10);
+    let client = async move {
+        let request = format!("CONNECT {dst} HTTP/1.1\r\nHost: {dst}\r\n\r\n");
+        if ours.write_all(request.as_bytes()).await.is_err() {
+            return;
+        }
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            match ours.read_u8().await {
+                Ok(b) if head.len() < 8192 => head.push(b),
+                _ => return,
+            }
+        }
+        if head.starts_with(b"HTTP/1.1 200") {
+            let _ = tokio::io::copy_bidirectional(&mut ours, &mut stream).await;
+        }
+    };
+    tokio::join!(proxy.serve_stream(theirs, stop), client);
+}
+
+/// Until airlock-egress answers DNS itself: every query is answered REFUSED (its
+/// header and question, no records), so nothing a program asks is resolved or leaves.
+/// `None` for what is no query.
+fn refused(query: &[u8]) -> Option<Vec<u8>> {
+    if query.len() < 12 || query[2] & 0x80 != 0 {
+        return None;
+    }
+    let questions = u16::from_be_bytes([query[4], query[5]]);
+    let mut at = 12;
+    for _ in 0..questions {
+        loop {
+            let len = usize::from(*query.get(at)?);
+            at += 1;
+            if len == 0 {
+                break;
+            }
+            if len & 0xc0 != 0 {
+                return None; // no compression in a query's question
+            }
+            at += len;
+        }
+        at += 4; // type, class
+    }
+    let mut answer = query.get(..at)?.to_vec();
+    answer[2] = 0x80 | (query[2] & 0x79); // a response; the opcode and RD kept
+    answer[3] = 5; // REFUSED
+    answer[6..12].fill(0);
+    Some(answer)
 }
 
 impl Drop for HostProxy {
@@ -118,5 +288,27 @@ impl Drop for HostProxy {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused;
+
+    #[test]
+    fn a_query_is_answered_refused_with_its_question() {
+        // id 0x1234, RD, one question: example.com A IN, and an EDNS record after it.
+        let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 1];
+        q.extend_from_slice(b"\x07example\x03com\x00\x00\x01\x00\x01");
+        let question_end = q.len();
+        q.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0, 0, 0, 0]);
+        let a = refused(&q).unwrap();
+        assert_eq!(&a[..4], &[0x12, 0x34, 0x81, 0x05]);
+        assert_eq!(&a[4..12], &[0, 1, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&a[12..], &q[12..question_end]);
+        // A response, or something shorter than a header, is not answered.
+        assert_eq!(refused(&a), None);
+        assert_eq!(refused(&q[..5]), None);
+        assert_eq!(refused(&q[..20]), None);
     }
 }

@@ -184,6 +184,9 @@ impl GvisorSandbox {
             // Proxy mode: the Sentry may connect to the host's Unix socket bound in (the
             // proxy's, the only one there is).
             .args(egress.is_some().then_some("--host-uds=open"))
+            // Proxy mode: iptables in the Sentry's netstack (the agent's redirections to
+            // the proxy) needs raw sockets; only the agent has CAP_NET_RAW.
+            .args(egress.is_some().then_some("--net-raw"))
             .args(["run", "--bundle"])
             .arg(&dir)
             .arg(&id)
