@@ -155,10 +155,9 @@ async fn serve(
 /// IPv6 address in brackets, and its newline).
 const MAX_HEADER: usize = 64;
 
-/// Serves one relay connection by its kind. This is where the relayed traffic meets
-/// airlock-egress: the explicit proxy's connections go to `Proxy::serve_stream`; a
-/// redirected connection and a DNS query go to the two calls marked below, which
-/// airlock-egress's transparent and DNS API replaces.
+/// Serves one relay connection by its kind: where the relayed traffic meets
+/// airlock-egress (the explicit proxy's connections, redirected ones with their original
+/// destination, and DNS queries).
 async fn serve_relayed(
     proxy: Arc<Proxy>,
     kind: Relayed,
@@ -175,8 +174,7 @@ async fn serve_relayed(
                     return;
                 }
             };
-            // Becomes `proxy.serve_redirected(stream, dst, stop).await`.
-            through_explicit(proxy, stream, dst, stop).await;
+            proxy.serve_redirected(stream, dst, stop).await;
         }
         Relayed::Dns => {
             let mut len = [0u8; 2];
@@ -187,8 +185,7 @@ async fn serve_relayed(
             if stream.read_exact(&mut query).await.is_err() {
                 return;
             }
-            // Becomes `proxy.answer_dns(&query).await`.
-            let answer = refused(&query);
+            let answer = proxy.answer_dns(&query).await;
             if let Some(answer) = answer
                 && let Ok(len) = u16::try_from(answer.len())
             {
@@ -220,66 +217,6 @@ async fn read_destination(stream: &mut UnixStream) -> std::io::Result<SocketAddr
         })
 }
 
-/// Until airlock-egress serves redirected connections itself: `stream` is served as a
-/// CONNECT to `dst` through the explicit proxy's own path (same policy, judged by the
-/// address; same log), and spliced to the tunnel once the proxy opens it. A refusal
-/// closes the connection: the program sees it end.
-async fn through_explicit(
-    proxy: Arc<Proxy>,
-    mut stream: UnixStream,
-    dst: SocketAddr,
-    stop: impl Future<Output = ()> + Send + 'static,
-) {
-    let (mut ours, theirs) = tokio::io::duplex(64 << 10);
-    let client = async move {
-        let request = format!("CONNECT {dst} HTTP/1.1\r\nHost: {dst}\r\n\r\n");
-        if ours.write_all(request.as_bytes()).await.is_err() {
-            return;
-        }
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            match ours.read_u8().await {
-                Ok(b) if head.len() < 8192 => head.push(b),
-                _ => return,
-            }
-        }
-        if head.starts_with(b"HTTP/1.1 200") {
-            let _ = tokio::io::copy_bidirectional(&mut ours, &mut stream).await;
-        }
-    };
-    tokio::join!(proxy.serve_stream(theirs, stop), client);
-}
-
-/// Until airlock-egress answers DNS itself: every query is answered REFUSED (its
-/// header and question, no records), so nothing a program asks is resolved or leaves.
-/// `None` for what is no query.
-fn refused(query: &[u8]) -> Option<Vec<u8>> {
-    if query.len() < 12 || query[2] & 0x80 != 0 {
-        return None;
-    }
-    let questions = u16::from_be_bytes([query[4], query[5]]);
-    let mut at = 12;
-    for _ in 0..questions {
-        loop {
-            let len = usize::from(*query.get(at)?);
-            at += 1;
-            if len == 0 {
-                break;
-            }
-            if len & 0xc0 != 0 {
-                return None; // no compression in a query's question
-            }
-            at += len;
-        }
-        at += 4; // type, class
-    }
-    let mut answer = query.get(..at)?.to_vec();
-    answer[2] = 0x80 | (query[2] & 0x79); // a response; the opcode and RD kept
-    answer[3] = 5; // REFUSED
-    answer[6..12].fill(0);
-    Some(answer)
-}
-
 impl Drop for HostProxy {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
@@ -288,27 +225,5 @@ impl Drop for HostProxy {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::refused;
-
-    #[test]
-    fn a_query_is_answered_refused_with_its_question() {
-        // id 0x1234, RD, one question: example.com A IN, and an EDNS record after it.
-        let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 1];
-        q.extend_from_slice(b"\x07example\x03com\x00\x00\x01\x00\x01");
-        let question_end = q.len();
-        q.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0, 0, 0, 0]);
-        let a = refused(&q).unwrap();
-        assert_eq!(&a[..4], &[0x12, 0x34, 0x81, 0x05]);
-        assert_eq!(&a[4..12], &[0, 1, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(&a[12..], &q[12..question_end]);
-        // A response, or something shorter than a header, is not answered.
-        assert_eq!(refused(&a), None);
-        assert_eq!(refused(&q[..5]), None);
-        assert_eq!(refused(&q[..20]), None);
     }
 }

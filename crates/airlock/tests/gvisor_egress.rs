@@ -106,9 +106,9 @@ except OSError as e:
         ["ENETUNREACH", "EHOSTUNREACH"].contains(&out["v6"].as_str().unwrap_or_default()),
         "{v:#}"
     );
-    // The query reached the host side (answered REFUSED until airlock's resolver is in
-    // airlock-egress: then by policy), from the address the program asked.
-    assert_eq!(out["dns"][0].as_str().unwrap_or_default()[..4], *"abcd", "{v:#}");
+    // The query reached airlock's resolver, which answered it by policy (example.com is
+    // not allowed: NXDOMAIN, rcode 3), from the address the program asked.
+    assert_eq!(out["dns"][0].as_str().unwrap_or_default(), "abcd8183", "{v:#}");
     assert_eq!(out["dns"][1], true, "{v:#}");
     assert_eq!(out["dns"][2], json!(["10.9.9.9", 53]), "{v:#}");
     assert_eq!(out["resolv"], "nameserver 127.0.0.1\n", "{v:#}");
@@ -130,7 +130,19 @@ except OSError as e:
     assert_eq!(api.len(), 1, "{log:#?}");
     assert_eq!(api[0]["port"], 80, "{log:#?}");
     assert_eq!(api[0]["allowed"], false, "{log:#?}");
-    assert_eq!(log.len(), 3, "{log:#?}");
+    let dns = of("example.com");
+    assert_eq!(dns.len(), 1, "{log:#?}");
+    assert_eq!(
+        (&dns[0]["kind"], &dns[0]["allowed"], &dns[0]["reason"]),
+        (&json!("dns"), &json!(false), &json!("not in allowlist")),
+        "{log:#?}"
+    );
+    assert!(
+        log.iter()
+            .all(|e| e["kind"] == "redirected" || e["kind"] == "dns"),
+        "{log:#?}"
+    );
+    assert_eq!(log.len(), 4, "{log:#?}");
     // What the fake hosts saw: the allowed one both connections, nothing else anything.
     assert_eq!(net.connections_to("allowed"), 2, "{:?}", net.connections());
     assert_eq!(net.connections_to("api"), 0, "{:?}", net.connections());
