@@ -206,16 +206,10 @@ impl Control {
             },
         );
         self.version.send_modify(|v| *v += 1);
+        // However this ends (an answer, the timeout, or the connection dropped with the
+        // sandbox), the entry goes.
+        let _unlist = Unlist { control: self, id };
         let answer = tokio::time::timeout(wait, rx).await;
-        if self
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id)
-            .is_some()
-        {
-            self.version.send_modify(|v| *v += 1);
-        }
         match answer {
             Ok(Ok(Decision::AllowOnce)) => Answer::Allowed("allowed once by approval".into()),
             Ok(Ok(Decision::AllowSession)) => {
@@ -252,6 +246,27 @@ impl Control {
             let _ = h.answer.send(Decision::Deny);
         }
         self.version.send_modify(|v| *v += 1);
+    }
+}
+
+/// Removes a held entry when its wait ends, whichever way.
+struct Unlist<'a> {
+    control: &'a Control,
+    id: u64,
+}
+
+impl Drop for Unlist<'_> {
+    fn drop(&mut self) {
+        let removed = self
+            .control
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id)
+            .is_some();
+        if removed {
+            self.control.version.send_modify(|v| *v += 1);
+        }
     }
 }
 
