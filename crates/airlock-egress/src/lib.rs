@@ -72,16 +72,20 @@
 #![deny(missing_docs)]
 
 mod addr;
+mod mitm;
 mod policy;
 mod proxy;
 mod relay;
 mod request;
 mod resolver;
+mod secrets;
 
 #[cfg(test)]
 mod test_util;
 
 pub use addr::{Cidr, CidrError, format_ip, format_ipv6, parse_ipv4_literal};
+pub use mitm::{MitmError, TrustRoots};
 pub use policy::{DEFAULT_PORTS, MAX_ENTRIES, Policy, PolicyError, Target, parse_host};
 pub use proxy::{ClientStream, Proxy, ProxyLimits};
 pub use resolver::{BoxFuture, Resolver, StaticResolver, SystemResolver};
+pub use secrets::{MAX_SECRETS, MAX_VALUE_BYTES, PLACEHOLDER_PREFIX, SecretConfig, Secrets};
