@@ -25,6 +25,8 @@ use crate::relay::{
 use crate::request::{BadRequest, HttpRequest, MAX_HEAD_BYTES, Request, parse_request, upstream_head};
 use crate::resolver::Resolver;
 
+mod intercept;
+
 /// After an accept error other than an aborted connection (out of fds, of memory), wait
 /// this long instead of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -103,6 +105,8 @@ pub struct Proxy {
     allowed: AtomicU64,
     denied: AtomicU64,
     log: Mutex<Log>,
+    /// Secrets and TLS interception, when the sandbox has secrets.
+    mitm: Option<crate::mitm::Mitm>,
 }
 
 impl fmt::Debug for Proxy {
@@ -195,6 +199,35 @@ type ClientWriter<'a> = WriteHalf<&'a mut Client>;
 impl Proxy {
     /// A proxy deciding by `policy` within `limits`, resolving names with `resolver`.
     pub fn new(policy: Policy, limits: ProxyLimits, resolver: Arc<dyn Resolver>) -> Arc<Proxy> {
+        Proxy::build(policy, limits, resolver, None)
+    }
+
+    /// [`Proxy::new`] with secrets: the sandbox gets [`Proxy::secret_env`] (placeholders)
+    /// and trusts [`Proxy::ca_pem`]; connections to the hosts the secrets name are
+    /// TLS-intercepted to put the values in, their upstreams verified against `roots`
+    /// ([`crate::TrustRoots::system`] in production). Without secrets this is
+    /// [`Proxy::new`] (no CA is made).
+    pub fn with_secrets(
+        policy: Policy,
+        limits: ProxyLimits,
+        resolver: Arc<dyn Resolver>,
+        secrets: crate::Secrets,
+        roots: &crate::TrustRoots,
+    ) -> Result<Arc<Proxy>, crate::MitmError> {
+        let mitm = if secrets.is_empty() {
+            None
+        } else {
+            Some(crate::mitm::Mitm::new(secrets, roots)?)
+        };
+        Ok(Proxy::build(policy, limits, resolver, mitm))
+    }
+
+    fn build(
+        policy: Policy,
+        limits: ProxyLimits,
+        resolver: Arc<dyn Resolver>,
+        mitm: Option<crate::mitm::Mitm>,
+    ) -> Arc<Proxy> {
         let slot_count = limits.max_connections.min(Semaphore::MAX_PERMITS);
         Arc::new(Proxy {
             policy,
@@ -210,6 +243,7 @@ impl Proxy {
                 cap: limits.max_log_entries,
                 dropped: 0,
             }),
+            mitm,
         })
     }
 
@@ -453,6 +487,15 @@ impl Proxy {
             respond(&mut r, &mut w, 403, &reason).await;
             return;
         }
+        // A misplaced placeholder is refused before anything is resolved or connected.
+        if let Request::Http(req) = &request
+            && let Err(reason) = self.http_head(req)
+        {
+            self.deny(conn, reason.clone(), None);
+            self.finish(conn);
+            respond(&mut r, &mut w, 403, &reason).await;
+            return;
+        }
         let addrs = match self.decide(&authority.host, authority.port).await {
             Ok((addrs, reason)) => {
                 self.allow(conn, reason);
@@ -483,7 +526,7 @@ impl Proxy {
         activity.touch();
 
         let end = match &request {
-            Request::Connect(_) => {
+            Request::Connect(a) => {
                 // The program's bytes after the head (a TLS hello sent eagerly) are still
                 // in `r` and go first into the tunnel.
                 if w.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
@@ -492,10 +535,14 @@ impl Proxy {
                 {
                     return;
                 }
-                Ended {
-                    note: self.tunnel(&mut r, &mut w, &mut upstream, conn, activity).await,
-                    answer: None,
-                }
+                let note = if self.intercepts(&a.host, a.port) {
+                    let client = intercept::Duplex { r: &mut r, w: &mut w };
+                    self.intercept(client, &a.host, a.port, upstream, conn, activity)
+                        .await
+                } else {
+                    self.tunnel(&mut r, &mut w, &mut upstream, conn, activity).await
+                };
+                Ended { note, answer: None }
             }
             Request::Http(req) => {
                 self.exchange(&mut r, &mut w, &mut upstream, req, conn, activity)
@@ -640,7 +687,16 @@ impl Proxy {
             bytes: &conn.down,
             ..up
         };
-        let head = upstream_head(req);
+        // The head with secrets put in (checked before connecting: this cannot fail now).
+        let head = match self.http_head(req) {
+            Ok(head) => head,
+            Err(reason) => {
+                return Ended {
+                    note: Some(reason.clone()),
+                    answer: Some((403, reason)),
+                };
+            }
+        };
         let outcome = {
             let send = async {
                 up.write(&mut uw, &head).await?;
