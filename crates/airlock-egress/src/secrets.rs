@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use base64::Engine as _;
+
 use crate::policy::{Pattern, PolicyError, Target, parse_host, parse_pattern};
 
 /// The placeholder's prefix: `airlock-ph-` and 32 lower-case hex digits (128 random bits).
@@ -181,7 +183,14 @@ impl Secrets {
         if self.secrets.is_empty() {
             return Ok(None);
         }
-        let lower = head.to_ascii_lowercase();
+        // Searched: the head, and the credentials of Basic authorization (git, pip and
+        // npm send `user:token` that way).
+        let mut lower = head.to_ascii_lowercase();
+        for line in split_lines(head) {
+            if let Some((_, decoded)) = basic_credentials(line) {
+                lower.extend_from_slice(&decoded.to_ascii_lowercase());
+            }
+        }
         let found: Vec<&Secret> = self
             .secrets
             .iter()
@@ -236,6 +245,19 @@ impl Secrets {
             if line.is_empty() {
                 break;
             }
+            if let Some((scheme_end, mut credentials)) = basic_credentials(line) {
+                for s in &found {
+                    credentials = replace(&credentials, s.placeholder.as_bytes(), &s.value);
+                }
+                out.extend_from_slice(&line[..scheme_end]);
+                out.extend_from_slice(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(&credentials)
+                        .as_bytes(),
+                );
+                out.extend_from_slice(b"\r\n");
+                continue;
+            }
             match line.iter().position(|&b| b == b':') {
                 Some(colon) => {
                     out.extend_from_slice(&line[..=colon]);
@@ -252,6 +274,28 @@ impl Secrets {
         out.extend_from_slice(b"\r\n");
         Ok(Some(out))
     }
+}
+
+/// For an `Authorization: Basic CREDENTIALS` (or `Proxy-Authorization`) line: where the
+/// encoded credentials start, and the credentials decoded.
+fn basic_credentials(line: &[u8]) -> Option<(usize, Vec<u8>)> {
+    let colon = line.iter().position(|&b| b == b':')?;
+    let name = &line[..colon];
+    if !(name.eq_ignore_ascii_case(b"authorization") || name.eq_ignore_ascii_case(b"proxy-authorization")) {
+        return None;
+    }
+    let value = &line[colon + 1..];
+    let lead = value.len() - value.trim_ascii_start().len();
+    let value = value.trim_ascii_start();
+    if value.len() < 6 || !value[..6].eq_ignore_ascii_case(b"basic ") {
+        return None;
+    }
+    let token = &value[6..];
+    let spaces = token.len() - token.trim_ascii_start().len();
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(token.trim_ascii())
+        .ok()?;
+    Some((colon + 1 + lead + 6 + spaces, decoded))
 }
 
 /// The lines of a head, without their CRLF.
@@ -444,6 +488,36 @@ mod tests {
             ),
             Ok(None)
         );
+    }
+
+    #[test]
+    fn basic_credentials_are_decoded_rewritten_and_checked() {
+        use base64::engine::general_purpose::STANDARD;
+        let s = github();
+        let ph = placeholder(&s, "GITHUB_TOKEN");
+        let creds = STANDARD.encode(format!("x-access-token:{ph}"));
+        let head = format!("GET /repo.git/info/refs HTTP/1.1\r\nAuthorization: Basic {creds}\r\n\r\n");
+        let out = s
+            .rewrite(head.as_bytes(), "api.github.com", 443)
+            .unwrap()
+            .unwrap();
+        let expected = STANDARD.encode("x-access-token:ghp_realvalue");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("GET /repo.git/info/refs HTTP/1.1\r\nAuthorization: Basic {expected}\r\n\r\n")
+        );
+        let blocked = s.rewrite(head.as_bytes(), "example.com", 443).unwrap_err();
+        assert!(
+            blocked
+                .reason
+                .starts_with("placeholder of secret GITHUB_TOKEN sent to example.com")
+        );
+        // Other Basic credentials pass untouched.
+        let other = format!(
+            "GET / HTTP/1.1\r\nAuthorization: Basic {}\r\n\r\n",
+            STANDARD.encode("u:p")
+        );
+        assert_eq!(s.rewrite(other.as_bytes(), "example.com", 443), Ok(None));
     }
 
     #[test]

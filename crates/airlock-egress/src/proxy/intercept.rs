@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::timeout;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use super::{CLIENT_BUFFER, Conn, Proxy, RESPOND_TIMEOUT, UPSTREAM_BUFFER, status_text, upstream_head};
+use super::{Conn, Proxy, RESPOND_TIMEOUT, UPSTREAM_BUFFER, status_text, upstream_head};
 use crate::addr::format_ip;
 use crate::mitm::server_name;
 use crate::policy::{Target, parse_host};
@@ -27,6 +27,9 @@ use crate::request::{
 
 /// Requests sent upstream whose responses have not been relayed yet, at most.
 const MAX_IN_FLIGHT: usize = 32;
+
+/// The buffer under the upstream's TLS (the program's side has the CONNECT head's).
+const TLS_READ_BUFFER: usize = 64 * 1024;
 
 /// The most interim (1xx) responses before a final one.
 const MAX_INTERIM: usize = 8;
@@ -168,7 +171,9 @@ impl Proxy {
         let accept = timeout(self.limits.idle_timeout, TlsAcceptor::from(server).accept(client));
         let connect = timeout(
             self.limits.connect_timeout,
-            TlsConnector::from(mitm.client_config()).connect(name, upstream),
+            // rustls reads 4 KiB at a time: buffered, that is not a syscall each.
+            TlsConnector::from(mitm.client_config())
+                .connect(name, BufReader::with_capacity(TLS_READ_BUFFER, upstream)),
         );
         let (accepted, connected) = tokio::join!(accept, connect);
         let mut client = match accepted {
@@ -229,7 +234,8 @@ impl Proxy {
     {
         let (cr, mut cw) = tokio::io::split(client);
         let (ur, mut uw) = tokio::io::split(upstream);
-        let mut cr = BufReader::with_capacity(CLIENT_BUFFER, cr);
+        // Large on both sides: bodies move in big TLS writes (16 KiB ones halved uploads).
+        let mut cr = BufReader::with_capacity(UPSTREAM_BUFFER, cr);
         let mut ur = BufReader::with_capacity(UPSTREAM_BUFFER, ur);
         let up = Meter {
             bytes: &conn.up,

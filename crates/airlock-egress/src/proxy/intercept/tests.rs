@@ -724,10 +724,16 @@ async fn bench_interception() {
         p90(&v),
         med(&v) - med(&d)
     );
-    let (dd, du) = transfer(connect_direct().await).await;
-    let (vd, vu) = transfer(p.tls("api.test", up.port(), &via).await.unwrap()).await;
+    // The best of 5 each: the machine is shared, and noise only ever slows a run.
+    let (mut dd, mut du, mut vd, mut vu) = (0f64, 0f64, 0f64, 0f64);
+    for _ in 0..5 {
+        let (d, u) = transfer(connect_direct().await).await;
+        (dd, du) = (dd.max(d), du.max(u));
+        let (d, u) = transfer(p.tls("api.test", up.port(), &via).await.unwrap()).await;
+        (vd, vu) = (vd.max(d), vu.max(u));
+    }
     println!(
-        "64 MiB: direct down {dd:.0} MiB/s up {du:.0} MiB/s; intercepted down {vd:.0} MiB/s ({:.0}%) up {vu:.0} MiB/s ({:.0}%)",
+        "64 MiB, best of 5: direct down {dd:.0} MiB/s up {du:.0} MiB/s; intercepted down {vd:.0} MiB/s ({:.0}%) up {vu:.0} MiB/s ({:.0}%)",
         vd / dd * 100.0,
         vu / du * 100.0
     );
