@@ -276,6 +276,45 @@ impl Secrets {
     }
 }
 
+impl Secrets {
+    /// A response head from `host:port` with the value of every secret that host carries
+    /// (as is, and percent-encoded for a `query` secret) put back to its placeholder: a
+    /// server echoing a credential (a debug endpoint, a redirect keeping the query) does
+    /// not hand it to the program. `None`: no value in it.
+    pub(crate) fn scrub(&self, head: &[u8], host: &str, port: u16) -> Option<Vec<u8>> {
+        let target = parse_host(host).ok()?;
+        let mut out: Option<Vec<u8>> = None;
+        for s in self.secrets.iter().filter(|s| s.names(&target, port)) {
+            let encoded = percent_encode(&s.value);
+            let forms: &[&[u8]] = if s.query && encoded != s.value {
+                &[&s.value, &encoded]
+            } else {
+                &[&s.value]
+            };
+            for form in forms {
+                let current = out.as_deref().unwrap_or(head);
+                if current.windows(form.len()).any(|w| w == *form) {
+                    out = Some(replace_exact(current, form, s.placeholder.as_bytes()));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `s` with every `needle` (exactly) replaced by `with`.
+fn replace_exact(s: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut at = 0;
+    while let Some(i) = find(s, needle, at) {
+        out.extend_from_slice(&s[at..i]);
+        out.extend_from_slice(with);
+        at = i + needle.len();
+    }
+    out.extend_from_slice(&s[at..]);
+    out
+}
+
 /// For an `Authorization: Basic CREDENTIALS` (or `Proxy-Authorization`) line: where the
 /// encoded credentials start, and the credentials decoded.
 fn basic_credentials(line: &[u8]) -> Option<(usize, Vec<u8>)> {
@@ -487,6 +526,26 @@ mod tests {
                 443
             ),
             Ok(None)
+        );
+    }
+
+    #[test]
+    fn values_echoed_in_a_response_head_are_put_back_to_placeholders() {
+        let s = github();
+        let ph = placeholder(&s, "GITHUB_TOKEN");
+        let head = b"HTTP/1.1 200 OK\r\nX-Echo: Bearer ghp_realvalue\r\n\r\n";
+        let out = s.scrub(head, "api.github.com", 443).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("HTTP/1.1 200 OK\r\nX-Echo: Bearer {ph}\r\n\r\n")
+        );
+        assert_eq!(s.scrub(b"HTTP/1.1 200 OK\r\n\r\n", "api.github.com", 443), None);
+        let maps = placeholder(&s, "MAPS_KEY");
+        let head = b"HTTP/1.1 302 Found\r\nLocation: https://b.maps.test/?key=k%3Dv%26x%20y\r\n\r\n";
+        let out = s.scrub(head, "a.maps.test", 8443).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("HTTP/1.1 302 Found\r\nLocation: https://b.maps.test/?key={maps}\r\n\r\n")
         );
     }
 

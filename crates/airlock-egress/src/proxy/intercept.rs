@@ -248,7 +248,7 @@ impl Proxy {
         };
         let (tx, rx) = mpsc::channel(MAX_IN_FLIGHT);
         let requests = self.requests(&mut cr, &mut uw, tx, authority, conn, up);
-        let responses = responses(&mut ur, &mut cw, rx, down);
+        let responses = self.responses(&mut ur, &mut cw, rx, authority, down);
         let mut requests = std::pin::pin!(requests);
         let mut responses = std::pin::pin!(responses);
         let relay = async {
@@ -424,81 +424,90 @@ impl Proxy {
     }
 }
 
-/// The response direction: per pending request, interim heads, then the final head and
-/// its body by its framing, verbatim. Returns a note when it ended noteworthily.
-async fn responses<R, W>(
-    r: &mut R,
-    w: &mut W,
-    mut rx: mpsc::Receiver<Pending>,
-    m: Meter<'_>,
-) -> io::Result<Option<String>>
-where
-    R: AsyncBufRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut head = Vec::new();
-    while let Some(pending) = rx.recv().await {
-        let (head_request, mut upgrade) = match pending {
-            Pending::Refuse { status, reason } => {
-                answer(w, status, &reason).await;
-                return Ok(Some(format!("closed after a refused request: {reason}")));
-            }
-            Pending::Response {
-                head_request,
-                upgrade,
-            } => (head_request, upgrade),
-        };
-        let mut interim = 0;
-        loop {
-            match read_head(r, &mut head, MAX_RESPONSE_HEAD_BYTES).await? {
-                HeadRead::Complete => {}
-                HeadRead::Eof => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the upstream closed before a complete response head",
-                    ));
+impl Proxy {
+    /// The response direction: per pending request, interim heads, then the final head and
+    /// its body by its framing, verbatim but for secret values in heads (put back to their
+    /// placeholders). Returns a note when it ended noteworthily.
+    async fn responses<R, W>(
+        &self,
+        r: &mut R,
+        w: &mut W,
+        mut rx: mpsc::Receiver<Pending>,
+        authority: &Authority,
+        m: Meter<'_>,
+    ) -> io::Result<Option<String>>
+    where
+        R: AsyncBufRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut head = Vec::new();
+        while let Some(pending) = rx.recv().await {
+            let (head_request, mut upgrade) = match pending {
+                Pending::Refuse { status, reason } => {
+                    answer(w, status, &reason).await;
+                    return Ok(Some(format!("closed after a refused request: {reason}")));
                 }
-                HeadRead::TooLarge => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "response head larger than 64 KiB",
-                    ));
+                Pending::Response {
+                    head_request,
+                    upgrade,
+                } => (head_request, upgrade),
+            };
+            let mut interim = 0;
+            loop {
+                match read_head(r, &mut head, MAX_RESPONSE_HEAD_BYTES).await? {
+                    HeadRead::Complete => {}
+                    HeadRead::Eof => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the upstream closed before a complete response head",
+                        ));
+                    }
+                    HeadRead::TooLarge => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "response head larger than 64 KiB",
+                        ));
+                    }
                 }
-            }
-            let (code, body) = response_framing(&head, head_request)?;
-            m.write(w, &head).await?;
-            if (100..200).contains(&code) && code != 101 {
-                interim += 1;
-                if interim > MAX_INTERIM {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "too many interim responses",
-                    ));
+                let (code, body) = response_framing(&head, head_request)?;
+                let scrubbed = self
+                    .mitm
+                    .as_ref()
+                    .and_then(|mitm| mitm.secrets.scrub(&head, &authority.host, authority.port));
+                m.write(w, scrubbed.as_deref().unwrap_or(&head)).await?;
+                if (100..200).contains(&code) && code != 101 {
+                    interim += 1;
+                    if interim > MAX_INTERIM {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "too many interim responses",
+                        ));
+                    }
+                    w.flush().await?;
+                    continue;
                 }
+                let switched =
+                    code == 101 || (upgrade.is_some() && (200..300).contains(&code) && body == Body::None);
+                if let Some(tell) = upgrade.take() {
+                    let _ = tell.send(switched);
+                }
+                if switched {
+                    w.flush().await?;
+                    pump(r, w, m).await?;
+                    return Ok(None);
+                }
+                forward_body(r, w, body, m).await?;
                 w.flush().await?;
-                continue;
+                if body == Body::UntilClose {
+                    let _ = w.shutdown().await;
+                    return Ok(None);
+                }
+                break;
             }
-            let switched =
-                code == 101 || (upgrade.is_some() && (200..300).contains(&code) && body == Body::None);
-            if let Some(tell) = upgrade.take() {
-                let _ = tell.send(switched);
-            }
-            if switched {
-                w.flush().await?;
-                pump(r, w, m).await?;
-                return Ok(None);
-            }
-            forward_body(r, w, body, m).await?;
-            w.flush().await?;
-            if body == Body::UntilClose {
-                let _ = w.shutdown().await;
-                return Ok(None);
-            }
-            break;
         }
+        let _ = w.shutdown().await;
+        Ok(None)
     }
-    let _ = w.shutdown().await;
-    Ok(None)
 }
 
 /// A response head's status and body framing.

@@ -175,11 +175,34 @@ async fn serve_http<S: AsyncRead + AsyncWrite + Unpin>(stream: S, got: Arc<Mutex
         }
         let path = text.split(' ').nth(1).unwrap_or("").to_string();
         got.lock().unwrap().push(Got {
-            head: text,
+            head: text.clone(),
             body_len: sink.len,
             body: sink.kept,
         });
-        let ok = if let Some(n) = path.strip_prefix("/download/") {
+        if lower.contains("\r\nupgrade: echo\r\n") {
+            // Switch protocols, then echo every byte.
+            let switched =
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n";
+            if w.write_all(switched).await.is_err() || w.flush().await.is_err() {
+                return;
+            }
+            let mut buf = vec![0u8; 16384];
+            while let Ok(n @ 1..) = r.read(&mut buf).await {
+                if w.write_all(&buf[..n]).await.is_err() || w.flush().await.is_err() {
+                    return;
+                }
+            }
+            return;
+        }
+        let echo = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Authorization: "))
+            .unwrap_or("")
+            .to_string();
+        let ok = if path == "/echo-auth" {
+            w.write_all(format!("HTTP/1.1 200 OK\r\nX-Echo: {echo}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                .await
+        } else if let Some(n) = path.strip_prefix("/download/") {
             let n: usize = n.parse().unwrap();
             let block = vec![b'd'; 256 * 1024];
             let mut left = n;
@@ -737,4 +760,97 @@ async fn bench_interception() {
         vd / dd * 100.0,
         vu / du * 100.0
     );
+}
+
+#[tokio::test]
+async fn plain_http_to_a_named_host_gets_the_value_in_its_head() {
+    let ca = TestCa::new();
+    let plain = crate::test_util::http_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+    let host = format!("plain.test:{}", plain.port());
+    let p = SecretProxy::start(&[&host], &[secret("API_KEY", VALUE, &[&host], true)], &ca);
+    let ph = p.placeholder("API_KEY");
+    let mut c = TcpStream::connect(p.addr).await.unwrap();
+    c.write_all(format!("GET http://{host}/x?k={ph} HTTP/1.1\r\nX-Api-Key: {ph}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let answer = read_to_end(&mut c).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200 OK\r\n") && answer.ends_with("ok"),
+        "{answer}"
+    );
+    let got = String::from_utf8(plain.received(0).await).unwrap();
+    assert!(
+        got.starts_with(&format!("GET /x?k={VALUE} HTTP/1.1\r\n")),
+        "{got}"
+    );
+    assert!(got.contains(&format!("\r\nX-Api-Key: {VALUE}\r\n")), "{got}");
+    let log = p.log(1).await;
+    assert_eq!(
+        (log[0].allowed, log[0].reason.clone()),
+        (true, format!("allowed by {host}"))
+    );
+    assert!(!format!("{log:?}").contains(VALUE));
+}
+
+#[tokio::test]
+async fn an_echoed_value_reaches_the_program_as_its_placeholder() {
+    let ca = TestCa::new();
+    let up = HttpsUpstream::start(ca.server_config(&["api.test"])).await;
+    let api = format!("api.test:{}", up.port());
+    let p = SecretProxy::start(&[&api], &[secret("GITHUB_TOKEN", VALUE, &[&api], false)], &ca);
+    let ph = p.placeholder("GITHUB_TOKEN");
+    let tls = p
+        .tls(
+            "api.test",
+            up.port(),
+            &client_trusting(&p.proxy.ca_pem().unwrap()),
+        )
+        .await
+        .unwrap();
+    let mut s = BufReader::new(tls);
+    let (head, _) = roundtrip(
+        &mut s,
+        format!("GET /echo-auth HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer {ph}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(up.got()[0].head.contains(VALUE));
+    assert!(head.contains(&format!("\r\nX-Echo: Bearer {ph}\r\n")), "{head}");
+    assert!(!head.contains(VALUE));
+}
+
+#[tokio::test]
+async fn after_a_protocol_switch_bytes_are_copied_both_ways() {
+    let ca = TestCa::new();
+    let up = HttpsUpstream::start(ca.server_config(&["api.test"])).await;
+    let api = format!("api.test:{}", up.port());
+    let p = SecretProxy::start(&[&api], &[secret("GITHUB_TOKEN", VALUE, &[&api], false)], &ca);
+    let ph = p.placeholder("GITHUB_TOKEN");
+    let tls = p
+        .tls(
+            "api.test",
+            up.port(),
+            &client_trusting(&p.proxy.ca_pem().unwrap()),
+        )
+        .await
+        .unwrap();
+    let mut s = BufReader::new(tls);
+    let (head, _) = roundtrip(
+        &mut s,
+        format!("GET /ws HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer {ph}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert!(up.got()[0].head.contains(VALUE));
+    // Not HTTP any more: "GET" and a head-like text go through as they are.
+    let frame = b"GET not-a-request\r\n\r\nframe";
+    s.get_mut().write_all(frame).await.unwrap();
+    s.get_mut().flush().await.unwrap();
+    let mut back = vec![0u8; frame.len()];
+    tokio::time::timeout(WAIT, s.read_exact(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, frame);
+    assert_eq!(up.got().len(), 1);
 }
