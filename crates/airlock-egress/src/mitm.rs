@@ -51,10 +51,8 @@ impl TrustRoots {
     /// compiled-in fallback: with no roots on the host, interception cannot be set up.
     pub fn system() -> Result<TrustRoots, MitmError> {
         if let Some(file) = std::env::var_os("SSL_CERT_FILE").filter(|f| !f.is_empty()) {
-            let pem = std::fs::read(&file)
-                .map_err(|e| MitmError(format!("SSL_CERT_FILE {}: {e}", file.to_string_lossy())))?;
-            return TrustRoots::from_pem(&pem)
-                .map_err(|e| MitmError(format!("SSL_CERT_FILE {}: {e}", file.to_string_lossy())));
+            return TrustRoots::from_file(std::path::Path::new(&file))
+                .map_err(|e| MitmError(format!("SSL_CERT_FILE {e}")));
         }
         let found = rustls_native_certs::load_native_certs();
         if found.certs.is_empty() {
@@ -67,6 +65,12 @@ impl TrustRoots {
             )));
         }
         Ok(TrustRoots { certs: found.certs })
+    }
+
+    /// The certificates of the PEM bundle in `file`.
+    pub fn from_file(file: &std::path::Path) -> Result<TrustRoots, MitmError> {
+        let pem = std::fs::read(file).map_err(|e| MitmError(format!("{}: {e}", file.display())))?;
+        TrustRoots::from_pem(&pem).map_err(|e| MitmError(format!("{}: {e}", file.display())))
     }
 
     /// The certificates of a PEM bundle (other PEM sections are skipped).
@@ -299,6 +303,23 @@ mod tests {
         assert_eq!(first.alpn_protocols, [b"http/1.1".to_vec()]);
         let ip = Target::Addr("127.0.0.1".parse().unwrap());
         assert!(!Arc::ptr_eq(&first, &a.server_config(&ip).unwrap()));
+    }
+
+    #[test]
+    fn roots_are_read_from_a_bundle_file() {
+        let roots = test_roots();
+        let file = std::env::temp_dir().join(format!("airlock-egress-roots-{}.pem", std::process::id()));
+        std::fs::write(&file, format!("# a comment\n{}", roots.pem())).unwrap();
+        let read = TrustRoots::from_file(&file);
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(read.unwrap().certs, roots.certs);
+        let missing = TrustRoots::from_file(std::path::Path::new("/nonexistent/airlock-roots.pem"));
+        assert!(
+            missing
+                .unwrap_err()
+                .0
+                .starts_with("/nonexistent/airlock-roots.pem: ")
+        );
     }
 
     #[test]

@@ -496,7 +496,11 @@ impl Proxy {
                     pump(r, w, m).await?;
                     return Ok(None);
                 }
-                forward_body(r, w, body, m).await?;
+                match forward_body(r, w, body, m).await {
+                    // A body delimited by the close: servers often skip TLS close_notify.
+                    Err(e) if body == Body::UntilClose && e.kind() == io::ErrorKind::UnexpectedEof => {}
+                    res => res?,
+                }
                 w.flush().await?;
                 if body == Body::UntilClose {
                     let _ = w.shutdown().await;
