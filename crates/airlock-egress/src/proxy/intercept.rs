@@ -179,8 +179,13 @@ impl Proxy {
         let mut client = match accepted {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
+                let hint = if e.to_string().contains("alert") {
+                    " (does it trust the sandbox's CA?)"
+                } else {
+                    ""
+                };
                 return Some(format!(
-                    "{note}; closed: TLS handshake with the program failed: {e}"
+                    "{note}; closed: TLS handshake with the program failed: {e}{hint}"
                 ));
             }
             Err(_) => {

@@ -854,3 +854,56 @@ async fn after_a_protocol_switch_bytes_are_copied_both_ways() {
     assert_eq!(back, frame);
     assert_eq!(up.got().len(), 1);
 }
+
+#[tokio::test]
+async fn a_secret_for_an_ip_literal_is_intercepted_with_an_ip_certificate() {
+    let ca = TestCa::new();
+    let up = HttpsUpstream::start(ca.server_config(&["127.0.0.1"])).await;
+    let literal = format!("127.0.0.1:{}", up.port());
+    let p = SecretProxy::start(&[], &[secret("TOKEN", VALUE, &[&literal], false)], &ca);
+    let ph = p.placeholder("TOKEN");
+    let tls = p
+        .tls(
+            "127.0.0.1",
+            up.port(),
+            &client_trusting(&p.proxy.ca_pem().unwrap()),
+        )
+        .await
+        .unwrap();
+    let mut s = BufReader::new(tls);
+    let (head, _) = roundtrip(
+        &mut s,
+        format!("GET / HTTP/1.1\r\nHost: {literal}\r\nAuthorization: Bearer {ph}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(up.got()[0].head.contains(VALUE));
+    drop(s);
+    let log = p.log(1).await;
+    assert_eq!(
+        log[0].reason,
+        "allowed by allow_cidrs 127.0.0.1/32; TLS intercepted for secret TOKEN"
+    );
+}
+
+#[tokio::test]
+async fn a_program_that_does_not_trust_the_sandbox_ca_is_told_so_in_the_log() {
+    let ca = TestCa::new();
+    let up = HttpsUpstream::start(ca.server_config(&["api.test"])).await;
+    let api = format!("api.test:{}", up.port());
+    let p = SecretProxy::start(&[&api], &[secret("GITHUB_TOKEN", VALUE, &[&api], false)], &ca);
+    // Trusting the upstream's real root only: the proxy's leaf is refused.
+    assert!(
+        p.tls("api.test", up.port(), &client_trusting(&ca.root_pem))
+            .await
+            .is_err()
+    );
+    let log = p.log(1).await;
+    assert!(
+        log[0].reason.contains("TLS handshake with the program failed")
+            && log[0].reason.ends_with("(does it trust the sandbox's CA?)"),
+        "{}",
+        log[0].reason
+    );
+    assert!(up.got().is_empty());
+}
