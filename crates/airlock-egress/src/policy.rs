@@ -70,6 +70,11 @@ impl Pattern {
         self.host_matches(target) && self.port_ok(port)
     }
 
+    /// The port written in the pattern (`None`: [`DEFAULT_PORTS`]).
+    pub(crate) fn port(&self) -> Option<u16> {
+        self.port
+    }
+
     fn port_ok(&self, port: u16) -> bool {
         match self.port {
             Some(p) => p == port,

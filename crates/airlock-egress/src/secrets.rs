@@ -59,6 +59,13 @@ impl Secret {
     fn names(&self, target: &Target, port: u16) -> bool {
         self.hosts.iter().any(|p| p.matches(target, port))
     }
+
+    /// Names `target` with this very port written (`host:80`): plain HTTP allowed.
+    fn names_port(&self, target: &Target, port: u16) -> bool {
+        self.hosts
+            .iter()
+            .any(|p| p.matches(target, port) && p.port() == Some(port))
+    }
 }
 
 /// The secrets of one proxy (one sandbox), each with a placeholder made for this proxy.
@@ -178,8 +185,16 @@ impl Secrets {
     /// case) in a header value, and in the target's query string for a `query` secret, is
     /// replaced by its value. `Ok(None)`: no placeholder, send the head as it is. A
     /// placeholder anywhere in the head of a request to a host its secret does not name
-    /// blocks the whole request.
-    pub(crate) fn rewrite(&self, head: &[u8], host: &str, port: u16) -> Result<Option<Vec<u8>>, Blocked> {
+    /// blocks the whole request. With `cleartext` (plain HTTP) the value goes only where
+    /// a host pattern names the port explicitly (`host:80`): `host` alone, which covers 80
+    /// and 443, means the value is sent over TLS only.
+    pub(crate) fn rewrite(
+        &self,
+        head: &[u8],
+        host: &str,
+        port: u16,
+        cleartext: bool,
+    ) -> Result<Option<Vec<u8>>, Blocked> {
         if self.secrets.is_empty() {
             return Ok(None);
         }
@@ -200,17 +215,27 @@ impl Secrets {
             return Ok(None);
         }
         let target = parse_host(host).ok();
+        let shown = if crate::DEFAULT_PORTS.contains(&port) {
+            host.to_string()
+        } else {
+            format!("{host}:{port}")
+        };
         for s in &found {
-            if !target.as_ref().is_some_and(|t| s.names(t, port)) {
-                let shown = if crate::DEFAULT_PORTS.contains(&port) {
-                    host.to_string()
-                } else {
-                    format!("{host}:{port}")
-                };
+            let Some(t) = target.as_ref().filter(|t| s.names(t, port)) else {
                 return Err(Blocked {
                     reason: format!(
                         "placeholder of secret {} sent to {shown} (it may go only to {})",
                         s.name, s.hosts_text
+                    ),
+                });
+            };
+            if cleartext && !s.names_port(t, port) {
+                return Err(Blocked {
+                    reason: format!(
+                        "placeholder of secret {} sent to {shown} over plain HTTP (its value goes \
+                         there only over TLS; a host pattern with the port, {host}:{port}, allows \
+                         plain HTTP)",
+                        s.name
                     ),
                 });
             }
@@ -508,7 +533,7 @@ mod tests {
             ph.to_ascii_uppercase().replace("AIRLOCK-PH-", "airlock-ph-")
         );
         let out = s
-            .rewrite(head.as_bytes(), "api.github.com", 443)
+            .rewrite(head.as_bytes(), "api.github.com", 443, false)
             .unwrap()
             .unwrap();
         let out = String::from_utf8(out).unwrap();
@@ -523,7 +548,8 @@ mod tests {
             s.rewrite(
                 b"GET / HTTP/1.1\r\nHost: api.github.com\r\n\r\n",
                 "api.github.com",
-                443
+                443,
+                false
             ),
             Ok(None)
         );
@@ -557,7 +583,7 @@ mod tests {
         let creds = STANDARD.encode(format!("x-access-token:{ph}"));
         let head = format!("GET /repo.git/info/refs HTTP/1.1\r\nAuthorization: Basic {creds}\r\n\r\n");
         let out = s
-            .rewrite(head.as_bytes(), "api.github.com", 443)
+            .rewrite(head.as_bytes(), "api.github.com", 443, false)
             .unwrap()
             .unwrap();
         let expected = STANDARD.encode("x-access-token:ghp_realvalue");
@@ -565,7 +591,7 @@ mod tests {
             String::from_utf8(out).unwrap(),
             format!("GET /repo.git/info/refs HTTP/1.1\r\nAuthorization: Basic {expected}\r\n\r\n")
         );
-        let blocked = s.rewrite(head.as_bytes(), "example.com", 443).unwrap_err();
+        let blocked = s.rewrite(head.as_bytes(), "example.com", 443, false).unwrap_err();
         assert!(
             blocked
                 .reason
@@ -576,7 +602,7 @@ mod tests {
             "GET / HTTP/1.1\r\nAuthorization: Basic {}\r\n\r\n",
             STANDARD.encode("u:p")
         );
-        assert_eq!(s.rewrite(other.as_bytes(), "example.com", 443), Ok(None));
+        assert_eq!(s.rewrite(other.as_bytes(), "example.com", 443, false), Ok(None));
     }
 
     #[test]
@@ -588,7 +614,7 @@ mod tests {
             format!("GET /{ph} HTTP/1.1\r\nHost: example.com\r\n\r\n"),
             format!("GET / HTTP/1.1\r\nX-{ph}: 1\r\n\r\n"),
         ] {
-            let blocked = s.rewrite(head.as_bytes(), "example.com", 443).unwrap_err();
+            let blocked = s.rewrite(head.as_bytes(), "example.com", 443, false).unwrap_err();
             assert_eq!(
                 blocked.reason,
                 "placeholder of secret GITHUB_TOKEN sent to example.com (it may go only to api.github.com)"
@@ -597,7 +623,7 @@ mod tests {
         }
         let head = format!("GET / HTTP/1.1\r\nA: {ph}\r\n\r\n");
         assert_eq!(
-            s.rewrite(head.as_bytes(), "api.github.com", 8443)
+            s.rewrite(head.as_bytes(), "api.github.com", 8443, false)
                 .unwrap_err()
                 .reason,
             "placeholder of secret GITHUB_TOKEN sent to api.github.com:8443 (it may go only to api.github.com)"
@@ -605,11 +631,42 @@ mod tests {
     }
 
     #[test]
+    fn over_plain_http_the_value_goes_only_where_a_pattern_names_the_port() {
+        let s = Secrets::new(&[
+            secret("GITHUB_TOKEN", "ghp_realvalue", &["api.github.com"], false),
+            secret("LOCAL", "local-value", &["svc.test:80", "svc.test"], false),
+        ])
+        .unwrap();
+        let gh = placeholder(&s, "GITHUB_TOKEN");
+        let head = format!("GET / HTTP/1.1\r\nAuthorization: Bearer {gh}\r\n\r\n");
+        assert_eq!(
+            s.rewrite(head.as_bytes(), "api.github.com", 80, true)
+                .unwrap_err()
+                .reason,
+            "placeholder of secret GITHUB_TOKEN sent to api.github.com over plain HTTP (its value goes \
+             there only over TLS; a host pattern with the port, api.github.com:80, allows plain HTTP)"
+        );
+        // Over TLS (intercepted) port 80 is as good as 443.
+        assert!(
+            s.rewrite(head.as_bytes(), "api.github.com", 80, false)
+                .unwrap()
+                .is_some()
+        );
+        let local = placeholder(&s, "LOCAL");
+        let head = format!("GET / HTTP/1.1\r\nX-Key: {local}\r\n\r\n");
+        let out = s.rewrite(head.as_bytes(), "svc.test", 80, true).unwrap().unwrap();
+        assert!(String::from_utf8(out).unwrap().contains("X-Key: local-value\r\n"));
+    }
+
+    #[test]
     fn query_secrets_are_replaced_percent_encoded_in_the_query_only() {
         let s = github();
         let ph = placeholder(&s, "MAPS_KEY");
         let head = format!("GET /{ph}/x?key={ph}&a=1 HTTP/1.1\r\nX-Key: {ph}\r\n\r\n");
-        let out = s.rewrite(head.as_bytes(), "eu.maps.test", 8443).unwrap().unwrap();
+        let out = s
+            .rewrite(head.as_bytes(), "eu.maps.test", 8443, false)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             format!("GET /{ph}/x?key=k%3Dv%26x%20y&a=1 HTTP/1.1\r\nX-Key: k=v&x y\r\n\r\n")

@@ -124,7 +124,7 @@ impl Proxy {
         };
         match mitm
             .secrets
-            .rewrite(&head, &req.authority.host, req.authority.port)
+            .rewrite(&head, &req.authority.host, req.authority.port, true)
         {
             Ok(Some(rewritten)) => Ok(rewritten),
             Ok(None) => Ok(head),
@@ -395,7 +395,7 @@ impl Proxy {
             method == "CONNECT" || req.headers.iter().any(|h| h.name.eq_ignore_ascii_case("upgrade"));
         let head_request = method == "HEAD";
         let mitm = self.mitm.as_ref().ok_or_else(|| bad("no secrets".into()))?;
-        let head = match mitm.secrets.rewrite(head, &authority.host, authority.port) {
+        let head = match mitm.secrets.rewrite(head, &authority.host, authority.port, false) {
             Ok(Some(rewritten)) => rewritten,
             Ok(None) => head.to_vec(),
             Err(blocked) => {
