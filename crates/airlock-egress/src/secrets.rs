@@ -405,7 +405,30 @@ fn percent_encode(value: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Variables airlock sets in a sandbox with a proxy and secrets: a secret may not take
+/// one's place (compared ignoring case: `http_proxy` is read too).
+const RESERVED_NAMES: &[&str] = &[
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "PATH",
+    "HOME",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+];
+
 fn check_name(name: &str) -> Result<(), String> {
+    if let Some(r) = RESERVED_NAMES.iter().find(|r| r.eq_ignore_ascii_case(name)) {
+        return Err(format!(
+            "{name:?} is a variable airlock sets itself ({r}); name the secret otherwise"
+        ));
+    }
     let ok = !name.is_empty()
         && name.len() <= 128
         && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -710,6 +733,16 @@ mod tests {
                 secret("A", "v", &[], false),
                 "network.secrets[0].hosts",
                 "at least one",
+            ),
+            (
+                secret("https_proxy", "v", &["a.test"], false),
+                "network.secrets[0].name",
+                "airlock sets itself",
+            ),
+            (
+                secret("SSL_CERT_FILE", "v", &["a.test"], false),
+                "network.secrets[0].name",
+                "airlock sets itself",
             ),
             (
                 secret("A", "v", &["a.test", "*x.test"], false),
