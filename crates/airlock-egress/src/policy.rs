@@ -44,9 +44,9 @@ pub struct PolicyError {
     pub message: String,
 }
 
-/// One allow pattern, as parsed.
+/// One allow pattern, as parsed (also a secret's host pattern).
 #[derive(Debug, Clone)]
-struct Pattern {
+pub(crate) struct Pattern {
     /// The entry as written, for "allowed by …" reasons.
     text: String,
     host: HostPattern,
@@ -67,6 +67,16 @@ enum HostPattern {
 }
 
 impl Pattern {
+    /// Whether this pattern allows `target` on `port`.
+    pub(crate) fn matches(&self, target: &Target, port: u16) -> bool {
+        self.host_matches(target) && self.port_ok(port)
+    }
+
+    /// The port written in the pattern (`None`: [`DEFAULT_PORTS`]).
+    pub(crate) fn port(&self) -> Option<u16> {
+        self.port
+    }
+
     fn port_ok(&self, port: u16) -> bool {
         match self.port {
             Some(p) => p == port,
@@ -441,7 +451,7 @@ pub fn parse_host(host: &str) -> Result<Target, String> {
 
 /// Splits `HOST[:PORT]` (`[v6]:PORT`, or a bare IPv6 address without a port) and parses
 /// the host part into a pattern.
-fn parse_pattern(s: &str) -> Result<Pattern, String> {
+pub(crate) fn parse_pattern(s: &str) -> Result<Pattern, String> {
     let (host, port) = if s.starts_with('[') {
         let end = s.find(']').ok_or("unclosed [")?;
         match &s[end + 1..] {

@@ -26,6 +26,8 @@ use crate::relay::{
 use crate::request::{BadRequest, HttpRequest, MAX_HEAD_BYTES, Request, parse_request, upstream_head};
 use crate::resolver::Resolver;
 
+mod intercept;
+
 /// After an accept error other than an aborted connection (out of fds, of memory), wait
 /// this long instead of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -107,6 +109,8 @@ pub struct Proxy {
     allowed: AtomicU64,
     denied: AtomicU64,
     log: Mutex<Log>,
+    /// Secrets and TLS interception, when the sandbox has secrets.
+    mitm: Option<crate::mitm::Mitm>,
 }
 
 impl fmt::Debug for Proxy {
@@ -123,7 +127,7 @@ impl fmt::Debug for Proxy {
 /// One connection's log entry in the making.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    kind: EgressKind,
+    pub(crate) kind: EgressKind,
     start: Instant,
     host: String,
     port: u16,
@@ -223,15 +227,73 @@ pub(crate) type ClientWriter<'a> = WriteHalf<&'a mut Client>;
 impl Proxy {
     /// A proxy deciding by `policy` within `limits`, resolving names with `resolver`.
     pub fn new(policy: Policy, limits: ProxyLimits, resolver: Arc<dyn Resolver>) -> Arc<Proxy> {
-        Proxy::with_control(Control::fixed(policy), limits, resolver)
+        Proxy::build(Control::fixed(policy), limits, resolver, None)
     }
 
     /// A proxy deciding by what `control` holds now (a session's policy, which may
-    /// change, and its approvals).
+    /// change, and its approvals), without secrets.
     pub fn with_control(
         control: Arc<Control>,
         limits: ProxyLimits,
         resolver: Arc<dyn Resolver>,
+    ) -> Arc<Proxy> {
+        Proxy::build(control, limits, resolver, None)
+    }
+
+    /// The proxy of a sandbox whose proxy-mode policy is `policy`: its allow and deny
+    /// rules (changeable while it runs, see [`Proxy::control`]), its approvals, and its
+    /// secrets (placeholders in [`Proxy::secret_env`]; connections to their hosts
+    /// TLS-intercepted with a CA of its own, [`Proxy::ca_bundle_pem`], their upstreams
+    /// verified against [`crate::TrustRoots::system`]).
+    pub fn for_sandbox(
+        policy: &airlock_spec::ProxyPolicy,
+        limits: ProxyLimits,
+        resolver: Arc<dyn Resolver>,
+    ) -> Result<Arc<Proxy>, crate::SetupError> {
+        let control = Control::new(policy)?;
+        let configs: Vec<crate::SecretConfig> = policy
+            .secrets
+            .iter()
+            .map(|s| crate::SecretConfig {
+                name: s.name.clone(),
+                value: s.value.clone(),
+                hosts: s.hosts.clone(),
+                query: s.query,
+            })
+            .collect();
+        let secrets = crate::Secrets::new(&configs)?;
+        let mitm = if secrets.is_empty() {
+            None
+        } else {
+            Some(crate::mitm::Mitm::new(secrets, &crate::TrustRoots::system()?)?)
+        };
+        Ok(Proxy::build(control, limits, resolver, mitm))
+    }
+
+    /// [`Proxy::new`] with secrets: the sandbox gets [`Proxy::secret_env`] (placeholders)
+    /// and trusts [`Proxy::ca_pem`]; connections to the hosts the secrets name are
+    /// TLS-intercepted to put the values in, their upstreams verified against `roots`.
+    /// Without secrets this is [`Proxy::new`] (no CA is made).
+    pub fn with_secrets(
+        policy: Policy,
+        limits: ProxyLimits,
+        resolver: Arc<dyn Resolver>,
+        secrets: crate::Secrets,
+        roots: &crate::TrustRoots,
+    ) -> Result<Arc<Proxy>, crate::MitmError> {
+        let mitm = if secrets.is_empty() {
+            None
+        } else {
+            Some(crate::mitm::Mitm::new(secrets, roots)?)
+        };
+        Ok(Proxy::build(Control::fixed(policy), limits, resolver, mitm))
+    }
+
+    fn build(
+        control: Arc<Control>,
+        limits: ProxyLimits,
+        resolver: Arc<dyn Resolver>,
+        mitm: Option<crate::mitm::Mitm>,
     ) -> Arc<Proxy> {
         let slot_count = limits.max_connections.min(Semaphore::MAX_PERMITS);
         Arc::new(Proxy {
@@ -249,6 +311,7 @@ impl Proxy {
                 cap: limits.max_log_entries,
                 dropped: 0,
             }),
+            mitm,
         })
     }
 
@@ -570,6 +633,15 @@ impl Proxy {
             respond(&mut r, &mut w, 403, &reason).await;
             return;
         }
+        // A misplaced placeholder is refused before anything is resolved or connected.
+        if let Request::Http(req) = &request
+            && let Err(reason) = self.http_head(req)
+        {
+            self.deny(conn, reason.clone(), None);
+            self.finish(conn);
+            respond(&mut r, &mut w, 403, &reason).await;
+            return;
+        }
         let addrs = match self.decide(&authority.host, authority.port).await {
             Ok((addrs, reason)) => {
                 self.allow(conn, reason);
@@ -600,7 +672,7 @@ impl Proxy {
         activity.touch();
 
         let end = match &request {
-            Request::Connect(_) => {
+            Request::Connect(a) => {
                 // The program's bytes after the head (a TLS hello sent eagerly) are still
                 // in `r` and go first into the tunnel.
                 if w.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
@@ -609,10 +681,14 @@ impl Proxy {
                 {
                     return;
                 }
-                Ended {
-                    note: self.tunnel(&mut r, &mut w, &mut upstream, conn, activity).await,
-                    answer: None,
-                }
+                let note = if self.intercepts(&a.host, a.port) {
+                    let client = intercept::Duplex { r: &mut r, w: &mut w };
+                    self.intercept(client, &a.host, a.port, upstream, conn, activity)
+                        .await
+                } else {
+                    self.tunnel(&mut r, &mut w, &mut upstream, conn, activity).await
+                };
+                Ended { note, answer: None }
             }
             Request::Http(req) => {
                 self.exchange(&mut r, &mut w, &mut upstream, req, conn, activity)
@@ -796,7 +872,16 @@ impl Proxy {
             bytes: &conn.down,
             ..up
         };
-        let head = upstream_head(req);
+        // The head with secrets put in (checked before connecting: this cannot fail now).
+        let head = match self.http_head(req) {
+            Ok(head) => head,
+            Err(reason) => {
+                return Ended {
+                    note: Some(reason.clone()),
+                    answer: Some((403, reason)),
+                };
+            }
+        };
         let outcome = {
             let send = async {
                 up.write(&mut uw, &head).await?;

@@ -165,7 +165,7 @@ impl Proxy {
         dst: SocketAddr,
         stop: watch::Receiver<bool>,
     ) {
-        let Ok(permit) = Arc::clone(&self.slots()).try_acquire_owned() else {
+        let Ok(permit) = Arc::clone(self.slots()).try_acquire_owned() else {
             self.refuse_redirected(dst);
             return;
         };
@@ -181,10 +181,10 @@ impl Proxy {
         conn: &mut Conn,
         activity: &Activity,
     ) {
-        let (r, mut w) = tokio::io::split(stream);
-        let mut r = BufReader::with_capacity(crate::proxy::CLIENT_BUFFER, r);
+        // Read straight from the stream (no buffer may hold bytes beyond `early`, which
+        // go first to wherever the connection goes).
         let mut early = Vec::new();
-        let sniffed = sniff(&mut r, &mut early, self.limits().idle_timeout).await;
+        let sniffed = sniff(stream, &mut early, self.limits().idle_timeout).await;
         let known = self.names_for(dst.ip());
         let host = match (sniffed.name(), &known) {
             (Some(name), _) => name.to_owned(),
@@ -198,6 +198,8 @@ impl Proxy {
             Some((name, false)) if name.eq_ignore_ascii_case(&host) => Some(dst.ip()),
             _ => None,
         };
+        let (r, mut w) = tokio::io::split(&mut *stream);
+        let mut r = BufReader::with_capacity(crate::proxy::CLIENT_BUFFER, r);
         if self.budget_exhausted() {
             let reason = self.byte_limit_reason();
             self.deny(conn, reason.clone(), None);
@@ -237,6 +239,23 @@ impl Proxy {
         };
         let _ = upstream.set_nodelay(true);
         activity.touch();
+        if matches!(sniffed, Sniffed::Tls(Some(_))) && self.intercepts(&host, dst.port()) {
+            // A host a secret names: TLS ends here, with the ClientHello replayed.
+            drop(r);
+            let client = Replay {
+                prefix: early,
+                at: 0,
+                inner: stream,
+            };
+            let note = self
+                .intercept(client, &host, dst.port(), upstream, conn, activity)
+                .await;
+            if let Some(note) = note {
+                conn.note(&note);
+            }
+            self.finish(conn);
+            return;
+        }
         // What the program sent while it was judged goes first.
         let sent = {
             let up = Meter {
@@ -260,6 +279,52 @@ impl Proxy {
     /// was a stand-in (a name held for approval).
     fn names_for(&self, addr: IpAddr) -> Option<(String, bool)> {
         self.names.lock().unwrap_or_else(|e| e.into_inner()).lookup(addr)
+    }
+}
+
+/// A client stream whose first bytes were read already: they are read again first.
+struct Replay<'a> {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: &'a mut Client,
+}
+
+impl AsyncRead for Replay<'_> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        if self.at < self.prefix.len() {
+            let n = buf.remaining().min(self.prefix.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.prefix[at..at + n]);
+            self.at += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut *self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Replay<'_> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.inner).poll_write(cx, data)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut *self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut *self.inner).poll_shutdown(cx)
     }
 }
 

@@ -315,7 +315,10 @@ fn number_up_to(s: &str, max: u32) -> bool {
 }
 
 fn check_allow_entry(s: &str) -> Result<(), String> {
-    if s == "*" || s.strip_prefix("*:").is_some_and(|p| p != "0" && number_up_to(p, 65535)) {
+    if s == "*"
+        || s.strip_prefix("*:")
+            .is_some_and(|p| p != "0" && number_up_to(p, 65535))
+    {
         return Ok(());
     }
     if s.chars().count() > 253 {

@@ -79,7 +79,10 @@ pub async fn pending(session: &Session, wait: Option<Duration>) -> Result<Vec<Ap
     if let Some(wait) = wait.filter(|_| list.is_empty()) {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
         while control.pending().is_empty() {
-            if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
                 break;
             }
         }
