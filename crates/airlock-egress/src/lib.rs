@@ -81,7 +81,9 @@ mod redirect;
 mod relay;
 mod request;
 mod resolver;
+mod sandbox;
 mod secrets;
+mod service;
 
 #[cfg(test)]
 mod test_util;
@@ -93,6 +95,8 @@ pub use policy::{DEFAULT_PORTS, MAX_ENTRIES, Policy, PolicyError, Target, parse_
 pub use proxy::{ClientStream, Proxy, ProxyLimits};
 pub use redirect::original_destination;
 pub use resolver::{BoxFuture, Resolver, StaticResolver, SystemResolver};
+pub use sandbox::{CA_BUNDLE_PATH, DNS_PORT, PROXY_PORT, TRANSPARENT_PORT, proxy_env};
+pub use service::{Served, Stop};
 
 /// Why a sandbox's proxy could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -145,9 +145,22 @@ pub struct BundleSpec<'a> {
     /// Proxy mode: the host directory holding the egress proxy's socket, bound at
     /// `/.airlock/egress` (root-only inside: the agent's relay connects to it).
     pub egress_dir: Option<&'a Path>,
+    /// Proxy mode with secrets: the trust bundle (PEM) bound read-only at
+    /// [`airlock_egress::CA_BUNDLE_PATH`].
+    pub ca_bundle: Option<&'a [u8]>,
     /// An image's prepared tree: the whole root (then `rootfs` is `None`), with the
     /// host libraries the agent needs.
     pub image: Option<(&'a Path, &'a HostLibs)>,
+}
+
+/// Writes the trust bundle into the bundle's directory and binds it over the root's.
+fn bind_ca_bundle(dir: &Path, spec: &BundleSpec<'_>, mounts: &mut Vec<Value>) -> io::Result<()> {
+    if let Some(pem) = spec.ca_bundle {
+        let path = dir.join("ca-bundle.pem");
+        fs::write(&path, pem).map_err(|e| io_at("writing", &path, e))?;
+        mounts.push(bind(&path, airlock_egress::CA_BUNDLE_PATH));
+    }
+    Ok(())
 }
 
 fn io_at(what: &str, path: &Path, e: io::Error) -> io::Error {
@@ -249,6 +262,7 @@ pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
             "options": ["rbind", "nosuid", "nodev", "noexec"],
         }));
     }
+    bind_ca_bundle(dir, spec, &mut mounts)?;
     mounts.push(json!({"destination": "/proc", "type": "proc", "source": "proc"}));
     let args = vec![AGENT_PATH.to_owned(), crate::agent::AGENT_ARG.to_owned()];
     write_config(dir, json!("rootfs"), mounts, args, spec.egress_dir.is_some())
@@ -298,6 +312,7 @@ fn write_for_image(dir: &Path, image: &Path, libs: &HostLibs, spec: &BundleSpec<
             "options": ["rbind", "nosuid", "nodev", "noexec"],
         }));
     }
+    bind_ca_bundle(dir, spec, &mut mounts)?;
     mounts.push(json!({"destination": "/proc", "type": "proc", "source": "proc"}));
     write_config(dir, json!(image), mounts, args, spec.egress_dir.is_some())
 }

@@ -7,14 +7,13 @@
 //! its only way out. Served on a thread of its own with its own small runtime, so one
 //! sandbox flooding its proxy cannot slow another's.
 
-use airlock_egress::{Policy, Proxy, ProxyLimits, SystemResolver};
+use airlock_egress::{Proxy, Served};
 use airlock_spec::EgressEntry;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -28,17 +27,11 @@ pub const SANDBOX_DIR: &str = "/.airlock/egress";
 
 /// A running proxy; dropping it stops it.
 #[derive(Debug)]
-pub struct HostProxy {
-    proxy: Arc<Proxy>,
-    /// Entries of the log already returned by [`HostProxy::take_new`].
-    seen: usize,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
+pub struct HostProxy(Served);
 
 impl HostProxy {
-    /// Serves `policy` on the relay's sockets in `dir` (created, readable by root only).
-    pub fn start(policy: Policy, dir: &Path, id: &str) -> std::io::Result<HostProxy> {
+    /// Serves `proxy` on the relay's sockets in `dir` (created, readable by root only).
+    pub fn start(proxy: Arc<Proxy>, dir: &Path, id: &str) -> std::io::Result<HostProxy> {
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         let mut listeners = Vec::new();
@@ -51,32 +44,21 @@ impl HostProxy {
             listener.set_nonblocking(true)?;
             listeners.push((kind, listener));
         }
-        let proxy = Proxy::new(policy, ProxyLimits::default(), Arc::new(SystemResolver));
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let served = Arc::clone(&proxy);
-        let thread = std::thread::Builder::new()
-            .name(format!("airlock-proxy-{id}"))
-            .spawn(move || runtime.block_on(serve(listeners, served, stopped)))?;
-        Ok(HostProxy {
-            proxy,
-            seen: 0,
-            stop: Some(stop),
-            thread: Some(thread),
+        Served::start(proxy, id, SETTLE, move |proxy, stop| {
+            serve(listeners, proxy, stop.stopped())
         })
+        .map(HostProxy)
+    }
+
+    /// The proxy served.
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        self.0.proxy()
     }
 
     /// Log entries recorded since the last call (one exec's egress), waiting a bounded
     /// time for connections still closing.
-    pub fn proxy(&self) -> &Arc<Proxy> {
-        &self.proxy
-    }
-
-    /// Log entries recorded since the last call.
     pub fn take_new(&mut self) -> Vec<EgressEntry> {
-        self.proxy.log_since(&mut self.seen, SETTLE)
+        self.0.take_new()
     }
 }
 
@@ -95,7 +77,7 @@ enum Relayed {
 async fn serve(
     listeners: Vec<(Relayed, std::os::unix::net::UnixListener)>,
     proxy: Arc<Proxy>,
-    stop: tokio::sync::oneshot::Receiver<()>,
+    stop: impl Future<Output = ()>,
 ) {
     let mut accepting = Vec::new();
     for (kind, listener) in listeners {
@@ -215,15 +197,4 @@ async fn read_destination(stream: &mut UnixStream) -> std::io::Result<SocketAddr
         .ok_or_else(|| {
             std::io::Error::other(format!("not a destination: {:?}", String::from_utf8_lossy(&line)))
         })
-}
-
-impl Drop for HostProxy {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }

@@ -122,8 +122,19 @@ impl GvisorSandbox {
         let policy = match &shape.network {
             NetworkPolicy::None => None,
             NetworkPolicy::Proxy(p) => Some(
-                airlock_egress::Policy::from_proxy(p)
-                    .map_err(|e| Error::Invalid(SpecError::new(e.field, e.message)))?,
+                airlock_egress::Proxy::for_sandbox(
+                    p,
+                    airlock_egress::ProxyLimits::default(),
+                    std::sync::Arc::new(airlock_egress::SystemResolver),
+                )
+                .map_err(|e| match e {
+                    airlock_egress::SetupError::Policy(e) => {
+                        Error::Invalid(SpecError::new(e.field, e.message))
+                    }
+                    airlock_egress::SetupError::Mitm(e) => {
+                        Error::host("preparing the interception of secrets", e)
+                    }
+                })?,
             ),
         };
         let t0 = Instant::now();
@@ -136,6 +147,7 @@ impl GvisorSandbox {
             cgroup: None,
         };
         let egress_dir = dir.join("egress");
+        let ca_bundle = policy.as_ref().and_then(|p| p.ca_bundle_pem());
         let image = match &shape.image {
             Some(image) => Some((image.root.as_path(), prepared.host_libs()?)),
             None => None,
@@ -147,6 +159,7 @@ impl GvisorSandbox {
                 agent: &prepared.agent,
                 compat: prepared.compat.as_deref(),
                 egress_dir: policy.is_some().then_some(egress_dir.as_path()),
+                ca_bundle: ca_bundle.as_deref().map(str::as_bytes),
                 image,
             },
         )
@@ -261,8 +274,11 @@ impl GvisorSandbox {
             &[],
         )?;
         sandbox.expect_ok("creating the sandbox")?;
-        if sandbox.egress.is_some() {
-            sandbox.send(&ToGuest::Egress, &[])?;
+        if let Some(egress) = &sandbox.egress {
+            // The agent's programs get the proxy's variables and the secrets' placeholders.
+            let env = serde_json::to_vec(&egress.proxy().sandbox_env())
+                .map_err(|e| Error::host("encoding the sandbox's environment", e))?;
+            sandbox.send(&ToGuest::Egress, &env)?;
             sandbox.expect_ok("starting the egress relay")?;
         }
         if warm {

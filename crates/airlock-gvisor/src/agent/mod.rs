@@ -421,7 +421,16 @@ impl State {
                 match started {
                     Ok(listener) => {
                         self.egress = Some(listener);
-                        self.env = airlock_sandbox::proxy_env(airlock_sandbox::PROXY_PORT);
+                        // The host's list: the proxy's variables, the secrets' placeholders
+                        // and where the trust bundle is.
+                        self.env = if payload.is_empty() {
+                            airlock_egress::proxy_env(airlock_egress::PROXY_PORT)
+                        } else {
+                            match serde_json::from_slice(&payload) {
+                                Ok(env) => env,
+                                Err(e) => return port.error(format!("the egress environment: {e}")),
+                            }
+                        };
                         port.send(&ToHost::Ok, &[])
                     }
                     Err(e) => port.error(format!("starting the egress relay: {e}")),
