@@ -161,8 +161,8 @@ impl NetworkPatch {
 const MAX_ENTRIES: usize = 256;
 /// At most this many secrets per sandbox.
 const MAX_SECRETS: usize = 32;
-/// A secret's value: at most this many bytes (a header value's practical bound).
-const MAX_SECRET_BYTES: usize = 8192;
+/// A secret's value: at most this many (ASCII) characters.
+const MAX_SECRET_BYTES: usize = 4096;
 /// A secret's name: at most this many bytes.
 const MAX_SECRET_NAME: usize = 128;
 /// Bounds of `approval_timeout_ms`.
@@ -271,13 +271,13 @@ impl ProxyPolicy {
             if s.value.is_empty() || s.value.len() > MAX_SECRET_BYTES {
                 return Err(SpecError::new(
                     field("value"),
-                    format!("must be 1 to {MAX_SECRET_BYTES} bytes"),
+                    format!("must be 1 to {MAX_SECRET_BYTES} characters"),
                 ));
             }
-            if s.value.chars().any(char::is_control) {
+            if !s.value.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
                 return Err(SpecError::new(
                     field("value"),
-                    "contains a control character (CR, LF, NUL, ...): it could not go into a header",
+                    "must be printable ASCII (no control characters such as CR or LF: it goes into HTTP headers)",
                 ));
             }
             if s.hosts.is_empty() {
@@ -287,6 +287,12 @@ impl ProxyPolicy {
                 ));
             }
             check_entries(&field("hosts"), &s.hosts, "a host pattern")?;
+            if let Some(j) = s.hosts.iter().position(|h| h == "*" || h.starts_with("*:")) {
+                return Err(SpecError::new(
+                    format!("network.secrets[{i}].hosts[{j}]"),
+                    "a secret goes only to hosts it names: * is not allowed here",
+                ));
+            }
         }
         if !APPROVAL_TIMEOUT_MS.contains(&self.approval_timeout_ms) {
             return Err(SpecError::new(

@@ -504,7 +504,7 @@ mod tests {
     }
 
     #[test]
-    fn six_tools_each_with_schemas_and_annotations() {
+    fn seven_tools_each_with_schemas_and_annotations() {
         let names: Vec<String> = tools()
             .iter()
             .map(|t| t["name"].as_str().unwrap().to_owned())
@@ -517,6 +517,7 @@ mod tests {
                 "exec",
                 "read_file",
                 "run_code",
+                "update_network",
                 "write_file"
             ]
         );
