@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use airlock_egress::{Decision, Proxy};
-use rmcp::service::{ElicitationError, Peer};
 use rmcp::RoleServer;
+use rmcp::service::{ElicitationError, Peer};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -65,7 +65,10 @@ pub(crate) async fn ask_while_running(peer: Peer<RoleServer>, proxy: Arc<Proxy>,
             );
             let wait = Duration::from_millis(p.expires_in_ms);
             asking.spawn(async move {
-                let decision = match peer.elicit_with_timeout::<ApprovalAnswer>(message, Some(wait)).await {
+                let decision = match peer
+                    .elicit_with_timeout::<ApprovalAnswer>(message, Some(wait))
+                    .await
+                {
                     Ok(Some(answer)) => answer.decision.into(),
                     Ok(None)
                     | Err(ElicitationError::UserDeclined)
