@@ -36,6 +36,7 @@ import anyio
 import jsonschema
 import pytest
 from mcp import ClientSession, StdioServerParameters
+from mcp import types as mcp_types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -805,3 +806,88 @@ def test_inspector_cli_over_http(mcp_daemon: Daemon) -> None:
     assert result["isError"] is True, result
     assert result["content"][0]["text"] == "exited with code 2"
     assert result["structuredContent"]["stdout"] == "hi\n"
+
+
+# ---------------------------------------------------------------------------------------
+# Approvals: a sandbox created with on_denied "ask" puts each connection its policy denies
+# to the user through the client's elicitation request.
+# ---------------------------------------------------------------------------------------
+
+
+def local_web_server() -> tuple[Any, int]:
+    """A web server on the host's loopback (the only place these tests send traffic)."""
+    import http.server
+    import threading
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            body = b"hello from the host\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_a_denied_connection_is_put_to_the_user_by_elicitation() -> None:
+    server, port = local_web_server()
+    answers = ["allow_once", "deny"]
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> Any:
+        asked.append(params.message)
+        return mcp_types.ElicitResult(action="accept", content={"decision": answers[len(asked) - 1]})
+
+    # `localhost` is not in the allowlist: each connection to it is held and asked about;
+    # once allowed, the proxy resolves it on the host to 127.0.0.1, which allow_cidrs lets
+    # through (the host's loopback: the test server).
+    # (NO_PROXY names localhost: dropped, so the request goes through the proxy.)
+    code = (
+        "import os, urllib.request, urllib.error\n"
+        "os.environ.pop('NO_PROXY', None); os.environ.pop('no_proxy', None)\n"
+        "try:\n"
+        f"    print(urllib.request.urlopen('http://localhost:{port}/x', timeout=60).read().decode(), end='')\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code, e.read().decode(), end='')\n"
+    )
+
+    async def main() -> None:
+        params = StdioServerParameters(command=airlock_bin(), args=["mcp", "--pool", "1"])
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write, elicitation_callback=on_elicit) as s:
+                await s.initialize()
+                schemas = await output_schemas(s)
+                r = await s.call_tool(
+                    "create_sandbox",
+                    {"network": {"mode": "proxy", "allow_cidrs": ["127.0.0.1/32"], "on_denied": "ask"}},
+                )
+                sid = check_structured(schemas, "create_sandbox", r)["sandbox_id"]
+                first = await s.call_tool("exec", {"sandbox_id": sid, "language": "python", "code": code})
+                out = check_structured(schemas, "exec", first)
+                assert out["stdout"] == "hello from the host\n", out
+                assert any(e["reason"] == "allowed once by approval" for e in out["egress"]), out["egress"]
+                second = await s.call_tool("exec", {"sandbox_id": sid, "language": "python", "code": code})
+                out = check_structured(schemas, "exec", second)
+                assert out["stdout"].startswith("403 "), out
+                assert "denied by approval" in out["stdout"], out
+                # A change of policy for the next connections, over MCP: no question asked.
+                r = await s.call_tool("update_network", {"sandbox_id": sid, "allow": [f"localhost:{port}"]})
+                assert check_structured(schemas, "update_network", r)["allow"] == [f"localhost:{port}"]
+                third = await s.call_tool("exec", {"sandbox_id": sid, "language": "python", "code": code})
+                out = check_structured(schemas, "exec", third)
+                assert out["stdout"] == "hello from the host\n", out
+                assert out["egress"][0]["kind"] == "policy", out["egress"]
+                await s.call_tool("close_sandbox", {"sandbox_id": sid})
+
+    try:
+        run(main)
+    finally:
+        server.shutdown()
+    assert len(asked) == 2, asked
+    assert f"localhost:{port}" in asked[0], asked

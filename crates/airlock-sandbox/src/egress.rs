@@ -3,7 +3,7 @@
 //! hands it over; here it is served on a thread of its own, with its own small runtime, so
 //! one sandbox flooding its proxy cannot slow another's.
 
-use airlock_egress::{Policy, Proxy, ProxyLimits, SystemResolver};
+use airlock_egress::{Proxy, ProxyLimits, SystemResolver};
 use airlock_spec::{EgressEntry, NetworkPolicy, SpecError};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -35,13 +35,21 @@ pub fn proxy_env(port: u16) -> Vec<(String, String)> {
 /// How long the log may take to settle after a program ends.
 const SETTLE: Duration = Duration::from_millis(500);
 
-/// Parses the policy of `network`, before anything is built: `None` without a proxy.
-pub fn policy(network: &NetworkPolicy) -> Result<Option<Policy>, SandboxError> {
+/// The proxy for `network`, built before the sandbox (its policy checked, its secrets'
+/// placeholders and CA made): `None` without a proxy.
+pub fn proxy(network: &NetworkPolicy) -> Result<Option<Arc<Proxy>>, SandboxError> {
     match network {
         NetworkPolicy::None => Ok(None),
-        NetworkPolicy::Proxy(p) => Policy::from_proxy(p)
+        NetworkPolicy::Proxy(p) => Proxy::for_sandbox(p, ProxyLimits::default(), Arc::new(SystemResolver))
             .map(Some)
-            .map_err(|e| SandboxError::Spec(SpecError::new(e.field, e.message))),
+            .map_err(|e| match e {
+                airlock_egress::SetupError::Policy(e) => {
+                    SandboxError::Spec(SpecError::new(e.field, e.message))
+                }
+                airlock_egress::SetupError::Mitm(e) => {
+                    SandboxError::Setup(format!("preparing the interception of secrets: {e}"))
+                }
+            }),
     }
 }
 
@@ -57,8 +65,7 @@ pub struct EgressProxy {
 
 impl EgressProxy {
     /// Serves `listener` with `policy` on a new thread.
-    pub fn start(policy: Policy, listener: OwnedFd, id: &str) -> Result<EgressProxy, SandboxError> {
-        let proxy = Proxy::new(policy, ProxyLimits::default(), Arc::new(SystemResolver));
+    pub fn start(proxy: Arc<Proxy>, listener: OwnedFd, id: &str) -> Result<EgressProxy, SandboxError> {
         let listener = std::net::TcpListener::from(listener);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -182,7 +182,7 @@ impl Sandbox {
         ahead: bool,
     ) -> Result<Sandbox, SandboxError> {
         let t0 = Instant::now();
-        let policy = egress::policy(&config.network)?;
+        let policy = egress::proxy(&config.network)?;
         let id = new_id()?;
         let cgroup = engine.cgroups.create(&id, &config.limits)?;
         if ahead {

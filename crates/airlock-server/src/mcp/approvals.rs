@@ -9,49 +9,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use airlock_egress::{Decision, Proxy};
+use futures_util::StreamExt;
 use rmcp::RoleServer;
 use rmcp::service::{ElicitationError, Peer};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The user's answer.
+/// The user's answer (a flat object of one string: what elicitation forms can show).
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub(crate) struct ApprovalAnswer {
     /// `allow_once`: this connection only; `allow_session`: this host and port from now
     /// on in this sandbox; `deny`: refuse it.
-    pub decision: Choice,
-}
-
-/// The choices offered.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Choice {
-    /// This connection only.
-    AllowOnce,
-    /// This host and port, for the rest of the sandbox's life.
-    AllowSession,
-    /// Refuse it.
-    Deny,
+    #[schemars(extend("enum" = ["allow_once", "allow_session", "deny"]))]
+    pub decision: String,
 }
 
 rmcp::elicit_safe!(ApprovalAnswer);
-
-impl From<Choice> for Decision {
-    fn from(c: Choice) -> Decision {
-        match c {
-            Choice::AllowOnce => Decision::AllowOnce,
-            Choice::AllowSession => Decision::AllowSession,
-            Choice::Deny => Decision::Deny,
-        }
-    }
-}
 
 /// Asks `peer` about every connection `proxy` holds, until dropped (the exec's end).
 pub(crate) async fn ask_while_running(peer: Peer<RoleServer>, proxy: Arc<Proxy>, sandbox_id: String) {
     let control = Arc::clone(proxy.control());
     let mut changes = control.watch();
     let mut asked = HashSet::new();
-    let mut asking = tokio::task::JoinSet::new();
+    // Polled here, in the exec's own task: each question is a future of this one.
+    let mut asking = futures_util::stream::FuturesUnordered::new();
     loop {
         for p in control.pending() {
             if !asked.insert(p.id) {
@@ -64,12 +45,12 @@ pub(crate) async fn ask_while_running(peer: Peer<RoleServer>, proxy: Arc<Proxy>,
                 p.host, p.port, p.reason
             );
             let wait = Duration::from_millis(p.expires_in_ms);
-            asking.spawn(async move {
+            asking.push(async move {
                 let decision = match peer
                     .elicit_with_timeout::<ApprovalAnswer>(message, Some(wait))
                     .await
                 {
-                    Ok(Some(answer)) => answer.decision.into(),
+                    Ok(Some(answer)) => answer.decision.parse().unwrap_or(Decision::Deny),
                     Ok(None)
                     | Err(ElicitationError::UserDeclined)
                     | Err(ElicitationError::UserCancelled)
@@ -78,7 +59,7 @@ pub(crate) async fn ask_while_running(peer: Peer<RoleServer>, proxy: Arc<Proxy>,
                     Err(e) => {
                         // No elicitation here (or the client went away): the connection
                         // waits for the approvals route or its timeout.
-                        tracing::debug!(error = %e, "cannot ask over MCP");
+                        tracing::warn!(error = %e, "cannot ask over MCP");
                         return;
                     }
                 };
@@ -87,7 +68,7 @@ pub(crate) async fn ask_while_running(peer: Peer<RoleServer>, proxy: Arc<Proxy>,
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { break },
-            Some(_) = asking.join_next(), if !asking.is_empty() => {}
+            Some(()) = asking.next(), if !asking.is_empty() => {}
         }
     }
     std::future::pending::<()>().await;
