@@ -389,6 +389,7 @@ mod tests {
                 agent: &agent,
                 compat: None,
                 egress_dir: None,
+                ca_bundle: None,
                 image: None,
             },
         )
@@ -432,6 +433,7 @@ mod tests {
                 agent: &agent,
                 compat: Some(&agent),
                 egress_dir: None,
+                ca_bundle: None,
                 image: Some((&image, &libs)),
             },
         )

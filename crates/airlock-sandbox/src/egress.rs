@@ -1,42 +1,28 @@
 //! Proxy mode: the egress proxy of one sandbox, served outside it. Init binds the
-//! listening socket on the sandbox's loopback (so it is the program's only way out) and
-//! hands it over; here it is served on a thread of its own, with its own small runtime, so
-//! one sandbox flooding its proxy cannot slow another's.
+//! sockets on the sandbox's loopback, where the sandbox's nf_tables rules send every
+//! connection and DNS query (so they are the program's only way out; see `netns`), and
+//! hands them over ([`EgressSockets`]); here they are served by airlock-egress's
+//! [`Served`], on a thread of its own with its own small runtime, so one sandbox flooding
+//! its proxy cannot slow another's.
 
-use airlock_egress::{Proxy, ProxyLimits, SystemResolver};
+use airlock_egress::{Proxy, ProxyLimits, Served, SystemResolver};
 use airlock_spec::{EgressEntry, NetworkPolicy, SpecError};
+use std::net::{TcpListener, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use airlock_egress::{DNS_PORT, PROXY_PORT, TRANSPARENT_PORT, proxy_env};
+
 use crate::SandboxError;
-
-/// The port the proxy listens on inside every sandbox (squid's; the namespace is private).
-pub const PROXY_PORT: u16 = 3128;
-
-/// The variables that point a program at the proxy on `port` of its loopback (the usual
-/// names, upper and lower case), loopback itself excepted.
-pub fn proxy_env(port: u16) -> Vec<(String, String)> {
-    let url = format!("http://127.0.0.1:{port}");
-    let proxied = [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ]
-    .map(|k| (k.to_owned(), url.clone()));
-    let direct = ["NO_PROXY", "no_proxy"].map(|k| (k.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
-    proxied.into_iter().chain(direct).collect()
-}
+use crate::protocol::EgressSetup;
 
 /// How long the log may take to settle after a program ends.
 const SETTLE: Duration = Duration::from_millis(500);
 
 /// The proxy for `network`, built before the sandbox (its policy checked, its secrets'
-/// placeholders and CA made): `None` without a proxy.
+/// placeholders and CA made, so the CA bundle can go into the sandbox): `None` without
+/// a proxy.
 pub fn proxy(network: &NetworkPolicy) -> Result<Option<Arc<Proxy>>, SandboxError> {
     match network {
         NetworkPolicy::None => Ok(None),
@@ -53,62 +39,77 @@ pub fn proxy(network: &NetworkPolicy) -> Result<Option<Arc<Proxy>>, SandboxError
     }
 }
 
-/// A running proxy; dropping it stops it.
-#[derive(Debug)]
-pub struct EgressProxy {
-    proxy: Arc<Proxy>,
-    /// Entries of the log already returned by [`EgressProxy::take_new`].
-    seen: usize,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+/// What init sets up for proxy mode: the three ports, and the CA bundle to install.
+pub(crate) fn setup(ca_bundle: Option<&[u8]>) -> EgressSetup {
+    EgressSetup {
+        proxy_port: PROXY_PORT,
+        transparent_port: TRANSPARENT_PORT,
+        dns_port: DNS_PORT,
+        ca_bundle_bytes: ca_bundle.map(|b| b.len() as u64),
+    }
 }
 
-impl EgressProxy {
-    /// Serves `listener` with `policy` on a new thread.
-    pub fn start(proxy: Arc<Proxy>, listener: OwnedFd, id: &str) -> Result<EgressProxy, SandboxError> {
-        let listener = std::net::TcpListener::from(listener);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(SandboxError::Spawn)?;
-        let served = Arc::clone(&proxy);
-        let thread = std::thread::Builder::new()
-            .name(format!("airlock-proxy-{id}"))
-            .spawn(move || {
-                runtime.block_on(served.serve(listener, async {
-                    let _ = stopped.await;
-                }));
-            })
-            .map_err(SandboxError::Spawn)?;
-        Ok(EgressProxy {
-            proxy,
-            seen: 0,
-            stop: Some(stop),
-            thread: Some(thread),
+/// The sockets init bound on the sandbox's loopback (see `netns`), in the order of the
+/// `Ready` reply's fds.
+#[derive(Debug)]
+pub struct EgressSockets {
+    /// The explicit HTTP proxy's listener ([`PROXY_PORT`]).
+    pub proxy: TcpListener,
+    /// The transparent listener ([`TRANSPARENT_PORT`]): each accepted connection was
+    /// redirected, its original destination is its `SO_ORIGINAL_DST`.
+    pub transparent: TcpListener,
+    /// The resolver's socket ([`DNS_PORT`], UDP).
+    pub dns: UdpSocket,
+}
+
+impl EgressSockets {
+    /// The sockets of init's `Ready` reply; anything but three is an error.
+    pub(crate) fn from_fds(fds: Vec<OwnedFd>) -> Result<EgressSockets, SandboxError> {
+        let n = fds.len();
+        let Ok([proxy, transparent, dns]) = <[OwnedFd; 3]>::try_from(fds) else {
+            return Err(SandboxError::Setup(format!("init sent {n} proxy sockets, not 3")));
+        };
+        Ok(EgressSockets {
+            proxy: proxy.into(),
+            transparent: transparent.into(),
+            dns: dns.into(),
         })
+    }
+}
+
+/// A running proxy; dropping it stops it.
+#[derive(Debug)]
+pub struct EgressProxy(Served);
+
+impl EgressProxy {
+    /// Serves `sockets` with `proxy` on a new thread: the explicit proxy, the redirected
+    /// connections and the resolver.
+    pub fn start(proxy: Arc<Proxy>, sockets: EgressSockets, id: &str) -> Result<EgressProxy, SandboxError> {
+        let EgressSockets {
+            proxy: listener,
+            transparent,
+            dns,
+        } = sockets;
+        Served::start(proxy, id, SETTLE, move |proxy, stop| async move {
+            tokio::join!(
+                Arc::clone(&proxy).serve(listener, stop.clone().stopped()),
+                Arc::clone(&proxy).serve_transparent(transparent, stop.clone().stopped()),
+                proxy.serve_dns(dns, stop.stopped()),
+            );
+        })
+        .map(EgressProxy)
+        .map_err(SandboxError::Spawn)
     }
 
     /// The proxy served.
     pub fn proxy(&self) -> &Arc<Proxy> {
-        &self.proxy
+        self.0.proxy()
     }
 
     /// Log entries recorded since the last call (one exec's egress). The program's
     /// processes are gone by now, but the proxy may still be closing their connections
     /// (each is logged when it ends): wait for that, a bounded time.
     pub fn take_new(&mut self) -> Vec<EgressEntry> {
-        self.proxy.log_since(&mut self.seen, SETTLE)
-    }
-}
-
-impl Drop for EgressProxy {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.0.take_new()
     }
 }

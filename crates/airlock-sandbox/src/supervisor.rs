@@ -127,16 +127,18 @@ fn base_env() -> Vec<(String, String)> {
     .collect()
 }
 
-/// The final environment: defaults, the proxy's variables in proxy mode, then the spec's
+/// The final environment: defaults, the proxy's variables in proxy mode (with the
+/// secrets' placeholders), then the spec's
 /// variables (a later one wins).
-fn environment(spec: &Spec, proxy_port: Option<u16>) -> Vec<(String, String)> {
+fn environment(spec: &Spec, proxy: Option<&airlock_egress::Proxy>) -> Vec<(String, String)> {
     let mut env = base_env();
     if let Some(dir) = &spec.workdir {
         env.retain(|(key, _)| key != "PWD");
         env.push(("PWD".into(), dir.clone()));
     }
-    if let Some(port) = proxy_port {
-        env.extend(crate::egress::proxy_env(port));
+    // The proxy's variables, each secret's placeholder, where the trust bundle is.
+    if let Some(proxy) = proxy {
+        env.extend(proxy.sandbox_env());
     }
     for (k, v) in &spec.env {
         env.retain(|(key, _)| key != k);
@@ -195,7 +197,7 @@ pub(crate) fn exec(
     }
     let request = Request::Exec {
         command: spec.command.clone(),
-        env: environment(spec, sb.proxy_port()),
+        env: environment(spec, sb.egress().as_deref()),
         max_file_bytes: sb.disk_bytes(),
         workdir: spec.workdir.clone(),
         last: one_shot,
