@@ -127,6 +127,7 @@ pub fn serve(booted: crate::boot::Booted, init_ms: u64) -> Result<(), String> {
         init_ms,
         modules_ms,
         boot_ms: sys::boot_ms(),
+        mux_version: airlock_vmwire::mux::MUX_VERSION,
     };
     port.send(&ToHost::Ready(info), &[])
         .map_err(|e| format!("port: {e}"))?;

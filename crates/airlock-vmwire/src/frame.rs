@@ -178,6 +178,14 @@ pub struct GuestInfo {
     pub modules_ms: u64,
     /// Milliseconds from the guest kernel's start to the agent being ready.
     pub boot_ms: u64,
+    /// The egress port's frame kinds the agent speaks ([`crate::mux::MUX_VERSION`]); 1
+    /// from an agent that predates the field.
+    #[serde(default = "mux_version_one")]
+    pub mux_version: u32,
+}
+
+fn mux_version_one() -> u32 {
+    1
 }
 
 /// Why a frame could not be read or written.
