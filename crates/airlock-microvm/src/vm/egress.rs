@@ -1,25 +1,104 @@
 //! Proxy mode in a micro-VM, the host's half: the VM's egress port carries the program's
-//! connections to its proxy ([`airlock_vmwire::mux`]); here each is handed to an airlock-egress
-//! [`Proxy`] with the run's policy, as the namespace backend serves the connections of
-//! its sandbox's loopback listener. The guest has no network device: this relay is its
+//! connections to its proxy and its DNS queries ([`airlock_vmwire::mux`]); here each is
+//! handed to an airlock-egress [`Proxy`] with the run's policy, as the namespace backend
+//! serves the connections of its sandbox's loopback listeners: an explicit one
+//! (`Open`) as a proxy client, a redirected one (`OpenTo`) with its original destination,
+//! a query to the proxy's resolver. The guest has no network device: this relay is its
 //! only way out. It runs on a thread of its own with its own small runtime, so one VM
 //! flooding its proxy cannot slow another's.
 
 use airlock_egress::{Policy, Proxy, ProxyLimits, SystemResolver};
 use airlock_spec::EgressEntry;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::VmError;
-use airlock_vmwire::mux::{MAX_CONNECTIONS, MUX_CHUNK, MuxDecoder, MuxFrame, WINDOW};
+use airlock_vmwire::mux::{
+    MAX_CONNECTIONS, MAX_DNS, MAX_DNS_QUERIES, MUX_CHUNK, MuxDecoder, MuxFrame, WINDOW,
+};
+
+/// The transparent path's two entry points into airlock-egress, and the only place that
+/// calls them: a connection the sandbox's nf_tables redirected, with its original
+/// destination, and a DNS query to airlock's resolver.
+mod transparent {
+    use super::*;
+
+    /// Serves one redirected connection whose original destination is `dst`, judged by
+    /// the proxy's policy and logged in its log; returns when it has ended (or, once
+    /// `stop` resolves, after closing it).
+    pub(super) async fn serve_redirected(
+        proxy: Arc<Proxy>,
+        stream: DuplexStream,
+        dst: SocketAddr,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) {
+        tracing::debug!(%dst, "egress relay: a redirected connection");
+        // Until airlock-egress has `Proxy::serve_redirected`: the connection is opened as
+        // a CONNECT to its original address, so the proxy judges the address by its
+        // policy and logs it; without the name a TLS SNI or HTTP Host would give.
+        connect_to_original(proxy, stream, dst, stop).await
+    }
+
+    /// The answer of the proxy's resolver to one DNS query; `None`: no answer.
+    pub(super) async fn answer_dns(proxy: &Proxy, query: &[u8]) -> Option<Vec<u8>> {
+        tracing::debug!(query = %hex(query), "egress relay: a DNS query");
+        // Until airlock-egress has `Proxy::answer_dns`: no resolver answers in the
+        // sandbox; the program's resolver times out, as with no DNS at all.
+        let _ = proxy;
+        tracing::warn!(
+            bytes = query.len(),
+            "egress relay: a DNS query, not answered: this build's proxy has no resolver for sandboxes"
+        );
+        None
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Serves a redirected connection as a CONNECT to its original address through `proxy`
+/// (see [`transparent::serve_redirected`]): the proxy's answer is read here, and on
+/// `200` the program's bytes and the destination's are spliced; on a refusal (logged by
+/// the proxy) the program's connection is closed.
+async fn connect_to_original(
+    proxy: Arc<Proxy>,
+    mut stream: DuplexStream,
+    dst: SocketAddr,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let (proxy_end, mut client) = tokio::io::duplex(WINDOW as usize);
+    let served = tokio::spawn(proxy.serve_stream(proxy_end, stop));
+    let splice = async {
+        client
+            .write_all(format!("CONNECT {dst} HTTP/1.1\r\nHost: {dst}\r\n\r\n").as_bytes())
+            .await?;
+        // The answer's head, a byte at a time: nothing after it may be consumed here.
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            if head.len() > 8 * 1024 || client.read_u8().await.map(|b| head.push(b)).is_err() {
+                return Ok(());
+            }
+        }
+        if head.starts_with(b"HTTP/1.1 200 ") || head.starts_with(b"HTTP/1.0 200 ") {
+            tokio::io::copy_bidirectional(&mut stream, &mut client).await?;
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    let _ = splice.await;
+    drop(stream);
+    drop(client);
+    let _ = served.await;
+}
 
 /// How long the log may take to settle after a program ends: its connections are closed
 /// in the guest, and the closes cross the port (emulated, under TCG) before the proxy
@@ -140,6 +219,7 @@ async fn relay(port: tokio::net::UnixStream, proxy: Arc<Proxy>, stop: tokio::syn
     let mut served = JoinSet::new();
     let mut conn_tasks = JoinSet::new();
     let mut conns: HashMap<u32, Conn> = HashMap::new();
+    let dns_slots = Arc::new(Semaphore::new(MAX_DNS_QUERIES));
     let mut decoder = MuxDecoder::default();
     let mut buf = vec![0u8; 64 * 1024];
     let mut stop = std::pin::pin!(stop);
@@ -184,9 +264,40 @@ async fn relay(port: tokio::net::UnixStream, proxy: Arc<Proxy>, stop: tokio::syn
                                 let _ = out.send(MuxFrame::Reset(id).encode());
                                 continue;
                             }
-                            let conn = open(id, &proxy, &proxy_stopped, &out, &events, &mut served, &mut conn_tasks);
+                            let conn = open(id, None, &proxy, &proxy_stopped, &out, &events, &mut served, &mut conn_tasks);
                             conns.insert(id, conn);
                         }
+                        MuxFrame::OpenTo(id, dst) => {
+                            if conns.len() >= MAX_CONNECTIONS || conns.contains_key(&id) {
+                                let _ = out.send(MuxFrame::Reset(id).encode());
+                                continue;
+                            }
+                            let conn = open(id, Some(dst), &proxy, &proxy_stopped, &out, &events, &mut served, &mut conn_tasks);
+                            conns.insert(id, conn);
+                        }
+                        MuxFrame::DnsQuery(id, query) => {
+                            // Every query is answered once; over the bound, with no answer.
+                            let Ok(permit) = Arc::clone(&dns_slots).try_acquire_owned() else {
+                                let _ = out.send(MuxFrame::DnsNone(id).encode());
+                                continue;
+                            };
+                            let (proxy, out) = (Arc::clone(&proxy), out.clone());
+                            conn_tasks.spawn(async move {
+                                let answer = transparent::answer_dns(&proxy, &query).await;
+                                let frame = match answer {
+                                    Some(a) if !a.is_empty() && a.len() <= MAX_DNS => MuxFrame::DnsAnswer(id, a),
+                                    Some(a) => {
+                                        tracing::warn!(bytes = a.len(), "egress relay: a DNS answer that cannot cross the port (1 to {MAX_DNS} bytes): none sent");
+                                        MuxFrame::DnsNone(id)
+                                    }
+                                    None => MuxFrame::DnsNone(id),
+                                };
+                                let _ = out.send(frame.encode());
+                                drop(permit);
+                            });
+                        }
+                        // Only the host answers queries.
+                        MuxFrame::DnsAnswer(..) | MuxFrame::DnsNone(_) => {}
                         MuxFrame::Data(id, data) => {
                             let Some(c) = conns.get_mut(&id) else { continue };
                             let len = data.len() as u32;
@@ -232,10 +343,13 @@ async fn relay(port: tokio::net::UnixStream, proxy: Arc<Proxy>, stop: tokio::syn
     writer.abort();
 }
 
-/// Starts serving connection `id`: the proxy on one end of an in-memory stream, and two
-/// tasks moving bytes between the other end and the port.
+/// Starts serving connection `id` (explicit, or redirected from `dst`): the proxy on one
+/// end of an in-memory stream, and two tasks moving bytes between the other end and the
+/// port.
+#[allow(clippy::too_many_arguments)]
 fn open(
     id: u32,
+    dst: Option<SocketAddr>,
     proxy: &Arc<Proxy>,
     stopped: &watch::Receiver<bool>,
     out: &mpsc::UnboundedSender<Vec<u8>>,
@@ -245,9 +359,18 @@ fn open(
 ) -> Conn {
     let (proxy_end, relay_end) = tokio::io::duplex(WINDOW as usize);
     let mut stopped = stopped.clone();
-    served.spawn(Arc::clone(proxy).serve_stream(proxy_end, async move {
+    let stop = async move {
         let _ = stopped.wait_for(|s| *s).await;
-    }));
+    };
+    match dst {
+        None => served.spawn(Arc::clone(proxy).serve_stream(proxy_end, stop)),
+        Some(dst) => served.spawn(transparent::serve_redirected(
+            Arc::clone(proxy),
+            proxy_end,
+            dst,
+            stop,
+        )),
+    };
     let (mut from_proxy, mut to_proxy) = tokio::io::split(relay_end);
     let credit = Arc::new(Semaphore::new(WINDOW as usize));
     let pending = Arc::new(AtomicU32::new(0));
