@@ -245,6 +245,7 @@ impl State {
                 }
                 let config = SandboxConfig {
                     fixed_layout,
+                    ca_bundle: None,
                     image: self.image.clone(),
                     ..SandboxConfig::of(&spec)
                 };

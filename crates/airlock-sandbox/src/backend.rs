@@ -23,6 +23,7 @@ impl SandboxConfig {
             image: shape.image.as_ref().map(|i| i.root.clone()),
             network: shape.network.clone(),
             fixed_layout: false,
+            ca_bundle: None,
         }
     }
 }

@@ -19,11 +19,11 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use crate::payload;
 use crate::protocol::{self, CHUNK, CONTROL_FD, Frame, Reply, Request};
-use crate::{mounts, sys, workspace};
+use crate::{mounts, netns, sys, workspace};
 
 /// The argument (argv[1]) that turns the airlock binary into the sandbox's init.
 pub const INIT_ARG: &str = "__airlock_init__";
@@ -92,8 +92,13 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
             }
         };
     }
-    // Nothing but /dev/null stdio and the control socket may cross into the sandbox.
-    try_or!(sys::close_from(4), "close_range");
+    // Nothing but /dev/null stdio, the control socket and (proxy mode) the TUN device
+    // may cross into the sandbox.
+    try_or!(
+        sys::close_from(protocol::TUN_FD as libc::c_uint + 1),
+        "close_range"
+    );
+    let tun = take_tun();
     // The supervisor blocks the signals it handles; the sandbox starts with none blocked
     // but SIGCHLD, which init reads from a signalfd.
     let mut mask = SigSet::empty();
@@ -107,7 +112,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
     let Frame {
         msg,
         payload: seccomp,
-        ..
+        fds: setup_fds,
     } = match protocol::recv::<Request>(control.as_fd()) {
         Ok(Some(frame)) => frame,
         Ok(None) => std::process::exit(1),
@@ -118,17 +123,38 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         rootfs,
         image,
         image_writable,
-        proxy_port,
+        egress,
         fixed_layout,
     } = msg
     else {
         return Err((control, "the first request was not setup".into()));
+    };
+    // Proxy mode needs the TUN device the cloned child opened; without it (the child's
+    // open failed), one last try here, while the host's /dev is still this root's, says
+    // why.
+    let tun = match (&egress, tun) {
+        (None, _) => None,
+        (Some(_), Some(tun)) => Some(tun),
+        (Some(_), None) => Some(try_or!(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/net/tun")
+                .map(OwnedFd::from),
+            "proxy mode needs a TUN device: opening /dev/net/tun"
+        )),
+    };
+    let ca_bundle = match egress.as_ref().and_then(|e| e.ca_bundle_bytes) {
+        Some(len) => Some(try_or!(read_ca_bundle(setup_fds, len), "the CA bundle")),
+        None => None,
     };
     let layout = mounts::Layout {
         rootfs: rootfs.as_deref(),
         image: image.as_deref(),
         image_writable,
         disk_bytes,
+        proxy: egress.is_some(),
+        ca_bundle: ca_bundle.as_deref(),
     };
     try_or!(mounts::build(&layout), "building the filesystem");
 
@@ -153,17 +179,19 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
     }
     try_or!(nix::unistd::sethostname("airlock"), "sethostname");
     try_or!(sys::loopback_up(), "bringing up loopback");
-    // The egress proxy's socket lives in the sandbox's network namespace (so the program
-    // reaches it on loopback, with no route anywhere else) and is served from outside.
-    let proxy = match proxy_port {
-        Some(port) => Some(try_or!(
-            std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)),
-            "binding the proxy socket"
-        )),
-        None => None,
+    // Proxy mode: every address but loopback's is routed to the TUN device, where the
+    // nf_tables rules redirect TCP and DNS to the proxy's sockets and reject the rest
+    // (see `netns`). The sockets live in the sandbox's network namespace (so the
+    // program reaches them on loopback) and are served from outside.
+    let sockets = match (&egress, tun) {
+        (Some(egress), Some(tun)) => {
+            try_or!(netns::route_to_proxy(tun, egress), "proxy mode's network");
+            Some(try_or!(netns::bind(egress), "binding the proxy's sockets"))
+        }
+        _ => None,
     };
     let landlock = try_or!(
-        crate::landlock::prepare(proxy_port, image.is_some(), image_writable),
+        crate::landlock::prepare(egress.is_some(), image.is_some(), image_writable),
         "landlock"
     );
     if fixed_layout {
@@ -183,21 +211,16 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(63);
+    let fds = match &sockets {
+        Some(s) => vec![s.proxy.as_raw_fd(), s.transparent.as_raw_fd(), s.dns.as_raw_fd()],
+        None => Vec::new(),
+    };
     try_or!(
-        protocol::send(
-            control.as_fd(),
-            &Reply::Ready,
-            &[],
-            &proxy
-                .as_ref()
-                .map(std::os::fd::AsRawFd::as_raw_fd)
-                .into_iter()
-                .collect::<Vec<_>>()
-        ),
+        protocol::send(control.as_fd(), &Reply::Ready, &[], &fds),
         "reporting ready"
     );
-    // Init keeps no copy: only the supervisor serves the socket.
-    drop(proxy);
+    // Init keeps no copy: only the supervisor serves the sockets.
+    drop(sockets);
     Ok(Init {
         ready: None,
         done: false,
@@ -482,6 +505,42 @@ fn failed(failure: String) -> Reply {
         },
         None => Reply::Failed { message: failure },
     }
+}
+
+/// The TUN device the cloned child left at [`protocol::TUN_FD`] (see
+/// `sandbox::become_namespace_root`), if that fd is open and is one.
+fn take_tun() -> Option<OwnedFd> {
+    use nix::sys::stat::{SFlag, fstat, major, minor};
+    // SAFETY: F_GETFD only queries the fd number.
+    if unsafe { libc::fcntl(protocol::TUN_FD, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: the fd is open (above) and nothing else in this fresh process owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(protocol::TUN_FD) };
+    let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
+    // /dev/net/tun is the character device 10:200 (misc, TUN_MINOR).
+    let st = fstat(&fd).ok()?;
+    let chr = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFCHR;
+    (chr && major(st.st_rdev) == 10 && minor(st.st_rdev) == 200).then_some(fd)
+}
+
+/// Reads the CA bundle of `len` bytes from the memfd that came with the set-up request.
+fn read_ca_bundle(fds: Vec<OwnedFd>, len: u64) -> Result<Vec<u8>, String> {
+    if len > protocol::MAX_CA_BUNDLE {
+        return Err(format!(
+            "{len} bytes is more than the {} allowed",
+            protocol::MAX_CA_BUNDLE
+        ));
+    }
+    let fd = fds
+        .into_iter()
+        .next()
+        .ok_or("the set-up request carried no bundle")?;
+    // From its start, whatever the shared file offset (the writer's is at its end).
+    let mut bundle = vec![0u8; len as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&File::from(fd), &mut bundle, 0)
+        .map_err(|e| format!("reading its {len} bytes: {e}"))?;
+    Ok(bundle)
 }
 
 /// Waits until the control socket or the signalfd is readable; true for the signalfd.

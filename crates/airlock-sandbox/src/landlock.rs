@@ -1,13 +1,17 @@
 //! Landlock, the second wall behind the mount namespace: even if a path of the host were
 //! reachable, the program could only read and execute system directories (with an image's
-//! root: the whole image, which is all there is) and write its scratch space. Newer ABIs add TCP rules (no TCP bind/connect at all while the network
-//! policy is "none") and scoping (no signals to, and no abstract sockets of, processes
-//! outside the sandbox's domain).
+//! root: the whole image, which is all there is) and write its scratch space. Newer ABIs
+//! add TCP rules (no TCP bind at all; no TCP connect at all while the network policy is
+//! "none") and scoping (no signals to, and no abstract sockets of, processes outside the
+//! sandbox's domain). In proxy mode a program may connect to any TCP port: every
+//! connection to an address but loopback's is redirected to the proxy (see `nftables`),
+//! which polices it, and loopback holds nothing but the proxy's sockets and the
+//! program's own.
 //!
 //! ABI 1 is required (fail closed); later ABIs are applied when the kernel has them.
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, RestrictionStatus, Ruleset,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, RestrictionStatus, Ruleset,
     RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
 
@@ -54,9 +58,10 @@ const SYSTEM_PATHS: &[&str] = &[
 /// With `image_root` the whole root is an image's read-only tree: all of it may be read
 /// and executed (an image puts programs anywhere: /opt, /app, /usr/local...); with
 /// `image_writable` too (an image build's step), all of it may be written as well (the
-/// tree is that step's own copy).
+/// tree is that step's own copy). With `connect_tcp` (proxy mode), TCP connections are
+/// left to the network namespace's rules; without, none is allowed.
 pub fn prepare(
-    proxy_port: Option<u16>,
+    connect_tcp: bool,
     image_root: bool,
     image_writable: bool,
 ) -> Result<RulesetCreated, LandlockError> {
@@ -73,7 +78,11 @@ pub fn prepare(
         .handle_access(AccessFs::from_all(ABI::V1))?
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(POLICY_ABI))?
-        .handle_access(AccessNet::from_all(POLICY_ABI))?
+        .handle_access(if connect_tcp {
+            AccessNet::from_all(POLICY_ABI) & !AccessNet::ConnectTcp
+        } else {
+            AccessNet::from_all(POLICY_ABI)
+        })?
         .scope(Scope::from_all(POLICY_ABI))?
         .create()?;
     let ruleset = ruleset
@@ -93,11 +102,6 @@ pub fn prepare(
         ruleset.add_rules(path_beneath_rules(["/"], read_write))?
     } else {
         ruleset
-    };
-    // TCP: nothing may be bound or connected to, except, in proxy mode, the proxy's port.
-    let ruleset = match proxy_port {
-        Some(port) => ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?,
-        None => ruleset,
     };
     Ok(ruleset)
 }

@@ -26,6 +26,8 @@ mod etc;
 mod init;
 pub mod landlock;
 mod mounts;
+mod netns;
+mod nftables;
 mod payload;
 mod protocol;
 mod sandbox;
@@ -39,7 +41,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-pub use egress::{PROXY_PORT, proxy_env};
+pub use egress::{DNS_PORT, PROXY_PORT, TRANSPARENT_PORT, proxy_env};
 pub use etc::{BOUND_DIRS as HOST_ETC_DIRS, BOUND_FILES as HOST_ETC_FILES, GENERATED as GENERATED_ETC};
 pub use init::{INIT_ARG, maybe_run_init};
 pub use mounts::SYSTEM_DIRS;

@@ -30,6 +30,9 @@
 //!    every prepared tree has) and detached at once: the staging tmpfs lives on only
 //!    in the files bound from it. / is made read-only (it already is) and the program
 //!    starts in its workdir.
+//!
+//! A CA bundle (proxy mode) is installed after /etc, in either case, through a staging
+//! tmpfs of its own (see `etc::install_ca_bundle`).
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::stat::Mode;
@@ -136,6 +139,10 @@ pub struct Layout<'a> {
     pub image_writable: bool,
     /// Size of the writable tmpfs behind /tmp, /workspace and /dev/shm.
     pub disk_bytes: u64,
+    /// Proxy mode: /etc's name-resolution files name airlock's resolver.
+    pub proxy: bool,
+    /// A CA bundle (PEM) to install read-only at `etc::CA_BUNDLE`.
+    pub ca_bundle: Option<&'a [u8]>,
 }
 
 /// Builds the whole filesystem and leaves the process in /workspace.
@@ -207,14 +214,17 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
                 }
             }
             check_mount_points(Path::new(IMAGE))?;
-            etc::bind_generated(Path::new(IMAGE))?;
+            etc::bind_generated(Path::new(IMAGE), layout.proxy)?;
             Path::new(IMAGE)
         }
         None => {
-            build_system_dirs(layout.rootfs)?;
+            build_system_dirs(layout.rootfs, layout.proxy)?;
             Path::new("/")
         }
     };
+    if let Some(bundle) = layout.ca_bundle {
+        etc::install_ca_bundle(root, bundle)?;
+    }
 
     // 4. One tmpfs, capped in bytes and inodes, shared by /tmp, /workspace and /dev/shm:
     //    --disk is one budget for all writable space. Its pages are charged to the
@@ -308,7 +318,7 @@ fn check_mount_points(root: &Path) -> Result<(), MountError> {
 
 /// Step 3 without an image: the system directories of the host (or `rootfs`), read-only,
 /// and the synthesized /etc.
-fn build_system_dirs(rootfs: Option<&Path>) -> Result<(), MountError> {
+fn build_system_dirs(rootfs: Option<&Path>, proxy: bool) -> Result<(), MountError> {
     let source_root = match rootfs {
         Some(dir) => Path::new(OLD).join(dir.strip_prefix("/").unwrap_or(dir)),
         None => PathBuf::from(OLD),
@@ -325,7 +335,7 @@ fn build_system_dirs(rootfs: Option<&Path>) -> Result<(), MountError> {
             _ => {}
         }
     }
-    etc::build(&source_root)
+    etc::build(&source_root, proxy)
 }
 
 /// Makes the root read-only, once everything is mounted on it (an image's root already

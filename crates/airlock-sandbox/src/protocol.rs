@@ -31,6 +31,35 @@ const MAX_FRAME: usize = 96 * 1024;
 /// Most fds one message carries (an exec's three stdio pipes).
 const MAX_FDS: usize = 3;
 
+/// The byte of the "go" message that also asks the cloned child to open the TUN device
+/// (see `sandbox::become_namespace_root`); any other byte is a plain "go".
+pub const GO_WITH_TUN: u8 = b'T';
+
+/// Where the cloned child leaves the TUN device it opened, for init.
+pub const TUN_FD: i32 = 4;
+
+/// Largest CA bundle accepted: the host's whole trust store is a few hundred KiB.
+pub const MAX_CA_BUNDLE: u64 = 8 << 20;
+
+/// Proxy mode's part of the set-up request: init binds the three sockets on the
+/// sandbox's loopback (TCP `proxy_port`, TCP `transparent_port`, UDP `dns_port`), routes
+/// every other address to the namespace's TUN device, installs the redirecting
+/// nf_tables rules (see `nftables`), writes `nameserver 127.0.0.1` into /etc/resolv.conf,
+/// and, with a CA bundle, installs it read-only at [`crate::etc::CA_BUNDLE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressSetup {
+    /// The explicit HTTP proxy's port.
+    pub proxy_port: u16,
+    /// The transparent port: where TCP connections to non-loopback addresses land.
+    pub transparent_port: u16,
+    /// The resolver's port (UDP).
+    pub dns_port: u16,
+    /// Size of the CA bundle (PEM) to install, which travels as the request's fd (a
+    /// memfd, read from its start); `None`: the root's own trust store stays.
+    #[serde(default)]
+    pub ca_bundle_bytes: Option<u64>,
+}
+
 /// Supervisor -> init.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -48,9 +77,9 @@ pub enum Request {
         /// `Engine::with_writable_image_root`).
         #[serde(default)]
         image_writable: bool,
-        /// In proxy mode, the loopback port to listen on for the egress proxy; init sends
-        /// the listening socket back with `Ready`.
-        proxy_port: Option<u16>,
+        /// Proxy mode: what init sets up for the egress proxy (see [`EgressSetup`]).
+        /// With `ca_bundle_bytes`, the request's one fd is the bundle.
+        egress: Option<EgressSetup>,
         /// Programs run without address-space randomization (see
         /// `SandboxConfig::fixed_layout`).
         fixed_layout: bool,
@@ -102,8 +131,10 @@ pub enum Request {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Reply {
-    /// The sandbox is built and waits for requests. Fds: in proxy mode, the listening
-    /// socket on the sandbox's loopback that the supervisor serves the proxy on.
+    /// The sandbox is built and waits for requests. Fds: in proxy mode, the sockets the
+    /// supervisor serves the egress proxy on, bound on the sandbox's loopback, in this
+    /// order: the explicit proxy's listener, the transparent listener, the resolver's
+    /// UDP socket (see [`EgressSetup`]).
     Ready,
     /// A file operation succeeded.
     Ok,
@@ -195,10 +226,12 @@ fn send_flags<T: Serialize>(
     }
 }
 
-/// The one-byte message that lets the cloned child exec init (see `sandbox`).
-pub fn send_go(sock: BorrowedFd<'_>) -> io::Result<()> {
+/// The one-byte message that lets the cloned child exec init (see `sandbox`); with
+/// `tun`, the child opens the TUN device first ([`GO_WITH_TUN`]).
+pub fn send_go(sock: BorrowedFd<'_>, tun: bool) -> io::Result<()> {
+    let go = if tun { [GO_WITH_TUN] } else { *b"G" };
     loop {
-        match nix::sys::socket::send(sock.as_raw_fd(), b"G", MsgFlags::MSG_NOSIGNAL) {
+        match nix::sys::socket::send(sock.as_raw_fd(), &go, MsgFlags::MSG_NOSIGNAL) {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
             Ok(_) => return Ok(()),

@@ -17,7 +17,7 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use nix::sys::wait::WaitStatus;
 
 use crate::cgroup::{Cgroup, CgroupLimits, Usage};
-use crate::egress::{self, EgressProxy};
+use crate::egress::{self, EgressProxy, EgressSockets};
 use crate::protocol::{self, CHUNK, Frame, Reply, Request};
 use crate::supervisor::{self, OutputSink};
 use crate::{Engine, SandboxError, init::INIT_ARG, sys};
@@ -70,6 +70,9 @@ pub struct SandboxConfig {
     /// program (the loader, libc) serve the next. Randomization protects a program from
     /// its own input; it is no wall between a sandbox and its host.
     pub fixed_layout: bool,
+    /// Proxy mode: a CA bundle (PEM) installed read-only in the sandbox at
+    /// /etc/ssl/certs/ca-certificates.crt (at most 8 MiB); `None` leaves the root's own.
+    pub ca_bundle: Option<Vec<u8>>,
 }
 
 impl SandboxConfig {
@@ -82,6 +85,7 @@ impl SandboxConfig {
             image: None,
             network: spec.network.clone(),
             fixed_layout: false,
+            ca_bundle: None,
         }
     }
 }
@@ -182,6 +186,18 @@ impl Sandbox {
     ) -> Result<Sandbox, SandboxError> {
         let t0 = Instant::now();
         let policy = egress::policy(&config.network)?;
+        if let Some(bundle) = &config.ca_bundle
+            && bundle.len() as u64 > protocol::MAX_CA_BUNDLE
+        {
+            return Err(SandboxError::Spec(airlock_spec::SpecError::new(
+                "ca_bundle",
+                format!(
+                    "is {} bytes; at most {} are allowed",
+                    bundle.len(),
+                    protocol::MAX_CA_BUNDLE
+                ),
+            )));
+        }
         let id = new_id()?;
         let cgroup = engine.cgroups.create(&id, &config.limits)?;
         if ahead {
@@ -253,17 +269,26 @@ impl Sandbox {
         }
         // The child waits for one "go" message before it execs init; then init reads its
         // set-up request (the seccomp program as payload).
-        protocol::send_go(sandbox.control.as_fd())
+        // In proxy mode the child opens the TUN device first (see become_namespace_root).
+        protocol::send_go(sandbox.control.as_fd(), policy.is_some())
             .map_err(|e| SandboxError::Setup(format!("starting init: {e}")))?;
+        let ca_bundle = match (&policy, &config.ca_bundle) {
+            (Some(_), Some(bundle)) => Some(ca_bundle_fd(bundle)?),
+            _ => None,
+        };
         let setup = Request::Setup {
             disk_bytes: config.disk_bytes,
             rootfs: config.rootfs.clone(),
             image: config.image.clone(),
             image_writable,
-            proxy_port: policy.is_some().then_some(egress::PROXY_PORT),
+            egress: policy
+                .is_some()
+                .then(|| egress::setup(config.ca_bundle.as_deref())),
             fixed_layout: config.fixed_layout,
         };
-        sandbox.send(&setup, &engine.seccomp)?;
+        let fds: Vec<RawFd> = ca_bundle.iter().map(AsRawFd::as_raw_fd).collect();
+        sandbox.send_fds(&setup, &engine.seccomp, &fds)?;
+        drop(ca_bundle);
         // Joining the v1 cgroups can wait for an RCU grace period (milliseconds); init
         // builds the filesystem meanwhile and waits for the Attached request before it does
         // anything worth charging to the sandbox.
@@ -292,11 +317,8 @@ impl Sandbox {
                 ..
             } => {
                 if let Some(policy) = policy {
-                    let listener = fds
-                        .into_iter()
-                        .next()
-                        .ok_or_else(|| SandboxError::Setup("init sent no proxy socket".into()))?;
-                    sandbox.proxy = Some(EgressProxy::start(policy, listener, &sandbox.id)?);
+                    let sockets = EgressSockets::from_fds(fds)?;
+                    sandbox.proxy = Some(EgressProxy::start(policy, sockets, &sandbox.id)?);
                 }
             }
             Frame {
@@ -316,6 +338,17 @@ impl Sandbox {
         sandbox.setup = t0.elapsed();
         Ok(sandbox)
     }
+}
+
+/// A memfd holding `bundle`, for init to read from its start (see `protocol::EgressSetup`).
+fn ca_bundle_fd(bundle: &[u8]) -> Result<OwnedFd, SandboxError> {
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    use std::io::Write;
+    let fd = memfd_create(c"airlock-ca-bundle", MFdFlags::MFD_CLOEXEC)
+        .map_err(|e| SandboxError::Spawn(e.into()))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bundle).map_err(SandboxError::Spawn)?;
+    Ok(file.into())
 }
 
 /// Clones the sandbox's init from this process; the child execs airlock as init, with
@@ -813,6 +846,18 @@ pub(crate) unsafe fn become_namespace_root(control: RawFd) {
         let mut go = 0u8;
         if libc::recv(control, (&mut go as *mut u8).cast(), 1, 0) != 1 {
             libc::_exit(122);
+        }
+        // Proxy mode: open the TUN device now, while this process still has the
+        // supervisor's credentials (the device node is often root's only, mode 0600) and
+        // already lives in the sandbox's network namespace (a TUN device is made in the
+        // namespace its /dev/net/tun was opened in). Fds 0..=3 are taken and the rest
+        // closed, so it lands on TUN_FD, not close-on-exec: init takes it from there. A
+        // failure leaves TUN_FD closed, and init reports why when it opens it itself.
+        if go == crate::protocol::GO_WITH_TUN {
+            let fd = libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR);
+            if fd >= 0 && fd != crate::protocol::TUN_FD {
+                libc::close(fd);
+            }
         }
         // Become the namespace's root: until now the credentials are the host's (unmapped
         // here). Drop the host's supplementary groups too. Raw syscalls, not glibc's

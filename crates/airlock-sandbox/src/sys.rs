@@ -326,6 +326,117 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// An `ifreq` naming `name` (at most 15 bytes; longer names are cut).
+fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().take(libc::IFNAMSIZ - 1).zip(name.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    req
+}
+
+/// An `AF_INET` datagram socket: the handle the classic interface ioctls take.
+fn inet_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) with constant arguments; the fd is owned below at once.
+    let fd = check(unsafe {
+        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) as libc::c_long
+    })? as RawFd;
+    // SAFETY: fd was just created and is owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Makes `tun` (an open `/dev/net/tun`) a TUN device named `name` (`IFF_TUN`, no packet
+/// information header) and marks it persistent, so that it outlives the fd: it lives as
+/// long as the network namespace the fd was opened in. Needs CAP_NET_ADMIN over that
+/// namespace.
+pub fn tun_create_persistent(tun: std::os::fd::BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut req = ifreq(name);
+    req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: TUNSETIFF reads the name and flags of a valid ifreq and writes the name back.
+    check(unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut req) as libc::c_long })?;
+    // SAFETY: TUNSETPERSIST takes an integer argument.
+    check(unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong) as libc::c_long })
+        .map(drop)
+}
+
+/// A `sockaddr` holding the IPv4 address `addr` (port 0).
+fn sockaddr_v4(addr: std::net::Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(addr.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr have the same size (16 bytes) and sockaddr is
+    // plain old data: every bit pattern is valid.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+/// Gives interface `name` the single IPv4 address `addr` (a /32) and brings it up.
+pub fn interface_up_with_address(name: &str, addr: std::net::Ipv4Addr) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let sock = inet_socket()?;
+    let mut req = ifreq(name);
+    req.ifr_ifru.ifru_addr = sockaddr_v4(addr);
+    // SAFETY: SIOCSIFADDR reads the name and address of a valid ifreq.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFADDR, &req) as libc::c_long })?;
+    // The kernel gave the address its old class's netmask: make it a /32.
+    req.ifr_ifru.ifru_netmask = sockaddr_v4(std::net::Ipv4Addr::BROADCAST);
+    // SAFETY: SIOCSIFNETMASK reads the name and netmask of a valid ifreq.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFNETMASK, &req) as libc::c_long })?;
+    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads the name and flags of a valid ifreq.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) as libc::c_long }).map(drop)
+}
+
+/// The kernel's `struct rtentry` (linux/route.h); the libc crate has it for musl only.
+#[repr(C)]
+struct RtEntry {
+    rt_pad1: libc::c_ulong,
+    rt_dst: libc::sockaddr,
+    rt_gateway: libc::sockaddr,
+    rt_genmask: libc::sockaddr,
+    rt_flags: libc::c_ushort,
+    rt_pad2: libc::c_short,
+    rt_pad3: libc::c_ulong,
+    rt_pad4: *mut libc::c_void,
+    rt_metric: libc::c_short,
+    rt_dev: *mut libc::c_char,
+    rt_mtu: libc::c_ulong,
+    rt_window: libc::c_ulong,
+    rt_irtt: libc::c_ushort,
+}
+
+/// Adds the IPv4 default route through interface `name` (no gateway: the interface is
+/// point-to-point).
+pub fn add_default_route(name: &std::ffi::CStr) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let sock = inet_socket()?;
+    let any = sockaddr_v4(std::net::Ipv4Addr::UNSPECIFIED);
+    let route = RtEntry {
+        rt_pad1: 0,
+        rt_dst: any,
+        rt_gateway: any,
+        rt_genmask: any,
+        rt_flags: libc::RTF_UP,
+        rt_pad2: 0,
+        rt_pad3: 0,
+        rt_pad4: std::ptr::null_mut(),
+        rt_metric: 0,
+        rt_dev: name.as_ptr().cast_mut(),
+        rt_mtu: 0,
+        rt_window: 0,
+        rt_irtt: 0,
+    };
+    // SAFETY: SIOCADDRT reads a valid rtentry; rt_dev points at a NUL-terminated name
+    // that lives for the call (the kernel copies it and never writes through it).
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCADDRT, &route) as libc::c_long }).map(drop)
+}
+
 /// Fills `buf` from the kernel's random source.
 pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;

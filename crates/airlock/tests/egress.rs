@@ -40,17 +40,6 @@ fn assert_denied(e: &Value, host: &str, port: u16, addr: Option<&str>, reason: &
     assert_eq!(e["bytes_down"], 0, "{e:#}");
 }
 
-/// Asserts the sandbox's network namespace has no interface but `lo` (when the program
-/// could read /proc/net/dev).
-#[track_caller]
-fn assert_only_loopback(out: &Value, v: &Value) {
-    if out["interfaces"].is_null() {
-        eprintln!("NOTE: /proc/net/dev unreadable in the sandbox: interface check skipped");
-    } else {
-        assert_eq!(out["interfaces"], json!(["lo"]), "{v:#}");
-    }
-}
-
 /// The egress log of `v` as (allowed, denied) entries, each in log order. A denial is
 /// logged before the program gets its answer, so denials keep the program's order; an
 /// allowed connection is logged when it ends, which may be just after the program went
@@ -681,47 +670,121 @@ fn landlock_abi() -> i64 {
     v.max(0)
 }
 
+/// Python helper: a direct TCP connection (no proxy) and where it landed in the sandbox's
+/// network namespace: the peer the program sees, its source address, and the local port
+/// of the accepted end (from /proc/net/tcp: the socket whose peer is the program's).
+const REDIRECTED: &str = r#"
+def redirected(host, port):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect((host, port))
+    except socket.timeout:
+        return "timeout"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e))
+    me, peer = s.getsockname(), s.getpeername()
+    landed = None
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            if int(remote.split(":")[1], 16) == me[1] and state == "01":
+                landed = int(local.split(":")[1], 16)
+    s.close()
+    return {"peer": list(peer), "source": me[0], "landed_on": landed}
+"#;
+
 #[test]
-fn in_proxy_mode_direct_connections_bypassing_the_proxy_fail() {
+fn in_proxy_mode_direct_tcp_is_redirected_to_the_transparent_port_and_other_udp_is_refused() {
     let net = Net::start();
     let (v, out) = net.python(
         PROXY_ALLOWED,
-        r#"
-out["allowed"] = direct("10.9.9.9", 80)
-out["echo"] = direct("10.9.9.9", 7000)
-out["metadata"] = direct("169.254.169.254", 80)
+        &format!(
+            "{REDIRECTED}\n{}",
+            r#"
+out["allowed"] = redirected("10.9.9.9", 80)
+out["api443"] = redirected("203.0.113.7", 443)
+out["metadata"] = redirected("169.254.169.254", 80)
 out["metadata6"] = direct("fd00:ec2::254", 80)
-out["udp"] = udp("10.9.9.9", 53)
+out["udp"] = udp("198.51.100.1", 9)
+out["udp_allowed"] = udp("10.9.9.9", 7000)
+out["dns_anywhere"] = udp("198.51.100.1", 53)
 out["interfaces"] = interfaces()
-# Another port on the sandbox's own loopback (nothing listens there: without landlock
-# this would be ECONNREFUSED): landlock allows connecting to the proxy's port only.
+# Loopback is not redirected: landlock lets the program connect anywhere, and nothing
+# listens there but the proxy's sockets.
 out["loopback_other_port"] = direct("127.0.0.1", 8000)
 out["proxy_port"] = direct("127.0.0.1", 3128)
+"#
+        ),
+    );
+    // The only listener that could complete these handshakes is the transparent one in
+    // the sandbox's own namespace: the fake hosts are in the test's namespace, and without
+    // the redirect the SYN would go to the TUN device, where nothing reads it.
+    for (k, host, port) in [
+        ("allowed", "10.9.9.9", 80),
+        ("api443", "203.0.113.7", 443),
+        ("metadata", "169.254.169.254", 80),
+    ] {
+        assert_eq!(
+            out[k],
+            json!({"peer": [host, port], "source": "192.0.0.8", "landed_on": 3129}),
+            "{k}: {v:#}"
+        );
+    }
+    assert_eq!(out["metadata6"], "ENETUNREACH", "{v:#}");
+    assert_eq!(out["udp"], "EPERM", "{v:#}");
+    assert_eq!(out["udp_allowed"], "EPERM", "{v:#}");
+    assert_eq!(out["dns_anywhere"], "sent", "{v:#}");
+    assert_eq!(out["interfaces"], json!(["lo", "airlock0"]), "{v:#}");
+    assert_eq!(out["proxy_port"], "connected", "{v:#}");
+    assert_eq!(out["loopback_other_port"], "ECONNREFUSED", "{v:#}");
+    let c = net.connections();
+    assert_eq!((c["allowed"], c["echo"], c["api"]), (0, 0, 0), "{c:?}");
+    net.assert_no_forbidden_connections();
+}
+
+#[test]
+fn proxy_mode_resolv_conf_names_the_sandboxs_resolver() {
+    let net = Net::start();
+    let (v, out) = net.python(
+        &["--net", "proxy"],
+        r#"
+out["resolv"] = open("/etc/resolv.conf").read()
+out["hosts"] = [l for l in open("/etc/nsswitch.conf").read().splitlines() if l.startswith("hosts:")]
 "#,
     );
-    for k in ["allowed", "echo", "metadata", "metadata6"] {
-        let got = out[k].as_str().unwrap_or_default();
-        assert!(
-            got == "EACCES" || got == "ENETUNREACH",
-            "{k}: a direct connection must fail, got {got}: {v:#}"
-        );
-    }
+    assert_eq!(out["resolv"], "nameserver 127.0.0.1\n", "{v:#}");
+    assert_eq!(out["hosts"], json!(["hosts: files dns"]), "{v:#}");
+}
+
+#[test]
+fn none_mode_has_no_route_no_tun_device_and_no_tcp_connect() {
+    let net = Net::start();
+    let (v, out) = net.python(
+        &["--net", "none"],
+        r#"
+out["tcp"] = direct("203.0.113.7", 443)
+out["loopback"] = direct("127.0.0.1", 3129)
+out["udp"] = udp("198.51.100.1", 9)
+out["dns"] = udp("198.51.100.1", 53)
+out["interfaces"] = interfaces()
+out["resolv"] = open("/etc/resolv.conf").read()
+"#,
+    );
+    // UDP, which landlock does not cover, shows there is no route at all.
     assert_eq!(out["udp"], "ENETUNREACH", "{v:#}");
-    assert_only_loopback(&out, &v);
-    assert_eq!(out["proxy_port"], "connected", "{v:#}");
+    assert_eq!(out["dns"], "ENETUNREACH", "{v:#}");
+    assert_eq!(out["interfaces"], json!(["lo"]), "{v:#}");
+    assert_eq!(out["resolv"], "", "{v:#}");
     if landlock_abi() >= 4 {
-        assert_eq!(
-            out["loopback_other_port"],
-            "EACCES",
-            "landlock ABI {}: {v:#}",
-            landlock_abi()
-        );
+        // No TCP connect at all, not even on loopback.
+        assert_eq!(out["tcp"], "EACCES", "{v:#}");
+        assert_eq!(out["loopback"], "EACCES", "{v:#}");
     } else {
-        eprintln!("NOTE: landlock has no TCP rules on this kernel: loopback port check skipped");
+        eprintln!("NOTE: landlock has no TCP rules on this kernel: the connect checks are weaker");
+        assert_eq!(out["tcp"], "ENETUNREACH", "{v:#}");
     }
-    let c = net.connections();
-    assert_eq!((c["allowed"], c["echo"]), (0, 0), "{c:?}");
-    net.assert_no_forbidden_connections();
 }
 
 #[test]
