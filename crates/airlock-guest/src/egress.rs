@@ -53,16 +53,21 @@ pub struct Listeners {
     pub dns: UdpSocket,
 }
 
-/// Binds the agent's sockets in the network namespace of the sandbox whose cgroup is
-/// named `sandbox_id`: on a thread of its own that joins the namespace (a network
-/// namespace is per thread) and ends; the sockets stay in the namespace they were made
-/// in.
+/// Sets up proxy mode in the network namespace of the sandbox whose cgroup is named
+/// `sandbox_id`, on a thread of its own that joins the namespace (a network namespace is
+/// per thread) and ends: the TUN device, default route and nf_tables rules that send
+/// every connection and DNS datagram to the agent's sockets (airlock-sandbox's, as its
+/// init installs them on a host: [`airlock_sandbox::route_to_proxy_here`]), then the
+/// sockets, which stay in the namespace they were made in. The sandbox was built without
+/// proxy mode (a VM's sandbox may be built before its network policy is known, in a
+/// template), so its init bound none of these ports.
 pub fn bind_in_sandbox(sandbox_id: &str) -> Result<Listeners, String> {
     let pid = sandbox_pid(sandbox_id).ok_or_else(|| format!("no process of sandbox {sandbox_id}"))?;
     let ns = File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("its network namespace: {e}"))?;
     std::thread::spawn(move || {
         nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
             .map_err(|e| format!("joining the sandbox's network namespace: {e}"))?;
+        airlock_sandbox::route_to_proxy_here()?;
         let tcp = |port: u16| {
             TcpListener::bind((Ipv4Addr::LOCALHOST, port))
                 .map_err(|e| format!("binding 127.0.0.1:{port} (TCP) in the sandbox: {e}"))
