@@ -430,3 +430,70 @@ fn open(
         tasks: [up, down],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_vmwire::mux::read_frame;
+    use std::io::Write;
+
+    /// The host's end of the egress port, version 2: every DNS query is answered exactly
+    /// once (an answer or `DnsNone`), also past [`MAX_DNS_QUERIES`] at once, and a
+    /// redirected connection reaches the proxy's policy with its original destination
+    /// (a private address: refused before any connection, and logged with it).
+    #[test]
+    fn every_dns_query_is_answered_once_and_a_redirected_connection_meets_the_policy() {
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        host.set_nonblocking(true).unwrap();
+        let proxy = Proxy::new(
+            Policy::new(&[], &[]).unwrap(),
+            ProxyLimits::default(),
+            Arc::new(SystemResolver),
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = Arc::clone(&proxy);
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                relay(tokio::net::UnixStream::from_std(host).unwrap(), served, stopped).await;
+            });
+        });
+        let queries = 2 * MAX_DNS_QUERIES as u32;
+        let mut wire = Vec::new();
+        for id in 0..queries {
+            wire.extend(MuxFrame::DnsQuery(id, vec![0x12, 0x34, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]).encode());
+        }
+        let private: SocketAddr = "10.0.0.5:80".parse().unwrap();
+        wire.extend(MuxFrame::OpenTo(7, private).encode());
+        guest.write_all(&wire).unwrap();
+
+        let mut answered = std::collections::BTreeMap::new();
+        let mut closed = false;
+        while answered.len() < queries as usize || !closed {
+            match read_frame(&mut guest).unwrap().expect("the relay ended") {
+                MuxFrame::DnsAnswer(id, _) | MuxFrame::DnsNone(id) => {
+                    *answered.entry(id).or_insert(0) += 1;
+                }
+                MuxFrame::Eof(7) | MuxFrame::Reset(7) => closed = true,
+                MuxFrame::Data(7, _) | MuxFrame::Ack(..) => {}
+                other => panic!("unexpected frame {other:?}"),
+            }
+        }
+        assert!(answered.values().all(|n| *n == 1), "{answered:?}");
+        assert_eq!(
+            answered.keys().copied().collect::<Vec<_>>(),
+            (0..queries).collect::<Vec<_>>()
+        );
+        let _ = stop.send(());
+        thread.join().unwrap();
+        let log = proxy.log();
+        let entry = log
+            .iter()
+            .find(|e| e.port == 80 && (e.host == "10.0.0.5" || e.addr.as_deref() == Some("10.0.0.5")))
+            .unwrap_or_else(|| panic!("no entry for {private}: {log:?}"));
+        assert!(!entry.allowed, "{entry:?}");
+    }
+}
