@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[3]
 INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
 KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdef0"}
 
-TOOLS = {"run_code", "create_sandbox", "exec", "write_file", "read_file", "close_sandbox"}
+TOOLS = {"run_code", "create_sandbox", "exec", "write_file", "read_file", "close_sandbox", "update_network"}
 # (readOnlyHint, destructiveHint, idempotentHint, openWorldHint) as each tool declares them.
 ANNOTATIONS = {
     "run_code": (True, False, True, False),
@@ -57,6 +57,7 @@ ANNOTATIONS = {
     "write_file": (False, True, True, False),
     "read_file": (True, False, True, False),
     "close_sandbox": (False, True, True, False),
+    "update_network": (False, False, True, True),
 }
 REQUIRED = {
     "run_code": {"language", "code"},
@@ -65,6 +66,7 @@ REQUIRED = {
     "write_file": {"sandbox_id", "path", "content"},
     "read_file": {"sandbox_id", "path"},
     "close_sandbox": {"sandbox_id"},
+    "update_network": {"sandbox_id"},
 }
 # JSON-RPC "invalid params": a call that does not fit the tool, or an unknown tool.
 INVALID_PARAMS = -32602

@@ -253,6 +253,13 @@ pub trait Sandbox: Send + std::fmt::Debug {
     /// Whether it can still run programs (its init, guest or Sentry is alive).
     fn is_alive(&mut self) -> bool;
 
+    /// Proxy mode's egress proxy, served on the host for this sandbox: what a session's
+    /// policy changes and approvals go to. `None` without a proxy (mode `none`, or not
+    /// started yet).
+    fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
+        None
+    }
+
     /// Says nobody waits for its purge any more (its answer is out): the tier may purge
     /// it on CPU time nothing else wants.
     fn enter_background(&mut self) {}

@@ -72,16 +72,40 @@
 #![deny(missing_docs)]
 
 mod addr;
+mod control;
+mod dns;
+mod mitm;
 mod policy;
 mod proxy;
+mod redirect;
 mod relay;
 mod request;
 mod resolver;
+mod sandbox;
+mod secrets;
+mod service;
 
 #[cfg(test)]
 mod test_util;
 
 pub use addr::{Cidr, CidrError, format_ip, format_ipv6, parse_ipv4_literal};
+pub use control::{Control, Decision, Pending};
+pub use mitm::{MitmError, TrustRoots};
 pub use policy::{DEFAULT_PORTS, MAX_ENTRIES, Policy, PolicyError, Target, parse_host};
 pub use proxy::{ClientStream, Proxy, ProxyLimits};
+pub use redirect::original_destination;
 pub use resolver::{BoxFuture, Resolver, StaticResolver, SystemResolver};
+pub use sandbox::{CA_BUNDLE_PATH, DNS_PORT, PROXY_PORT, TRANSPARENT_PORT, proxy_env};
+pub use service::{Served, Stop};
+
+/// Why a sandbox's proxy could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The policy is wrong (names the field).
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The interception of secrets cannot be prepared on this host (no trust roots).
+    #[error(transparent)]
+    Mitm(#[from] MitmError),
+}
+pub use secrets::{MAX_SECRETS, MAX_VALUE_BYTES, PLACEHOLDER_PREFIX, SecretConfig, Secrets};

@@ -44,9 +44,9 @@ pub struct PolicyError {
     pub message: String,
 }
 
-/// One allow pattern, as parsed.
+/// One allow pattern, as parsed (also a secret's host pattern).
 #[derive(Debug, Clone)]
-struct Pattern {
+pub(crate) struct Pattern {
     /// The entry as written, for "allowed by …" reasons.
     text: String,
     host: HostPattern,
@@ -62,9 +62,21 @@ enum HostPattern {
     Subdomains(String),
     /// This address (requested as a literal, in any spelling).
     Addr(IpAddr),
+    /// `*`: any host (its addresses still pass the SSRF guard).
+    Any,
 }
 
 impl Pattern {
+    /// Whether this pattern allows `target` on `port`.
+    pub(crate) fn matches(&self, target: &Target, port: u16) -> bool {
+        self.host_matches(target) && self.port_ok(port)
+    }
+
+    /// The port written in the pattern (`None`: [`DEFAULT_PORTS`]).
+    pub(crate) fn port(&self) -> Option<u16> {
+        self.port
+    }
+
     fn port_ok(&self, port: u16) -> bool {
         match self.port {
             Some(p) => p == port,
@@ -80,6 +92,7 @@ impl Pattern {
                 .and_then(|head| head.strip_suffix('.'))
                 .is_some_and(|head| !head.is_empty()),
             (HostPattern::Addr(p), Target::Addr(a)) => p == a,
+            (HostPattern::Any, _) => true,
             _ => false,
         }
     }
@@ -112,6 +125,10 @@ pub struct Policy {
     patterns: Vec<Pattern>,
     /// With the entries as written, for reasons.
     cidrs: Vec<(Cidr, String)>,
+    /// Deny rules by host (any port), as parsed.
+    deny_hosts: Vec<Pattern>,
+    /// Deny rules by address range, with the entries as written.
+    deny_cidrs: Vec<(Cidr, String)>,
 }
 
 impl Policy {
@@ -156,7 +173,68 @@ impl Policy {
                     })
             })
             .collect::<Result<_, _>>()?;
-        Ok(Policy { patterns, cidrs })
+        Ok(Policy {
+            patterns,
+            cidrs,
+            deny_hosts: Vec::new(),
+            deny_cidrs: Vec::new(),
+        })
+    }
+
+    /// The policy of a sandbox in proxy mode: its allow patterns, address exceptions and
+    /// deny rules (`HOST`, `*.DOMAIN` or a CIDR: deny wins over allow).
+    pub fn from_proxy(p: &airlock_spec::ProxyPolicy) -> Result<Policy, PolicyError> {
+        let mut policy = Policy::new(&p.allow, &p.allow_cidrs)?;
+        if p.deny.len() > MAX_ENTRIES {
+            return Err(PolicyError {
+                field: "network.deny".into(),
+                message: format!("at most {MAX_ENTRIES} entries"),
+            });
+        }
+        for (i, s) in p.deny.iter().enumerate() {
+            if let Ok(cidr) = s.parse::<Cidr>() {
+                policy.deny_cidrs.push((cidr, s.clone()));
+                continue;
+            }
+            let pattern = parse_pattern(s)
+                .ok()
+                .filter(|p| p.port.is_none() && !matches!(p.host, HostPattern::Any))
+                .ok_or_else(|| PolicyError {
+                    field: format!("network.deny[{i}]"),
+                    message: format!(
+                        "{s:?} is not a deny rule; expected NAME, *.DOMAIN, an IP address or \
+                         a CIDR such as 203.0.113.0/24 (no port: a deny rule covers every port)"
+                    ),
+                })?;
+            policy.deny_hosts.push(pattern);
+        }
+        Ok(policy)
+    }
+
+    /// The deny rule covering `target`, if any.
+    fn denied_host(&self, target: &Target) -> Option<&str> {
+        if let Some(p) = self.deny_hosts.iter().find(|p| p.host_matches(target)) {
+            return Some(&p.text);
+        }
+        match target {
+            Target::Addr(a) => self.denied_addr(*a),
+            Target::Name(_) => None,
+        }
+    }
+
+    /// The deny range holding `a`, if any.
+    fn denied_addr(&self, a: IpAddr) -> Option<&str> {
+        self.deny_cidrs
+            .iter()
+            .find(|(c, _)| c.contains(a))
+            .map(|(_, text)| text.as_str())
+    }
+
+    /// Whether `host` is only missing from the allowlist: not a special address, not a
+    /// metadata name, not a deny rule's, not malformed. Only such a denial may be put to
+    /// a person for approval.
+    pub fn askable(reason: &str) -> bool {
+        reason == "not in allowlist" || reason.starts_with("port ")
     }
 
     /// The decision for a host (as requested) and port, before resolution: `Err(reason)`
@@ -190,6 +268,16 @@ impl Policy {
                     addr: Some(*a),
                 })?;
             }
+        }
+        if let Some(rule) = self.denied_host(&target) {
+            let addr = match target {
+                Target::Addr(a) => Some(a),
+                Target::Name(_) => None,
+            };
+            return Err(Denied {
+                reason: format!("denied by {rule}"),
+                addr,
+            });
         }
         let mut port_mismatch = None;
         for p in &self.patterns {
@@ -231,12 +319,37 @@ impl Policy {
         })
     }
 
+    /// The decision for a DNS query of `name` (no port: any allow pattern's host will
+    /// do): `Ok(reason)` when the name may be resolved, `Err(reason)` when not.
+    pub(crate) fn decide_dns(&self, name: &str) -> Result<String, String> {
+        let target = match parse_host(name).map_err(|why| format!("bad name: {why}"))? {
+            Target::Addr(_) => return Err("an address, not a name".into()),
+            t => t,
+        };
+        if let Target::Name(n) = &target
+            && METADATA_NAMES.contains(&n.as_str())
+        {
+            return Err("cloud metadata name".into());
+        }
+        if let Some(rule) = self.denied_host(&target) {
+            return Err(format!("denied by {rule}"));
+        }
+        self.patterns
+            .iter()
+            .find(|p| p.host_matches(&target))
+            .map(|p| format!("allowed by {}", p.text))
+            .ok_or_else(|| "not in allowlist".into())
+    }
+
     /// The decision for one resolved address: `Err(reason)` such as `"link-local address
     /// 169.254.169.254"`, `"private address 10.0.0.5"`, `"loopback address 127.0.0.1"`,
     /// `"IPv4-mapped address ::ffff:a9fe:a9fe embeds link-local address
     /// 169.254.169.254"`, unless an `allow_cidrs` range holds the address (or the IPv4
     /// address it embeds).
     pub fn check_addr(&self, addr: IpAddr) -> Result<(), String> {
+        if let Some(rule) = self.denied_addr(addr) {
+            return Err(format!("address {} denied by {rule}", addr::format_ip(&addr)));
+        }
         if self.cidr_for(addr).is_some() {
             return Ok(());
         }
@@ -338,7 +451,7 @@ pub fn parse_host(host: &str) -> Result<Target, String> {
 
 /// Splits `HOST[:PORT]` (`[v6]:PORT`, or a bare IPv6 address without a port) and parses
 /// the host part into a pattern.
-fn parse_pattern(s: &str) -> Result<Pattern, String> {
+pub(crate) fn parse_pattern(s: &str) -> Result<Pattern, String> {
     let (host, port) = if s.starts_with('[') {
         let end = s.find(']').ok_or("unclosed [")?;
         match &s[end + 1..] {
@@ -357,13 +470,15 @@ fn parse_pattern(s: &str) -> Result<Pattern, String> {
         }
     };
     let port = port.map(parse_port).transpose()?;
-    let host = if let Some(domain) = host.strip_prefix("*.") {
+    let host = if host == "*" {
+        HostPattern::Any
+    } else if let Some(domain) = host.strip_prefix("*.") {
         match parse_host(domain)? {
             Target::Name(d) => HostPattern::Subdomains(d),
             Target::Addr(_) => return Err("*. needs a domain, not an address".into()),
         }
     } else if host.contains('*') {
-        return Err("* only as a whole first label: *.example.com".into());
+        return Err("* only alone (any host) or as a whole first label: *.example.com".into());
     } else {
         match parse_host(host)? {
             Target::Name(n) if METADATA_NAMES.contains(&n.as_str()) => {
@@ -756,7 +871,6 @@ mod tests {
             "a:65536",
             "a:x",
             "a:",
-            "*",
             "*.",
             "a.*.com",
             "*.1.2.3.4",
@@ -790,5 +904,98 @@ mod tests {
             &s(&["10.0.0.0/8", "fd00::/8", "127.0.0.1"]),
         )
         .unwrap();
+    }
+
+    fn with_deny(allow: &[&str], deny: &[&str]) -> Policy {
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        Policy::from_proxy(&airlock_spec::ProxyPolicy {
+            allow: s(allow),
+            deny: s(deny),
+            ..airlock_spec::ProxyPolicy::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn star_allows_any_public_host_and_still_guards_addresses() {
+        let p = policy(&["*"], &[]);
+        assert!(allowed(&p, "example.com", 443));
+        assert!(allowed(&p, "a.b.example.org", 80));
+        assert!(!allowed(&p, "example.com", 22), "* keeps the default ports");
+        assert!(allowed(&p, "93.184.215.14", 443));
+        for host in [
+            "169.254.169.254",
+            "0xa9fea9fe",
+            "[::ffff:a9fe:a9fe]",
+            "127.0.0.1",
+            "10.0.0.1",
+            "[fd00:ec2::254]",
+        ] {
+            assert!(!allowed(&p, host, 80), "{host}");
+        }
+        assert_eq!(
+            p.check_name("metadata.google.internal", 80),
+            Err("cloud metadata name".into())
+        );
+        assert_eq!(
+            p.check_addr("169.254.169.254".parse().unwrap()),
+            Err("link-local address 169.254.169.254".into())
+        );
+        let any_port = policy(&["*:8443"], &[]);
+        assert!(allowed(&any_port, "example.com", 8443));
+        assert!(!allowed(&any_port, "example.com", 443));
+    }
+
+    #[test]
+    fn deny_wins_over_allow_by_name_domain_and_range() {
+        let p = with_deny(
+            &["*"],
+            &["*.internal.example", "blocked.example", "203.0.113.0/24"],
+        );
+        assert_eq!(
+            p.check_name("db.internal.example", 443),
+            Err("denied by *.internal.example".into())
+        );
+        assert_eq!(
+            p.check_name("BLOCKED.example.", 80),
+            Err("denied by blocked.example".into())
+        );
+        assert!(
+            allowed(&p, "internal.example", 443),
+            "*.domain is subdomains only"
+        );
+        assert_eq!(
+            p.check_name("203.0.113.9", 443),
+            Err("address 203.0.113.9 denied by 203.0.113.0/24".into())
+        );
+        assert_eq!(
+            p.check_addr("203.0.113.9".parse().unwrap()),
+            Err("address 203.0.113.9 denied by 203.0.113.0/24".into())
+        );
+        let exact = with_deny(&["api.example.com"], &["api.example.com"]);
+        assert_eq!(
+            exact.check_name("api.example.com", 443),
+            Err("denied by api.example.com".into())
+        );
+        assert!(Policy::askable("not in allowlist"));
+        assert!(!Policy::askable("denied by api.example.com"));
+        assert!(!Policy::askable("link-local address 169.254.169.254"));
+    }
+
+    #[test]
+    fn bad_deny_rules_name_the_entry() {
+        for bad in ["*", "a.example:443", "a b", "*.1.2.3.4"] {
+            let err = Policy::from_proxy(&airlock_spec::ProxyPolicy {
+                deny: vec!["ok.example".into(), bad.into()],
+                ..airlock_spec::ProxyPolicy::default()
+            })
+            .unwrap_err();
+            assert_eq!(err.field, "network.deny[1]", "{bad}");
+            assert!(
+                err.message.contains("a deny rule covers every port"),
+                "{}",
+                err.message
+            );
+        }
     }
 }

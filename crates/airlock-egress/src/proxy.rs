@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use airlock_spec::EgressEntry;
+use airlock_spec::{EgressEntry, EgressKind};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
@@ -18,12 +18,15 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::addr::format_ip;
+use crate::control::{Answer, Control};
 use crate::policy::{Denied, Policy, Target};
 use crate::relay::{
     Activity, Budget, HeadRead, Meter, forward_body, is_byte_limit, pump, read_head, relay_response,
 };
 use crate::request::{BadRequest, HttpRequest, MAX_HEAD_BYTES, Request, parse_request, upstream_head};
 use crate::resolver::Resolver;
+
+mod intercept;
 
 /// After an accept error other than an aborted connection (out of fds, of memory), wait
 /// this long instead of spinning.
@@ -39,7 +42,7 @@ const DRAIN_TIME: Duration = Duration::from_millis(500);
 const DRAIN_BYTES: usize = 64 * 1024;
 
 /// The client side's read buffer: holds a whole request head.
-const CLIENT_BUFFER: usize = 16 * 1024;
+pub(crate) const CLIENT_BUFFER: usize = 16 * 1024;
 
 /// The upstream side's read buffer: holds a large response head and moves bodies fast.
 const UPSTREAM_BUFFER: usize = 256 * 1024;
@@ -90,9 +93,12 @@ struct Log {
 /// The filtering egress proxy of one sandbox. Everything it counts is its own: several
 /// proxies in one process share nothing.
 pub struct Proxy {
-    policy: Policy,
+    control: Arc<Control>,
     limits: ProxyLimits,
-    resolver: Arc<dyn Resolver>,
+    pub(crate) resolver: Arc<dyn Resolver>,
+    /// The names this sandbox's resolver answered, by the address it gave: how a
+    /// redirected connection without SNI or Host is known by its name.
+    pub(crate) names: Mutex<crate::dns::Names>,
     /// One permit per open connection.
     slots: Arc<Semaphore>,
     /// The permits `slots` started with.
@@ -103,12 +109,14 @@ pub struct Proxy {
     allowed: AtomicU64,
     denied: AtomicU64,
     log: Mutex<Log>,
+    /// Secrets and TLS interception, when the sandbox has secrets.
+    mitm: Option<crate::mitm::Mitm>,
 }
 
 impl fmt::Debug for Proxy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Proxy")
-            .field("policy", &self.policy)
+            .field("control", &self.control)
             .field("limits", &self.limits)
             .field("active_connections", &self.active_connections())
             .field("counts", &self.counts())
@@ -118,7 +126,8 @@ impl fmt::Debug for Proxy {
 
 /// One connection's log entry in the making.
 #[derive(Debug)]
-struct Conn {
+pub(crate) struct Conn {
+    pub(crate) kind: EgressKind,
     start: Instant,
     host: String,
     port: u16,
@@ -133,8 +142,9 @@ struct Conn {
 }
 
 impl Conn {
-    fn new() -> Conn {
+    pub(crate) fn new(kind: EgressKind) -> Conn {
         Conn {
+            kind,
             start: Instant::now(),
             host: String::new(),
             port: 0,
@@ -147,8 +157,30 @@ impl Conn {
         }
     }
 
+    /// The host and port asked for.
+    pub(crate) fn set_target(&mut self, host: &str, port: u16) {
+        self.host = host.to_owned();
+        self.port = port;
+    }
+
+    /// The address connected to.
+    pub(crate) fn set_addr(&mut self, addr: IpAddr) {
+        self.addr = Some(addr);
+    }
+
+    /// Connecting failed.
+    pub(crate) fn set_failure(&mut self, addr: Option<IpAddr>, reason: &str) {
+        self.addr = addr;
+        self.note(reason);
+    }
+
+    /// The program-to-remote byte counter.
+    pub(crate) fn up(&self) -> &AtomicU64 {
+        &self.up
+    }
+
     /// Appends what happened after the decision: `allowed by x; closed: idle for 60s`.
-    fn note(&mut self, what: &str) {
+    pub(crate) fn note(&mut self, what: &str) {
         if self.reason.is_empty() {
             self.reason = what.to_string();
         } else {
@@ -159,11 +191,11 @@ impl Conn {
 
 /// Why connecting upstream failed.
 #[derive(Debug)]
-struct ConnectFailure {
+pub(crate) struct ConnectFailure {
     /// 502, or 504 on a timeout.
-    status: u16,
-    reason: String,
-    addr: Option<IpAddr>,
+    pub(crate) status: u16,
+    pub(crate) reason: String,
+    pub(crate) addr: Option<IpAddr>,
 }
 
 /// How the relaying of a connection ended.
@@ -188,18 +220,87 @@ pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientStream for T {}
 
 /// A client connection, whatever carries it.
-type Client = Box<dyn ClientStream>;
-type ClientReader<'a> = BufReader<ReadHalf<&'a mut Client>>;
-type ClientWriter<'a> = WriteHalf<&'a mut Client>;
+pub(crate) type Client = Box<dyn ClientStream>;
+pub(crate) type ClientReader<'a> = BufReader<ReadHalf<&'a mut Client>>;
+pub(crate) type ClientWriter<'a> = WriteHalf<&'a mut Client>;
 
 impl Proxy {
     /// A proxy deciding by `policy` within `limits`, resolving names with `resolver`.
     pub fn new(policy: Policy, limits: ProxyLimits, resolver: Arc<dyn Resolver>) -> Arc<Proxy> {
+        Proxy::build(Control::fixed(policy), limits, resolver, None)
+    }
+
+    /// A proxy deciding by what `control` holds now (a session's policy, which may
+    /// change, and its approvals), without secrets.
+    pub fn with_control(
+        control: Arc<Control>,
+        limits: ProxyLimits,
+        resolver: Arc<dyn Resolver>,
+    ) -> Arc<Proxy> {
+        Proxy::build(control, limits, resolver, None)
+    }
+
+    /// The proxy of a sandbox whose proxy-mode policy is `policy`: its allow and deny
+    /// rules (changeable while it runs, see [`Proxy::control`]), its approvals, and its
+    /// secrets (placeholders in [`Proxy::secret_env`]; connections to their hosts
+    /// TLS-intercepted with a CA of its own, [`Proxy::ca_bundle_pem`], their upstreams
+    /// verified against [`crate::TrustRoots::system`]).
+    pub fn for_sandbox(
+        policy: &airlock_spec::ProxyPolicy,
+        limits: ProxyLimits,
+        resolver: Arc<dyn Resolver>,
+    ) -> Result<Arc<Proxy>, crate::SetupError> {
+        let control = Control::new(policy)?;
+        let configs: Vec<crate::SecretConfig> = policy
+            .secrets
+            .iter()
+            .map(|s| crate::SecretConfig {
+                name: s.name.clone(),
+                value: s.value.clone(),
+                hosts: s.hosts.clone(),
+                query: s.query,
+            })
+            .collect();
+        let secrets = crate::Secrets::new(&configs)?;
+        let mitm = if secrets.is_empty() {
+            None
+        } else {
+            Some(crate::mitm::Mitm::new(secrets, &crate::TrustRoots::system()?)?)
+        };
+        Ok(Proxy::build(control, limits, resolver, mitm))
+    }
+
+    /// [`Proxy::new`] with secrets: the sandbox gets [`Proxy::secret_env`] (placeholders)
+    /// and trusts [`Proxy::ca_pem`]; connections to the hosts the secrets name are
+    /// TLS-intercepted to put the values in, their upstreams verified against `roots`.
+    /// Without secrets this is [`Proxy::new`] (no CA is made).
+    pub fn with_secrets(
+        policy: Policy,
+        limits: ProxyLimits,
+        resolver: Arc<dyn Resolver>,
+        secrets: crate::Secrets,
+        roots: &crate::TrustRoots,
+    ) -> Result<Arc<Proxy>, crate::MitmError> {
+        let mitm = if secrets.is_empty() {
+            None
+        } else {
+            Some(crate::mitm::Mitm::new(secrets, roots)?)
+        };
+        Ok(Proxy::build(Control::fixed(policy), limits, resolver, mitm))
+    }
+
+    fn build(
+        control: Arc<Control>,
+        limits: ProxyLimits,
+        resolver: Arc<dyn Resolver>,
+        mitm: Option<crate::mitm::Mitm>,
+    ) -> Arc<Proxy> {
         let slot_count = limits.max_connections.min(Semaphore::MAX_PERMITS);
         Arc::new(Proxy {
-            policy,
+            control,
             limits,
             resolver,
+            names: Mutex::new(crate::dns::Names::default()),
             slots: Arc::new(Semaphore::new(slot_count)),
             slot_count,
             budget: Budget::new(limits.max_bytes),
@@ -210,6 +311,7 @@ impl Proxy {
                 cap: limits.max_log_entries,
                 dropped: 0,
             }),
+            mitm,
         })
     }
 
@@ -254,7 +356,7 @@ impl Proxy {
                             let stop = stop_rx.clone();
                             let _ = stream.set_nodelay(true);
                             tasks.spawn(async move {
-                                proxy.handle(Box::new(stream), stop).await;
+                                proxy.handle(Box::new(stream), None, stop).await;
                                 drop(permit);
                             });
                         }
@@ -288,6 +390,7 @@ impl Proxy {
         let mut entries = log.entries.clone();
         if log.dropped > 0 {
             entries.push(EgressEntry {
+                kind: EgressKind::Proxy,
                 host: String::new(),
                 port: 0,
                 addr: None,
@@ -335,9 +438,68 @@ impl Proxy {
         self.slot_count - self.slots.available_permits()
     }
 
-    /// The policy this proxy decides by.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// The policy this proxy decides by now.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.control.policy()
+    }
+
+    /// What may change while it runs: the policy and the approvals.
+    pub fn control(&self) -> &Arc<Control> {
+        &self.control
+    }
+
+    /// Applies a policy change for the next connections and records it in the log.
+    pub fn update_policy(
+        &self,
+        patch: &airlock_spec::NetworkPatch,
+    ) -> Result<airlock_spec::ProxyPolicy, crate::PolicyError> {
+        let (shown, what) = self.control.update(patch)?;
+        self.push(EgressEntry {
+            kind: EgressKind::Policy,
+            host: String::new(),
+            port: 0,
+            addr: None,
+            allowed: true,
+            reason: what,
+            bytes_up: 0,
+            bytes_down: 0,
+            ms: 0.0,
+        });
+        Ok(shown)
+    }
+
+    /// One permit per open connection.
+    pub(crate) fn slots(&self) -> &Arc<Semaphore> {
+        &self.slots
+    }
+
+    /// The bytes all connections may still move.
+    pub(crate) fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    pub(crate) fn budget_exhausted(&self) -> bool {
+        self.budget.exhausted()
+    }
+
+    pub(crate) fn byte_limit_reason(&self) -> String {
+        format!("byte limit reached ({} bytes per sandbox)", self.budget.max())
+    }
+
+    /// A redirected connection over the cap: logged and closed.
+    pub(crate) fn refuse_redirected(&self, dst: SocketAddr) {
+        let (reason, _) = self.over_cap();
+        self.push(EgressEntry {
+            kind: EgressKind::Redirected,
+            host: format_ip(&dst.ip()),
+            port: dst.port(),
+            addr: None,
+            allowed: false,
+            reason,
+            bytes_up: 0,
+            bytes_down: 0,
+            ms: 0.0,
+        });
     }
 
     /// The limits this proxy enforces.
@@ -360,7 +522,7 @@ impl Proxy {
             return;
         };
         let (stop_tx, stop_rx) = watch::channel(false);
-        let work = Arc::clone(&self).handle(Box::new(stream), stop_rx);
+        let work = Arc::clone(&self).handle(Box::new(stream), None, stop_rx);
         let mut work = std::pin::pin!(work);
         tokio::select! {
             () = &mut work => {}
@@ -372,12 +534,30 @@ impl Proxy {
         drop(permit);
     }
 
-    /// One connection, from accept to its log entry.
-    async fn handle(self: Arc<Self>, mut stream: Client, mut stop: watch::Receiver<bool>) {
-        let mut conn = Conn::new();
+    /// One connection, from accept to its log entry: a request to the proxy, or (with
+    /// its original destination) a connection redirected to it.
+    pub(crate) async fn handle(
+        self: Arc<Self>,
+        mut stream: Client,
+        redirected: Option<SocketAddr>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let kind = match redirected {
+            Some(_) => EgressKind::Redirected,
+            None => EgressKind::Proxy,
+        };
+        let mut conn = Conn::new(kind);
         let activity = Activity::new();
         let stopped = {
-            let work = self.serve_conn(&mut stream, &mut conn, &activity);
+            let work = async {
+                match redirected {
+                    Some(dst) => {
+                        self.serve_redirected_conn(&mut stream, dst, &mut conn, &activity)
+                            .await
+                    }
+                    None => self.serve_conn(&mut stream, &mut conn, &activity).await,
+                }
+            };
             tokio::select! {
                 () = work => false,
                 // A dropped sender means the server is gone: stop too.
@@ -453,6 +633,15 @@ impl Proxy {
             respond(&mut r, &mut w, 403, &reason).await;
             return;
         }
+        // A misplaced placeholder is refused before anything is resolved or connected.
+        if let Request::Http(req) = &request
+            && let Err(reason) = self.http_head(req)
+        {
+            self.deny(conn, reason.clone(), None);
+            self.finish(conn);
+            respond(&mut r, &mut w, 403, &reason).await;
+            return;
+        }
         let addrs = match self.decide(&authority.host, authority.port).await {
             Ok((addrs, reason)) => {
                 self.allow(conn, reason);
@@ -483,7 +672,7 @@ impl Proxy {
         activity.touch();
 
         let end = match &request {
-            Request::Connect(_) => {
+            Request::Connect(a) => {
                 // The program's bytes after the head (a TLS hello sent eagerly) are still
                 // in `r` and go first into the tunnel.
                 if w.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
@@ -492,10 +681,14 @@ impl Proxy {
                 {
                     return;
                 }
-                Ended {
-                    note: self.tunnel(&mut r, &mut w, &mut upstream, conn, activity).await,
-                    answer: None,
-                }
+                let note = if self.intercepts(&a.host, a.port) {
+                    let client = intercept::Duplex { r: &mut r, w: &mut w };
+                    self.intercept(client, &a.host, a.port, upstream, conn, activity)
+                        .await
+                } else {
+                    self.tunnel(&mut r, &mut w, &mut upstream, conn, activity).await
+                };
+                Ended { note, answer: None }
             }
             Request::Http(req) => {
                 self.exchange(&mut r, &mut w, &mut upstream, req, conn, activity)
@@ -517,13 +710,48 @@ impl Proxy {
 
     /// Judges `host:port`: the name (or literal) by the policy, then every address the
     /// name resolves to. Returns the addresses to connect to, all of them checked.
-    async fn decide(&self, host: &str, port: u16) -> Result<(Vec<IpAddr>, String), Denied> {
-        let allowed = self.policy.decide_name(host, port)?;
+    pub(crate) async fn decide(&self, host: &str, port: u16) -> Result<(Vec<IpAddr>, String), Denied> {
+        self.decide_known(host, port, None).await
+    }
+
+    /// [`Proxy::decide`], where `known` is an address this sandbox's resolver gave for
+    /// the name already (checked again, not resolved again).
+    pub(crate) async fn decide_known(
+        &self,
+        host: &str,
+        port: u16,
+        known: Option<IpAddr>,
+    ) -> Result<(Vec<IpAddr>, String), Denied> {
+        let policy = self.control.policy();
+        let allowed = match policy.decide_name(host, port) {
+            Ok(allowed) => allowed,
+            Err(denied) => match self.control.asks() {
+                Some(wait) if Policy::askable(&denied.reason) => {
+                    match self.control.ask(host, port, &denied.reason, wait).await {
+                        Answer::Refused(reason) => return Err(Denied { reason, ..denied }),
+                        Answer::Allowed(reason) => crate::policy::Allowed {
+                            target: crate::parse_host(host)
+                                .map_err(|reason| Denied { reason, addr: None })?,
+                            reason,
+                        },
+                    }
+                }
+                _ => return Err(denied),
+            },
+        };
+        let policy = self.control.policy();
         let name = match allowed.target {
             Target::Addr(a) => return Ok((vec![a], allowed.reason)),
             Target::Name(name) => name,
         };
         let deny = |reason| Denied { reason, addr: None };
+        if let Some(a) = known {
+            policy.check_addr(a).map_err(|reason| Denied {
+                reason,
+                addr: Some(a),
+            })?;
+            return Ok((vec![a], allowed.reason));
+        }
         let resolved = timeout(self.limits.connect_timeout, self.resolver.resolve(&name, port)).await;
         let mut addrs = match resolved {
             Err(_) => return Err(deny(format!("resolving {name} timed out"))),
@@ -542,7 +770,7 @@ impl Proxy {
         // Any denied address denies the request: a rebinding answer mixing a public and
         // a metadata address must not get through by the order it is tried in.
         for &a in &addrs {
-            self.policy.check_addr(a).map_err(|reason| Denied {
+            policy.check_addr(a).map_err(|reason| Denied {
                 reason,
                 addr: Some(a),
             })?;
@@ -552,7 +780,11 @@ impl Proxy {
 
     /// Connects to the checked addresses in order (never resolving again), all within
     /// the connect timeout.
-    async fn connect(&self, addrs: &[IpAddr], port: u16) -> Result<(TcpStream, IpAddr), ConnectFailure> {
+    pub(crate) async fn connect(
+        &self,
+        addrs: &[IpAddr],
+        port: u16,
+    ) -> Result<(TcpStream, IpAddr), ConnectFailure> {
         let deadline = Instant::now() + self.limits.connect_timeout;
         let mut failure = ConnectFailure {
             status: 502,
@@ -591,7 +823,7 @@ impl Proxy {
 
     /// A CONNECT tunnel: bytes both ways until both sides are done, the idle timeout, or
     /// the byte limit. Returns a note on how it ended, if noteworthy.
-    async fn tunnel(
+    pub(crate) async fn tunnel(
         &self,
         r: &mut ClientReader<'_>,
         w: &mut ClientWriter<'_>,
@@ -640,7 +872,16 @@ impl Proxy {
             bytes: &conn.down,
             ..up
         };
-        let head = upstream_head(req);
+        // The head with secrets put in (checked before connecting: this cannot fail now).
+        let head = match self.http_head(req) {
+            Ok(head) => head,
+            Err(reason) => {
+                return Ended {
+                    note: Some(reason.clone()),
+                    answer: Some((403, reason)),
+                };
+            }
+        };
         let outcome = {
             let send = async {
                 up.write(&mut uw, &head).await?;
@@ -695,13 +936,22 @@ impl Proxy {
         }
     }
 
-    fn allow(&self, conn: &mut Conn, reason: String) {
+    /// Counts a decision made outside a connection (a DNS query).
+    pub(crate) fn count_decision(&self, allowed: bool) {
+        if allowed {
+            self.allowed.fetch_add(1, Relaxed);
+        } else {
+            self.denied.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub(crate) fn allow(&self, conn: &mut Conn, reason: String) {
         self.allowed.fetch_add(1, Relaxed);
         conn.allowed = Some(true);
         conn.reason = reason;
     }
 
-    fn deny(&self, conn: &mut Conn, reason: String, addr: Option<IpAddr>) {
+    pub(crate) fn deny(&self, conn: &mut Conn, reason: String, addr: Option<IpAddr>) {
         self.denied.fetch_add(1, Relaxed);
         conn.allowed = Some(false);
         conn.reason = reason;
@@ -749,6 +999,7 @@ impl Proxy {
 
     fn log_over_cap(&self, reason: String) {
         self.push(EgressEntry {
+            kind: EgressKind::Proxy,
             host: String::new(),
             port: 0,
             addr: None,
@@ -761,7 +1012,7 @@ impl Proxy {
     }
 
     /// Writes the connection's entry (once; not for a connection that sent no request).
-    fn finish(&self, conn: &mut Conn) {
+    pub(crate) fn finish(&self, conn: &mut Conn) {
         let Some(allowed) = conn.allowed else {
             return;
         };
@@ -769,6 +1020,7 @@ impl Proxy {
             return;
         }
         self.push(EgressEntry {
+            kind: conn.kind,
             host: conn.host.clone(),
             port: conn.port,
             addr: conn.addr.map(|a| format_ip(&a)),
@@ -780,7 +1032,7 @@ impl Proxy {
         });
     }
 
-    fn push(&self, mut entry: EgressEntry) {
+    pub(crate) fn push(&self, mut entry: EgressEntry) {
         clip(&mut entry.host);
         clip(&mut entry.reason);
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
@@ -819,7 +1071,7 @@ fn status_text(status: u16) -> &'static str {
 
 /// Answers the program with `status` and `reason` as a plain-text body, then closes:
 /// how every refusal reaches the program (a CONNECT refusal included).
-async fn respond(r: &mut ClientReader<'_>, w: &mut ClientWriter<'_>, status: u16, reason: &str) {
+pub(crate) async fn respond(r: &mut ClientReader<'_>, w: &mut ClientWriter<'_>, status: u16, reason: &str) {
     let body = format!("{reason}\n");
     let response = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

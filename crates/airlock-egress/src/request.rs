@@ -185,14 +185,14 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, BadRequest> {
 
 /// Whether a Host header names the target's place: the same host, as written up to case
 /// and a trailing dot, and the same port (for CONNECT a Host without a port is accepted).
-fn same_place(host: &Authority, target: &Authority, connect: bool) -> bool {
+pub(crate) fn same_place(host: &Authority, target: &Authority, connect: bool) -> bool {
     let norm = |h: &str| h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase();
     norm(&host.host) == norm(&target.host) && (host.port == target.port || (connect && !host.port_written))
 }
 
 /// `host:port`, `[v6]:port`, or (with `default_port`) `host` alone. No userinfo; the
 /// host must be a valid name or IP literal.
-fn parse_authority(s: &str, default_port: Option<u16>) -> Result<Authority, BadRequest> {
+pub(crate) fn parse_authority(s: &str, default_port: Option<u16>) -> Result<Authority, BadRequest> {
     if s.contains('@') {
         return Err(BadRequest::new(format!(
             "userinfo in the target {s:?} (credentials in a URL are refused)"
@@ -279,7 +279,7 @@ fn parse_absolute(target: &str) -> Result<(Authority, String), BadRequest> {
 
 /// How a request's body is delimited; both `Content-Length` and `Transfer-Encoding`, or
 /// `Content-Length` values that disagree, are refused (request smuggling).
-fn body_framing(headers: &[httparse::Header<'_>], minor_version: u8) -> Result<Body, String> {
+pub(crate) fn body_framing(headers: &[httparse::Header<'_>], minor_version: u8) -> Result<Body, String> {
     let mut length: Option<u64> = None;
     let mut codings: Vec<String> = Vec::new();
     for h in headers {

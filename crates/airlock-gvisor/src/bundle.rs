@@ -116,6 +116,23 @@ const AGENT_CAPS: &[&str] = &[
     "CAP_SYS_ADMIN",
 ];
 
+/// In proxy mode the agent also sets up the redirections of its netstack
+/// (`agent::transparent`): addresses on lo, the iptables nat table over a raw socket.
+const AGENT_EGRESS_CAPS: &[&str] = &["CAP_NET_ADMIN", "CAP_NET_RAW"];
+
+/// The generated /etc files, with proxy mode's resolver: airlock's, on the sandbox's
+/// loopback (the agent relays it to the host), which the C library then asks.
+fn generated_etc(egress: bool) -> impl Iterator<Item = (&'static str, &'static str)> {
+    GENERATED_ETC.iter().map(move |&(name, content)| match name {
+        "resolv.conf" if egress => (name, "nameserver 127.0.0.1\n"),
+        "nsswitch.conf" if egress => (
+            name,
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n",
+        ),
+        _ => (name, content),
+    })
+}
+
 /// What a bundle is built from.
 #[derive(Debug, Clone)]
 pub struct BundleSpec<'a> {
@@ -128,9 +145,22 @@ pub struct BundleSpec<'a> {
     /// Proxy mode: the host directory holding the egress proxy's socket, bound at
     /// `/.airlock/egress` (root-only inside: the agent's relay connects to it).
     pub egress_dir: Option<&'a Path>,
+    /// Proxy mode with secrets: the trust bundle (PEM) bound read-only at
+    /// [`airlock_egress::CA_BUNDLE_PATH`].
+    pub ca_bundle: Option<&'a [u8]>,
     /// An image's prepared tree: the whole root (then `rootfs` is `None`), with the
     /// host libraries the agent needs.
     pub image: Option<(&'a Path, &'a HostLibs)>,
+}
+
+/// Writes the trust bundle into the bundle's directory and binds it over the root's.
+fn bind_ca_bundle(dir: &Path, spec: &BundleSpec<'_>, mounts: &mut Vec<Value>) -> io::Result<()> {
+    if let Some(pem) = spec.ca_bundle {
+        let path = dir.join("ca-bundle.pem");
+        fs::write(&path, pem).map_err(|e| io_at("writing", &path, e))?;
+        mounts.push(bind(&path, airlock_egress::CA_BUNDLE_PATH));
+    }
+    Ok(())
 }
 
 fn io_at(what: &str, path: &Path, e: io::Error) -> io::Error {
@@ -184,7 +214,7 @@ pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
     }
     let etc = root.join("etc");
     mkdir(&etc)?;
-    for (name, content) in GENERATED_ETC {
+    for (name, content) in generated_etc(spec.egress_dir.is_some()) {
         let path = etc.join(name);
         fs::write(&path, content).map_err(|e| io_at("writing", &path, e))?;
     }
@@ -232,9 +262,10 @@ pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
             "options": ["rbind", "nosuid", "nodev", "noexec"],
         }));
     }
+    bind_ca_bundle(dir, spec, &mut mounts)?;
     mounts.push(json!({"destination": "/proc", "type": "proc", "source": "proc"}));
     let args = vec![AGENT_PATH.to_owned(), crate::agent::AGENT_ARG.to_owned()];
-    write_config(dir, json!("rootfs"), mounts, args)
+    write_config(dir, json!("rootfs"), mounts, args, spec.egress_dir.is_some())
 }
 
 /// The bundle of a sandbox whose root is the prepared tree `image` (see the module docs).
@@ -242,7 +273,7 @@ fn write_for_image(dir: &Path, image: &Path, libs: &HostLibs, spec: &BundleSpec<
     let mut mounts = Vec::new();
     let etc = dir.join("etc");
     mkdir(&etc)?;
-    for (name, content) in GENERATED_ETC {
+    for (name, content) in generated_etc(spec.egress_dir.is_some()) {
         let path = etc.join(name);
         fs::write(&path, content).map_err(|e| io_at("writing", &path, e))?;
         mounts.push(bind(&path, &format!("/etc/{name}")));
@@ -281,13 +312,26 @@ fn write_for_image(dir: &Path, image: &Path, libs: &HostLibs, spec: &BundleSpec<
             "options": ["rbind", "nosuid", "nodev", "noexec"],
         }));
     }
+    bind_ca_bundle(dir, spec, &mut mounts)?;
     mounts.push(json!({"destination": "/proc", "type": "proc", "source": "proc"}));
-    write_config(dir, json!(image), mounts, args)
+    write_config(dir, json!(image), mounts, args, spec.egress_dir.is_some())
 }
 
 /// Writes `dir/config.json`: the agent (`args`) as the container's process, as root of
-/// gVisor's user namespace with [`AGENT_CAPS`], on the read-only `root` with `mounts`.
-fn write_config(dir: &Path, root: Value, mounts: Vec<Value>, args: Vec<String>) -> io::Result<()> {
+/// gVisor's user namespace with [`AGENT_CAPS`] (and [`AGENT_EGRESS_CAPS`] when
+/// `egress`), on the read-only `root` with `mounts`.
+fn write_config(
+    dir: &Path,
+    root: Value,
+    mounts: Vec<Value>,
+    args: Vec<String>,
+    egress: bool,
+) -> io::Result<()> {
+    let caps: Vec<&str> = AGENT_CAPS
+        .iter()
+        .chain(if egress { AGENT_EGRESS_CAPS } else { &[] })
+        .copied()
+        .collect();
     let config = json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -297,9 +341,9 @@ fn write_config(dir: &Path, root: Value, mounts: Vec<Value>, args: Vec<String>) 
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
             "cwd": "/",
             "capabilities": {
-                "bounding": AGENT_CAPS,
-                "effective": AGENT_CAPS,
-                "permitted": AGENT_CAPS,
+                "bounding": caps,
+                "effective": caps,
+                "permitted": caps,
             },
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096u64, "soft": 4096u64}],
             "noNewPrivileges": true,

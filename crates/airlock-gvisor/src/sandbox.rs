@@ -121,9 +121,20 @@ impl GvisorSandbox {
         // Proxy mode's policy, checked before anything is built.
         let policy = match &shape.network {
             NetworkPolicy::None => None,
-            NetworkPolicy::Proxy { allow, allow_cidrs } => Some(
-                airlock_egress::Policy::new(allow, allow_cidrs)
-                    .map_err(|e| Error::Invalid(SpecError::new(e.field, e.message)))?,
+            NetworkPolicy::Proxy(p) => Some(
+                airlock_egress::Proxy::for_sandbox(
+                    p,
+                    airlock_egress::ProxyLimits::default(),
+                    std::sync::Arc::new(airlock_egress::SystemResolver),
+                )
+                .map_err(|e| match e {
+                    airlock_egress::SetupError::Policy(e) => {
+                        Error::Invalid(SpecError::new(e.field, e.message))
+                    }
+                    airlock_egress::SetupError::Mitm(e) => {
+                        Error::host("preparing the interception of secrets", e)
+                    }
+                })?,
             ),
         };
         let t0 = Instant::now();
@@ -136,6 +147,7 @@ impl GvisorSandbox {
             cgroup: None,
         };
         let egress_dir = dir.join("egress");
+        let ca_bundle = policy.as_ref().and_then(|p| p.ca_bundle_pem());
         let image = match &shape.image {
             Some(image) => Some((image.root.as_path(), prepared.host_libs()?)),
             None => None,
@@ -147,6 +159,7 @@ impl GvisorSandbox {
                 agent: &prepared.agent,
                 compat: prepared.compat.as_deref(),
                 egress_dir: policy.is_some().then_some(egress_dir.as_path()),
+                ca_bundle: ca_bundle.as_deref().map(str::as_bytes),
                 image,
             },
         )
@@ -184,6 +197,9 @@ impl GvisorSandbox {
             // Proxy mode: the Sentry may connect to the host's Unix socket bound in (the
             // proxy's, the only one there is).
             .args(egress.is_some().then_some("--host-uds=open"))
+            // Proxy mode: iptables in the Sentry's netstack (the agent's redirections to
+            // the proxy) needs raw sockets; only the agent has CAP_NET_RAW.
+            .args(egress.is_some().then_some("--net-raw"))
             .args(["run", "--bundle"])
             .arg(&dir)
             .arg(&id)
@@ -258,8 +274,11 @@ impl GvisorSandbox {
             &[],
         )?;
         sandbox.expect_ok("creating the sandbox")?;
-        if sandbox.egress.is_some() {
-            sandbox.send(&ToGuest::Egress, &[])?;
+        if let Some(egress) = &sandbox.egress {
+            // The agent's programs get the proxy's variables and the secrets' placeholders.
+            let env = serde_json::to_vec(&egress.proxy().sandbox_env())
+                .map_err(|e| Error::host("encoding the sandbox's environment", e))?;
+            sandbox.send(&ToGuest::Egress, &env)?;
             sandbox.expect_ok("starting the egress relay")?;
         }
         if warm {
@@ -730,6 +749,10 @@ impl Sandbox for GvisorSandbox {
             self.alive = false;
         }
         self.alive
+    }
+
+    fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
+        self.egress.as_ref().map(|e| std::sync::Arc::clone(e.proxy()))
     }
 }
 

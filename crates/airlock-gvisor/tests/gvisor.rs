@@ -474,10 +474,11 @@ except OSError as e:
 "#
     );
     let mut s = spec(&["python3", "-c", &script]);
-    s.network = airlock_spec::NetworkPolicy::Proxy {
+    s.network = airlock_spec::NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
         allow: vec![],
         allow_cidrs: vec!["127.0.0.1/32".into()],
-    };
+        ..airlock_spec::ProxyPolicy::default()
+    });
     let r = backend().run(&s, &mut Capture, &[]).unwrap();
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     assert!(r.stdout.contains("env http://127.0.0.1:3128\n"), "{}", r.stdout);
@@ -605,10 +606,11 @@ fn a_rootfs_gives_the_system_directories_and_a_bad_one_is_refused() {
 #[test]
 fn a_proxy_mode_session_keeps_its_proxy_for_every_exec() {
     let mut shape = spec(&["true"]);
-    shape.network = airlock_spec::NetworkPolicy::Proxy {
+    shape.network = airlock_spec::NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
         allow: vec!["example.invalid".into()],
         allow_cidrs: vec![],
-    };
+        ..airlock_spec::ProxyPolicy::default()
+    });
     let mut sb = session(&shape);
     // Execs as a session's come: without a network of their own.
     for _ in 0..2 {
@@ -693,10 +695,11 @@ fn image_scratch_is_writable_and_the_tree_is_unchanged() {
     let tree = image::make(dir.path());
     let before = image::snapshot(&tree);
     let mut spec = sh("echo a > /workspace/a && echo b > /tmp/b && cat /workspace/a /tmp/b && pwd");
-    spec.network = airlock_spec::NetworkPolicy::Proxy {
+    spec.network = airlock_spec::NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
         allow: vec!["example.com".into()],
         allow_cidrs: vec![],
-    };
+        ..airlock_spec::ProxyPolicy::default()
+    });
     let mut shape = Shape::of(&spec);
     shape.image = Some(airlock_backend::ImageRoot {
         digest: "sha256:fresh".into(),
@@ -758,10 +761,11 @@ fn image_pool_sandbox_warms_up_without_bin_true_and_serves_its_image() {
 #[test]
 fn image_session_in_proxy_mode_gets_the_proxy() {
     let mut spec = sh("echo $HTTP_PROXY; cat /opt/hello.txt");
-    spec.network = airlock_spec::NetworkPolicy::Proxy {
+    spec.network = airlock_spec::NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
         allow: vec!["example.com".into()],
         allow_cidrs: vec![],
-    };
+        ..airlock_spec::ProxyPolicy::default()
+    });
     let r = ok_in_image(&spec);
     assert!(r.stdout.contains("127.0.0.1:3128"), "{r:#?}");
     assert!(r.stdout.ends_with("hello from the image\n"), "{r:#?}");

@@ -215,6 +215,10 @@ impl airlock_backend::Sandbox for BootedVm {
     fn is_alive(&mut self) -> bool {
         self.agent_alive()
     }
+
+    fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
+        BootedVm::egress(self)
+    }
 }
 
 #[cfg(test)]

@@ -1001,7 +1001,7 @@ impl BootedVm {
     /// it at creation, and every later exec, whatever its own `network`, goes through
     /// the proxy and gets its egress log. A VM serves one policy: another is refused.
     pub fn start_egress(&mut self, network: &NetworkPolicy) -> Result<(), VmError> {
-        let NetworkPolicy::Proxy { allow, allow_cidrs } = network else {
+        let NetworkPolicy::Proxy(proxy_policy) = network else {
             return Ok(());
         };
         if let Some(relay) = &self.egress {
@@ -1013,7 +1013,7 @@ impl BootedVm {
             }
             return Ok(());
         }
-        let policy = airlock_egress::Policy::new(allow, allow_cidrs)
+        let policy = airlock_egress::Policy::from_proxy(proxy_policy)
             .map_err(|e| VmError::Spec(SpecError::new(e.field, e.message)))?;
         // An agent that cannot carry redirected connections and DNS would leave them
         // without a way out rather than police them: refused with the reason.
@@ -1033,6 +1033,11 @@ impl BootedVm {
         )?);
         self.send(&ToGuest::Egress, &[])?;
         self.expect_ok("starting the egress proxy")
+    }
+
+    /// Proxy mode's egress proxy, once started.
+    pub fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
+        self.egress.as_ref().map(|r| std::sync::Arc::clone(r.proxy()))
     }
 
     /// The egress log of the exec that just ended (empty without a proxy).

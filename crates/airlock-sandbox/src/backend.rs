@@ -118,4 +118,8 @@ impl airlock_backend::Sandbox for Sandbox {
     fn enter_background(&mut self) {
         Sandbox::enter_background(self);
     }
+
+    fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
+        Sandbox::egress(self)
+    }
 }

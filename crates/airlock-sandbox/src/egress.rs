@@ -53,7 +53,7 @@ const SETTLE: Duration = Duration::from_millis(500);
 pub fn policy(network: &NetworkPolicy) -> Result<Option<Policy>, SandboxError> {
     match network {
         NetworkPolicy::None => Ok(None),
-        NetworkPolicy::Proxy { allow, allow_cidrs } => Policy::new(allow, allow_cidrs)
+        NetworkPolicy::Proxy(p) => Policy::from_proxy(p)
             .map(Some)
             .map_err(|e| SandboxError::Spec(SpecError::new(e.field, e.message))),
     }
@@ -174,6 +174,11 @@ impl EgressProxy {
             stop: Some(stop),
             thread: Some(thread),
         })
+    }
+
+    /// The proxy served.
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
     }
 
     /// Log entries recorded since the last call (one exec's egress). The program's

@@ -9,6 +9,7 @@ use airlock_spec::{ExecResult, FileEntry, NetworkPolicy, Spec};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{FcntlArg, fcntl};
@@ -731,6 +732,11 @@ impl Sandbox {
     }
 
     /// The proxy's port inside the sandbox, in proxy mode.
+    /// Proxy mode's egress proxy (its policy, approvals and log).
+    pub fn egress(&self) -> Option<Arc<airlock_egress::Proxy>> {
+        self.proxy.as_ref().map(|p| Arc::clone(p.proxy()))
+    }
+
     pub(crate) fn proxy_port(&self) -> Option<u16> {
         self.proxy.as_ref().map(|_| egress::PROXY_PORT)
     }

@@ -23,10 +23,7 @@ const CA_PATH: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 fn sh(script: &str) -> Spec {
     let mut spec = Spec::new(vec!["/bin/sh".into(), "-c".into(), script.into()]);
-    spec.network = NetworkPolicy::Proxy {
-        allow: vec![],
-        allow_cidrs: vec![],
-    };
+    spec.network = NetworkPolicy::Proxy(Default::default());
     spec
 }
 

@@ -221,9 +221,21 @@ fn network<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NetworkPolicy>, D::
 /// the egress proxy accepts more spellings (`0` for 0.0.0.0, as inet_aton reads it), which
 /// a schema cannot describe and a reader could misread; the API takes these only.
 pub fn check_network(network: Option<&NetworkPolicy>) -> Result<(), ApiError> {
-    let Some(NetworkPolicy::Proxy { allow, allow_cidrs }) = network else {
+    let Some(NetworkPolicy::Proxy(policy)) = network else {
         return Ok(());
     };
+    check_proxy_policy(policy)
+}
+
+/// [`check_network`] for a proxy policy (a session's, after a change too).
+pub fn check_proxy_policy(policy: &airlock_spec::ProxyPolicy) -> Result<(), ApiError> {
+    let airlock_spec::ProxyPolicy {
+        allow,
+        allow_cidrs,
+        deny,
+        secrets,
+        ..
+    } = policy;
     for (i, entry) in allow.iter().enumerate() {
         check_allow_entry(entry).map_err(|why| {
             ApiError::invalid(
@@ -241,6 +253,44 @@ pub fn check_network(network: Option<&NetworkPolicy>) -> Result<(), ApiError> {
                 format!("{entry:?} is not a CIDR ({why}); expected ADDRESS/PREFIX such as 10.1.2.3/32 or fd00::/8, or a single address"),
             )
         })?;
+    }
+    for (i, entry) in deny.iter().enumerate() {
+        let host_ok = || -> Result<(), String> {
+            if entry == "*" || entry.starts_with("*:") {
+                return Err("* allows, it does not deny".into());
+            }
+            let has_port = if entry.starts_with('[') {
+                !entry.ends_with(']')
+            } else {
+                entry.contains(':')
+            };
+            if has_port {
+                return Err("a deny rule takes no port".into());
+            }
+            check_allow_entry(entry)
+        };
+        if check_cidr_entry(entry).is_err()
+            && let Err(why) = host_ok()
+        {
+            return Err(ApiError::invalid(
+                format!("network.deny[{i}]"),
+                format!(
+                    "{entry:?} is not a deny rule ({why}); expected NAME, *.DOMAIN, an IP address or a CIDR such as 203.0.113.0/24 (no port: a rule covers every port)"
+                ),
+            ));
+        }
+    }
+    for (i, secret) in secrets.iter().enumerate() {
+        for (j, entry) in secret.hosts.iter().enumerate() {
+            check_allow_entry(entry).map_err(|why| {
+                ApiError::invalid(
+                    format!("network.secrets[{i}].hosts[{j}]"),
+                    format!(
+                        "{entry:?} is not a host pattern ({why}); expected NAME or *.DOMAIN, optionally with :PORT"
+                    ),
+                )
+            })?;
+        }
     }
     Ok(())
 }
@@ -265,6 +315,12 @@ fn number_up_to(s: &str, max: u32) -> bool {
 }
 
 fn check_allow_entry(s: &str) -> Result<(), String> {
+    if s == "*"
+        || s.strip_prefix("*:")
+            .is_some_and(|p| p != "0" && number_up_to(p, 65535))
+    {
+        return Ok(());
+    }
     if s.chars().count() > 253 {
         return Err("longer than 253 characters".into());
     }

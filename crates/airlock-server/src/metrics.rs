@@ -244,6 +244,7 @@ mod tests {
         );
         m.pool_ready(airlock_spec::Isolation::Microvm, 2);
         m.egress(&[airlock_spec::EgressEntry {
+            kind: airlock_spec::EgressKind::Proxy,
             host: "metadata".into(),
             port: 80,
             addr: None,

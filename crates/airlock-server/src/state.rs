@@ -43,6 +43,9 @@ pub struct Session {
     /// The image every exec runs in (fixed at creation), its config merged under each
     /// exec's request.
     pub image: Option<crate::images::Resolved>,
+    /// Proxy mode's egress proxy (`None` in mode none): its policy changes and approvals
+    /// happen while an exec holds `inner`, so it is kept apart.
+    pub egress: Option<Arc<airlock_egress::Proxy>>,
     /// The sandbox and what it has used; locked by one exec or file operation at a time.
     pub inner: tokio::sync::Mutex<SessionInner>,
     /// Readable once the session is deleted or expired: its running exec is cancelled.
@@ -66,6 +69,7 @@ impl Session {
         let now = SystemTime::now();
         Ok(Session {
             id: sandbox.id().to_owned(),
+            egress: sandbox.egress(),
             isolation,
             created: now,
             expires: now + ttl,

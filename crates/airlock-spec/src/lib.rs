@@ -11,11 +11,13 @@
 #![deny(missing_docs)]
 
 mod image;
+mod network;
 mod result;
 mod spec;
 mod units;
 
 pub use image::ImageConfig;
-pub use result::{EgressEntry, ExecResult, FileEntry, Outcome};
-pub use spec::{FileSpec, Isolation, Limits, NetworkPolicy, Spec, SpecError};
+pub use network::{NetworkPatch, NetworkPolicy, OnDenied, ProxyPolicy, Secret};
+pub use result::{EgressEntry, EgressKind, ExecResult, FileEntry, Outcome};
+pub use spec::{FileSpec, Isolation, Limits, Spec, SpecError};
 pub use units::{UnitError, format_duration, format_ms, format_size, human_size, parse_duration, parse_size};

@@ -93,6 +93,10 @@ pub struct ExecResult {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct EgressEntry {
+    /// What the entry records: a request through the proxy variables, a connection
+    /// redirected to the proxy, a DNS query, or a change of the policy.
+    #[serde(default)]
+    pub kind: EgressKind,
     /// The host asked for (a name or an address literal, as the program wrote it).
     pub host: String,
     /// The port asked for.
@@ -109,6 +113,22 @@ pub struct EgressEntry {
     pub bytes_down: u64,
     /// From the request to the end of the connection, in milliseconds.
     pub ms: f64,
+}
+
+/// What an [`EgressEntry`] records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum EgressKind {
+    /// A request the program sent to the proxy (`HTTP_PROXY`, `HTTPS_PROXY`).
+    #[default]
+    Proxy,
+    /// A connection the program made directly, redirected to the proxy.
+    Redirected,
+    /// A DNS query to airlock's resolver (`host` is the name asked for).
+    Dns,
+    /// A change of the session's policy (`reason` says what changed).
+    Policy,
 }
 
 /// One entry of a sandbox's /workspace listing (every tier lists the same way).

@@ -3,6 +3,8 @@
 //! is built; its errors name the field and what is allowed.
 
 use serde::{Deserialize, Serialize};
+
+use crate::NetworkPolicy;
 use std::path::{Component, Path, PathBuf};
 
 /// Bounds on [`Limits`]. Each exists so one request cannot ask for something the host
@@ -77,62 +79,6 @@ impl Default for Limits {
             disk_bytes: 64 << 20,
             output_bytes: 1 << 20,
         }
-    }
-}
-
-/// What network the sandbox gets.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "mode", rename_all = "lowercase", deny_unknown_fields)]
-pub enum NetworkPolicy {
-    /// Own network namespace with only loopback: no route out.
-    #[default]
-    None,
-    /// Still no route out, but an HTTP proxy on the sandbox's loopback lets connections
-    /// out by policy: to the hosts in `allow`, never to private, loopback, link-local
-    /// (cloud metadata) or other special addresses unless listed in `allow_cidrs`.
-    Proxy {
-        /// Host patterns: `pypi.org`, `*.pythonhosted.org`, `api.example.com:8443`
-        /// (without a port: 80 and 443).
-        #[serde(default)]
-        allow: Vec<String>,
-        /// Address ranges allowed even though they are private or special
-        /// (`10.1.2.3/32`, `fd00::/8`): how to reach an internal service on purpose.
-        #[serde(default)]
-        allow_cidrs: Vec<String>,
-    },
-}
-
-/// At most this many allow entries: every connection is checked against all of them.
-const MAX_ALLOW_ENTRIES: usize = 256;
-
-impl NetworkPolicy {
-    /// Checks the shape of the entries (the egress proxy parses them fully).
-    pub fn validate(&self) -> Result<(), SpecError> {
-        let NetworkPolicy::Proxy { allow, allow_cidrs } = self else {
-            return Ok(());
-        };
-        for (name, list) in [("network.allow", allow), ("network.allow_cidrs", allow_cidrs)] {
-            if list.len() > MAX_ALLOW_ENTRIES {
-                return Err(SpecError::new(
-                    name,
-                    format!("at most {MAX_ALLOW_ENTRIES} entries"),
-                ));
-            }
-            for (i, entry) in list.iter().enumerate() {
-                if entry.is_empty()
-                    || entry.chars().count() > 260
-                    || entry.chars().any(|c| c.is_whitespace() || c.is_control())
-                {
-                    return Err(SpecError::new(
-                        format!("{name}[{i}]"),
-                        format!(
-                            "{entry:?} is not a host pattern or CIDR (no spaces or control characters, at most 260 characters)"
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -247,6 +193,7 @@ impl Spec {
         validate_env(&self.env)?;
         validate_files(&self.files)?;
         self.network.validate()?;
+        self.network.validate_env(&self.env)?;
         if let Some(root) = &self.rootfs
             && !root.is_absolute()
         {
@@ -569,10 +516,7 @@ mod tests {
         let mut s = spec();
         s.isolation = Isolation::Microvm;
         s.validate().unwrap();
-        s.network = NetworkPolicy::Proxy {
-            allow: vec![],
-            allow_cidrs: vec![],
-        };
+        s.network = NetworkPolicy::Proxy(crate::ProxyPolicy::default());
         s.validate().unwrap();
         let mut s = spec();
         s.isolation = Isolation::Microvm;

@@ -764,11 +764,11 @@ out["direct"] = direct("10.9.9.9", 80)
         json!([403, "link-local address 169.254.169.254\n"]),
         "{v:#}"
     );
-    // No way around the proxy: a direct connection fails, or, on the namespaces and
-    // micro-VM tiers, is redirected to the transparent port in the sandbox (issue 15),
-    // whatever serves it.
+    // No way around the proxy: a direct connection fails, or, on the namespaces, micro-VM
+    // and gVisor tiers, is redirected to the proxy in the sandbox (issue 15), whatever
+    // serves it.
     let direct = out["direct"].as_str().unwrap_or_default();
-    let redirected = routed && direct == "connected";
+    let redirected = (routed || t.name == "gvisor") && direct == "connected";
     assert!(
         redirected || ["EACCES", "ENETUNREACH", "EHOSTUNREACH"].contains(&direct),
         "{v:#}"

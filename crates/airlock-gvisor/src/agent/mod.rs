@@ -15,6 +15,7 @@ mod exec;
 mod files;
 mod ready;
 mod relay;
+mod transparent;
 
 use airlock_backend::ErrorKind;
 use airlock_spec::Limits;
@@ -224,9 +225,9 @@ struct State {
     file: Option<Incoming>,
     /// Environment every program gets first (the proxy's, in proxy mode).
     env: Vec<(String, String)>,
-    /// Proxy mode: the proxy's port on the sandbox's loopback, served by a relay
+    /// Proxy mode: the proxy's ports on the sandbox's loopback, served by a relay
     /// process forked for each exec.
-    egress: Option<std::net::TcpListener>,
+    egress: Option<relay::Listeners>,
 }
 
 impl State {
@@ -409,14 +410,27 @@ impl State {
                 if !self.created {
                     return port.error("no sandbox: send create first");
                 }
-                let started = relay::bind().and_then(|listener| {
-                    relay::fork_relay(&listener)?;
-                    Ok(listener)
+                // The redirections first: with them, a connection to any address lands on
+                // a port nothing but the agent can bind, and fails until the relay serves
+                // it. Should they fail, the sandbox fails to build (fail closed).
+                let started = transparent::setup().and_then(|()| {
+                    let listeners = relay::bind()?;
+                    relay::fork_relay(&listeners)?;
+                    Ok(listeners)
                 });
                 match started {
                     Ok(listener) => {
                         self.egress = Some(listener);
-                        self.env = airlock_sandbox::proxy_env(airlock_sandbox::PROXY_PORT);
+                        // The host's list: the proxy's variables, the secrets' placeholders
+                        // and where the trust bundle is.
+                        self.env = if payload.is_empty() {
+                            airlock_egress::proxy_env(airlock_egress::PROXY_PORT)
+                        } else {
+                            match serde_json::from_slice(&payload) {
+                                Ok(env) => env,
+                                Err(e) => return port.error(format!("the egress environment: {e}")),
+                            }
+                        };
                         port.send(&ToHost::Ok, &[])
                     }
                     Err(e) => port.error(format!("starting the egress relay: {e}")),

@@ -163,6 +163,11 @@ impl EgressRelay {
 
     /// Log entries recorded since the last call (one exec's egress), once the proxy's
     /// connections have ended (a bounded wait).
+    pub(crate) fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
+    /// Log entries recorded since the last call.
     pub(crate) fn take_new(&mut self) -> Vec<EgressEntry> {
         self.proxy.log_since(&mut self.seen, SETTLE)
     }

@@ -32,7 +32,34 @@ pub(crate) enum NetworkInput {
         /// Private or special address ranges let through on purpose, e.g. `10.1.2.3/32`.
         #[serde(default)]
         allow_cidrs: Vec<String>,
+        /// Hosts (`example.com`, `*.internal.example.com`) or ranges never reached, whatever
+        /// allow says.
+        #[serde(default)]
+        deny: Vec<String>,
+        /// `deny` (default): a connection the allowlist denies is refused; `ask`: it is
+        /// held while the user is asked (an elicitation during exec) whether to allow it.
+        #[serde(default)]
+        on_denied: Option<OnDeniedInput>,
     },
+}
+
+/// What happens to a connection the allowlist denies.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum OnDeniedInput {
+    /// Refused at once.
+    Deny,
+    /// Held while the user is asked.
+    Ask,
+}
+
+impl From<OnDeniedInput> for airlock_spec::OnDenied {
+    fn from(o: OnDeniedInput) -> Self {
+        match o {
+            OnDeniedInput::Deny => airlock_spec::OnDenied::Deny,
+            OnDeniedInput::Ask => airlock_spec::OnDenied::Ask,
+        }
+    }
 }
 
 /// `create_sandbox`'s arguments.
@@ -99,7 +126,18 @@ impl AirlockMcp {
             ttl_s: input.ttl_s.map(NonZeroU64::get),
             network: input.network.map(|n| match n {
                 NetworkInput::None => NetworkPolicy::None,
-                NetworkInput::Proxy { allow, allow_cidrs } => NetworkPolicy::Proxy { allow, allow_cidrs },
+                NetworkInput::Proxy {
+                    allow,
+                    allow_cidrs,
+                    deny,
+                    on_denied,
+                } => NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
+                    allow,
+                    allow_cidrs,
+                    deny,
+                    on_denied: on_denied.map(Into::into).unwrap_or_default(),
+                    ..airlock_spec::ProxyPolicy::default()
+                }),
             }),
             isolation: input.isolation.map(Into::into),
             image: input.image,

@@ -85,11 +85,23 @@ times out or exceeds its memory limit returns isError with the reason.",
             Err(e) => return Ok(refused(&e)),
         };
         let limits = spec.limits.clone();
-        let ran = unless_cancelled(
+        // A sandbox that asks about denied connections asks the user through this client.
+        let asker = session
+            .egress
+            .clone()
+            .filter(|p| p.control().shown().on_denied == airlock_spec::OnDenied::Ask)
+            .map(|p| super::approvals::ask_while_running(ctx.peer.clone(), p, session.id.clone()));
+        let run = unless_cancelled(
             &ctx,
             runner::in_session(Arc::clone(&state), key, session, spec, None),
-        )
-        .await?;
+        );
+        let ran = match asker {
+            Some(asker) => tokio::select! {
+                ran = run => ran,
+                () = asker => unreachable!("asking ends only when dropped"),
+            },
+            None => run.await,
+        }?;
         match ran {
             Ok(resp) => exec_result(resp, &limits),
             // Deleted or expired while it waited or ran.

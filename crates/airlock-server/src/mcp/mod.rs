@@ -16,6 +16,7 @@
 //! - a call that does not fit the tool's input schema, or an unknown tool: a JSON-RPC
 //!   error (-32602), never a tool result.
 
+mod approvals;
 mod close_sandbox;
 mod create_sandbox;
 mod exec;
@@ -23,6 +24,7 @@ pub mod jsonrpc;
 mod read_file;
 mod result;
 mod run_code;
+mod update_network;
 mod write_file;
 
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -130,7 +132,8 @@ impl AirlockMcp {
             + Self::exec_router()
             + Self::write_file_router()
             + Self::read_file_router()
-            + Self::close_sandbox_router();
+            + Self::close_sandbox_router()
+            + Self::update_network_router();
         // The lifetime is the server's setting, so the description says it here.
         if let Some(route) = router.map.get_mut("create_sandbox") {
             route.attr.description = Some(create_sandbox::description(config).into());
@@ -501,7 +504,7 @@ mod tests {
     }
 
     #[test]
-    fn six_tools_each_with_schemas_and_annotations() {
+    fn seven_tools_each_with_schemas_and_annotations() {
         let names: Vec<String> = tools()
             .iter()
             .map(|t| t["name"].as_str().unwrap().to_owned())
@@ -514,6 +517,7 @@ mod tests {
                 "exec",
                 "read_file",
                 "run_code",
+                "update_network",
                 "write_file"
             ]
         );

@@ -5,6 +5,7 @@ pub(crate) mod files;
 mod health;
 mod mcp;
 mod metrics;
+mod network;
 mod openapi;
 pub(crate) mod sandbox_exec;
 pub(crate) mod sandboxes;
@@ -34,6 +35,12 @@ pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
         )
         .route("/v1/sandboxes/{id}/exec", post(sandbox_exec::handle))
         .route("/v1/sandboxes/{id}/files", get(files::get).put(files::put))
+        .route(
+            "/v1/sandboxes/{id}/network",
+            get(network::show).patch(network::update),
+        )
+        .route("/v1/sandboxes/{id}/approvals", get(network::approvals))
+        .route("/v1/sandboxes/{id}/approvals/{approval}", post(network::decide))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::handle))

@@ -4,5 +4,6 @@
 //! tool only turns its request into these calls and their answers into its response.
 
 pub mod files;
+pub mod network;
 pub mod runner;
 pub mod sessions;

@@ -108,10 +108,11 @@ pub fn run(store: &Store, args: BuildArgs) -> anyhow::Result<ExitCode> {
         ..Limits::default()
     };
     options.network = match args.net.as_str() {
-        "proxy" => NetworkPolicy::Proxy {
+        "proxy" => NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
             allow: args.allow.clone(),
             allow_cidrs: args.allow_cidrs.clone(),
-        },
+            ..airlock_spec::ProxyPolicy::default()
+        }),
         _ if !args.allow.is_empty() || !args.allow_cidrs.is_empty() => {
             bail!("--allow and --allow-cidr need --net proxy");
         }

@@ -63,6 +63,18 @@ pub struct RunArgs {
     /// (how to reach an internal service on purpose); repeatable.
     #[arg(long = "allow-cidr", value_name = "CIDR")]
     allow_cidrs: Vec<String>,
+    /// With --net proxy: a host (`example.com`, `*.internal.example.com`) or address
+    /// range never reached, whatever --allow says (deny wins); repeatable.
+    #[arg(long = "deny", value_name = "HOST|CIDR")]
+    deny: Vec<String>,
+    /// With --net proxy: the program sees a placeholder in variable NAME, which the
+    /// proxy replaces with the value of NAME in airlock's own environment only in
+    /// requests to HOSTs (headers; TLS to them is intercepted); repeatable.
+    #[arg(long = "secret", value_name = "NAME@HOST[,HOST]")]
+    secrets: Vec<String>,
+    /// As --secret, and the placeholder is replaced in the URL's query string too.
+    #[arg(long = "secret-in-query", value_name = "NAME@HOST[,HOST]")]
+    secrets_in_query: Vec<String>,
     /// Isolation: `namespaces` (the host kernel's namespaces, cgroup, seccomp and
     /// landlock), `gvisor` (a user-space kernel, gVisor's Sentry, serves the program's
     /// system calls) or `microvm` (the same sandbox inside a micro-VM of its own).
@@ -193,13 +205,30 @@ impl RunArgs {
         }
         match self.net.as_str() {
             "proxy" => {
-                spec.network = NetworkPolicy::Proxy {
+                let mut secrets = Vec::new();
+                for (flag, list, query) in [
+                    ("--secret", &self.secrets, false),
+                    ("--secret-in-query", &self.secrets_in_query, true),
+                ] {
+                    for arg in list {
+                        secrets.push(secret_arg(flag, arg, query)?);
+                    }
+                }
+                spec.network = NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
                     allow: self.allow.clone(),
                     allow_cidrs: self.allow_cidrs.clone(),
-                };
+                    deny: self.deny.clone(),
+                    secrets,
+                    ..airlock_spec::ProxyPolicy::default()
+                });
             }
-            _ if !self.allow.is_empty() || !self.allow_cidrs.is_empty() => {
-                bail!("--allow and --allow-cidr need --net proxy");
+            _ if !self.allow.is_empty()
+                || !self.allow_cidrs.is_empty()
+                || !self.deny.is_empty()
+                || !self.secrets.is_empty()
+                || !self.secrets_in_query.is_empty() =>
+            {
+                bail!("--allow, --allow-cidr, --deny and --secret need --net proxy");
             }
             _ => {}
         }
@@ -233,6 +262,8 @@ fn flag_for(field: &str) -> String {
         _ if field.starts_with("files") => "--file",
         _ if field.starts_with("env") => "--env",
         _ if field.starts_with("network.allow_cidrs") => "--allow-cidr",
+        _ if field.starts_with("network.deny") => "--deny",
+        _ if field.starts_with("network.secrets") => "--secret",
         _ if field.starts_with("network.allow") => "--allow",
         "network" => "--net",
         "rootfs" => "--rootfs",
@@ -336,4 +367,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     Ok(ExitCode::from(result.shell_status().clamp(0, 255) as u8))
+}
+
+/// A `--secret NAME@HOST[,HOST]`: the value is airlock's own variable NAME (never a
+/// command-line argument, which other users of the host can read).
+fn secret_arg(flag: &str, arg: &str, query: bool) -> anyhow::Result<airlock_spec::Secret> {
+    let Some((name, hosts)) = arg.split_once('@') else {
+        bail!(
+            "{flag} {arg:?}: expected NAME@HOST[,HOST] (the value is read from airlock's environment variable NAME)"
+        );
+    };
+    let value = std::env::var(name).map_err(|_| {
+        anyhow::anyhow!("{flag} {arg:?}: airlock's environment has no variable {name} to take the value from")
+    })?;
+    let hosts: Vec<String> = hosts.split(',').map(str::to_owned).collect();
+    if name.is_empty() || hosts.iter().any(String::is_empty) {
+        bail!("{flag} {arg:?}: expected NAME@HOST[,HOST]");
+    }
+    Ok(airlock_spec::Secret {
+        name: name.to_owned(),
+        value,
+        hosts,
+        query,
+    })
 }
