@@ -291,7 +291,8 @@ fn hex(bytes: &[u8]) -> String {
 /// address answers, the private one is refused, both logged with the destination the
 /// program dialled). DNS datagrams, to 127.0.0.1:53 (the sandbox's resolver) and to any
 /// other address's port 53 (redirected), cross the port to the host, query bytes intact,
-/// and nothing of them reaches a network.
+/// and are answered by the host's resolver (NXDOMAIN for names outside the policy,
+/// logged); nothing of them reaches a network.
 #[test]
 fn direct_connections_and_dns_in_a_micro_vm_reach_the_host_proxy_with_their_destination() {
     let _g = serial();
@@ -409,14 +410,26 @@ print(json.dumps(out))
     assert!(!log.contains("dst=127.0.0.1"), "{log}");
 
     // Both DNS queries reached the host's end of the port, bytes intact (the local one
-    // without any redirection, the other through the sandbox's nf_tables).
-    for (name, query) in [("local_dns", &local), ("redirected_dns", &redirected)] {
+    // without any redirection, the other through the sandbox's nf_tables), and the
+    // sandbox's resolver answered each, to the program's own socket: NXDOMAIN (the names
+    // are not in the policy), logged with the name.
+    for (name, query, host) in [
+        ("local_dns", &local, "probe-one.tunnel.test"),
+        ("redirected_dns", &redirected, "probe-two.tunnel.test"),
+    ] {
         assert!(log.contains(&format!("query={}", hex(query))), "{name}: {log}");
-        // What came back, if anything, answers that query (its id).
         let answer = out[name].as_str().unwrap_or_default();
-        assert!(
-            answer == "timeout" || answer.starts_with(&hex(&query[..2])),
-            "{name}: {out:#}"
+        // The query's id, then QR set and rcode 3 (NXDOMAIN).
+        assert!(answer.starts_with(&hex(&query[..2])), "{name}: {out:#}");
+        assert_eq!(&answer[6..8], "83", "{name}: {out:#}");
+        let entry = entries
+            .iter()
+            .find(|e| e["host"] == host)
+            .unwrap_or_else(|| panic!("no DNS entry for {host}: {entries:#?}"));
+        assert_eq!(
+            (entry["port"].as_u64(), &entry["allowed"]),
+            (Some(53), &json!(false)),
+            "{entry:#}"
         );
     }
 }

@@ -42,62 +42,18 @@ mod transparent {
         stop: impl Future<Output = ()> + Send + 'static,
     ) {
         tracing::debug!(%dst, "egress relay: a redirected connection");
-        // Until airlock-egress has `Proxy::serve_redirected`: the connection is opened as
-        // a CONNECT to its original address, so the proxy judges the address by its
-        // policy and logs it; without the name a TLS SNI or HTTP Host would give.
-        connect_to_original(proxy, stream, dst, stop).await
+        proxy.serve_redirected(stream, dst, stop).await
     }
 
     /// The answer of the proxy's resolver to one DNS query; `None`: no answer.
     pub(super) async fn answer_dns(proxy: &Proxy, query: &[u8]) -> Option<Vec<u8>> {
         tracing::debug!(query = %hex(query), "egress relay: a DNS query");
-        // Until airlock-egress has `Proxy::answer_dns`: no resolver answers in the
-        // sandbox; the program's resolver times out, as with no DNS at all.
-        let _ = proxy;
-        tracing::warn!(
-            bytes = query.len(),
-            "egress relay: a DNS query, not answered: this build's proxy has no resolver for sandboxes"
-        );
-        None
+        proxy.answer_dns(query).await
     }
 
     fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
-}
-
-/// Serves a redirected connection as a CONNECT to its original address through `proxy`
-/// (see [`transparent::serve_redirected`]): the proxy's answer is read here, and on
-/// `200` the program's bytes and the destination's are spliced; on a refusal (logged by
-/// the proxy) the program's connection is closed.
-async fn connect_to_original(
-    proxy: Arc<Proxy>,
-    mut stream: DuplexStream,
-    dst: SocketAddr,
-    stop: impl Future<Output = ()> + Send + 'static,
-) {
-    let (proxy_end, mut client) = tokio::io::duplex(WINDOW as usize);
-    let served = tokio::spawn(proxy.serve_stream(proxy_end, stop));
-    let splice = async {
-        client
-            .write_all(format!("CONNECT {dst} HTTP/1.1\r\nHost: {dst}\r\n\r\n").as_bytes())
-            .await?;
-        // The answer's head, a byte at a time: nothing after it may be consumed here.
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            if head.len() > 8 * 1024 || client.read_u8().await.map(|b| head.push(b)).is_err() {
-                return Ok(());
-            }
-        }
-        if head.starts_with(b"HTTP/1.1 200 ") || head.starts_with(b"HTTP/1.0 200 ") {
-            tokio::io::copy_bidirectional(&mut stream, &mut client).await?;
-        }
-        Ok::<(), std::io::Error>(())
-    };
-    let _ = splice.await;
-    drop(stream);
-    drop(client);
-    let _ = served.await;
 }
 
 /// How long the log may take to settle after a program ends: its connections are closed
