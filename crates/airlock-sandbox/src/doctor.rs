@@ -187,6 +187,8 @@ pub fn run() -> Vec<Check> {
         "Linux >= 5.3",
     ));
 
+    checks.push(proxy_mode(root));
+
     let kvm = Path::new("/dev/kvm");
     let opened = std::fs::OpenOptions::new().read(true).write(true).open(kvm);
     checks.push(match opened {
@@ -220,4 +222,42 @@ pub fn run() -> Vec<Check> {
         ),
     });
     checks
+}
+
+/// Proxy mode's kernel features (see `netns`), tried for real on a thread of its own in a
+/// network namespace of its own, which dies with the thread: a TUN device with the
+/// default route through it, and the redirect rules.
+fn proxy_mode(root: bool) -> Check {
+    const NAME: &str = "proxy mode: TUN + nf_tables";
+    if !root {
+        return check(NAME, false, false, "not probed".into(), NEEDS_ROOT);
+    }
+    let probe = std::thread::spawn(|| -> Result<(), String> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("a network namespace: {e}"))?;
+        let tun = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")
+            .map_err(|e| format!("/dev/net/tun: {e}"))?;
+        crate::netns::route_to_proxy(tun.into(), &crate::egress::setup(None))
+    })
+    .join()
+    .unwrap_or_else(|_| Err("the probe panicked".into()));
+    match probe {
+        Ok(()) => check(
+            NAME,
+            false,
+            true,
+            "a TUN device and the redirect rules work (used by --net proxy)".into(),
+            "",
+        ),
+        Err(e) => check(
+            NAME,
+            false,
+            false,
+            format!("--net proxy cannot run: {e}"),
+            "a kernel with TUN and nf_tables (nat, redirect, reject) built in or as modules",
+        ),
+    }
 }

@@ -89,3 +89,77 @@ pub fn bind(egress: &EgressSetup) -> io::Result<Sockets> {
         dns: UdpSocket::bind(at(egress.dns_port))?,
     })
 }
+
+/// The plumbing on the real kernel, in a network namespace of the test's own (a thread's:
+/// nothing of the host's is touched; needs root): what the proxy's sockets receive.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::{SocketAddr, SocketAddrV4, TcpStream};
+
+    /// Sets proxy mode's network up on a thread in a fresh network namespace and runs `f`
+    /// there with the sockets; `None` when the test cannot make one (not root).
+    fn in_proxy_netns<T: Send + 'static>(f: impl FnOnce(Sockets) -> T + Send + 'static) -> Option<T> {
+        std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+            sys::loopback_up().unwrap();
+            let egress = crate::egress::setup(None);
+            let tun = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/net/tun")
+                .unwrap();
+            route_to_proxy(tun.into(), &egress).unwrap();
+            Some(f(bind(&egress).unwrap()))
+        })
+        .join()
+        .expect("the namespace thread panicked")
+    }
+
+    #[test]
+    fn a_redirected_connection_carries_its_original_destination() {
+        let Some((original, peer, got)) = in_proxy_netns(|s| {
+            let dst: SocketAddr = "203.0.113.7:443".parse().unwrap();
+            let mut client = TcpStream::connect_timeout(&dst, std::time::Duration::from_secs(5)).unwrap();
+            std::io::Write::write_all(&mut client, b"hello").unwrap();
+            let (mut accepted, peer) = s.transparent.accept().unwrap();
+            let original =
+                nix::sys::socket::getsockopt(&accepted, nix::sys::socket::sockopt::OriginalDst).unwrap();
+            let mut got = [0u8; 5];
+            accepted.read_exact(&mut got).unwrap();
+            (original, peer, got)
+        }) else {
+            eprintln!("NOTE: no network namespace (not root?): skipped");
+            return;
+        };
+        let original = SocketAddrV4::new(
+            u32::from_be(original.sin_addr.s_addr).into(),
+            u16::from_be(original.sin_port),
+        );
+        assert_eq!(original.to_string(), "203.0.113.7:443");
+        assert_eq!(peer.ip().to_string(), ADDRESS.to_string());
+        assert_eq!(&got, b"hello");
+    }
+
+    #[test]
+    fn dns_to_any_address_reaches_the_resolver_and_other_udp_is_refused() {
+        let Some((query, from, other, v6)) = in_proxy_netns(|s| {
+            let client = UdpSocket::bind("0.0.0.0:0").unwrap();
+            client.send_to(b"query", "198.51.100.1:53").unwrap();
+            let mut buf = [0u8; 16];
+            let (n, from) = s.dns.recv_from(&mut buf).unwrap();
+            let other = client.send_to(b"x", "198.51.100.1:9").unwrap_err().raw_os_error();
+            let v6 = std::net::TcpStream::connect("[2001:db8::1]:443")
+                .unwrap_err()
+                .raw_os_error();
+            (buf[..n].to_vec(), from, other, v6)
+        }) else {
+            return;
+        };
+        assert_eq!(query, b"query");
+        assert_eq!(from.ip().to_string(), ADDRESS.to_string());
+        assert_eq!(other, Some(libc::EPERM));
+        assert_eq!(v6, Some(libc::ENETUNREACH));
+    }
+}

@@ -228,6 +228,21 @@ fn a_bundle_over_the_cap_is_refused_before_anything_is_built(engine: &Engine, _:
     }
 }
 
+fn proxy_mode_sandboxes_leave_no_fd_or_thread_behind(engine: &Engine, _: &Path) {
+    let count = |dir: &str| fs::read_dir(dir).unwrap().count();
+    let spec = sh("true");
+    let config = config(&spec, None, Some(BUNDLE.as_bytes()));
+    // One first: whatever the engine keeps for good (the zygote's socket...) is made.
+    drop(engine.create(&config).unwrap());
+    let (fds, threads) = (count("/proc/self/fd"), count("/proc/self/task"));
+    for _ in 0..5 {
+        let mut sb = engine.create(&config).unwrap();
+        sb.exec(&spec, &mut Capture, &[]).unwrap();
+    }
+    assert_eq!(count("/proc/self/fd"), fds, "fds left behind");
+    assert_eq!(count("/proc/self/task"), threads, "threads left behind");
+}
+
 type Case = fn(&Engine, &Path);
 
 const CASES: &[(&str, Case)] = &[
@@ -258,6 +273,10 @@ const CASES: &[(&str, Case)] = &[
     (
         "ca_bundle_with_a_rootfs_without_etc_ssl_is_created_on_the_sandboxs_own_root",
         ca_bundle_with_a_rootfs_without_etc_ssl_is_created_on_the_sandboxs_own_root,
+    ),
+    (
+        "proxy_mode_sandboxes_leave_no_fd_or_thread_behind",
+        proxy_mode_sandboxes_leave_no_fd_or_thread_behind,
     ),
     (
         "a_bundle_over_the_cap_is_refused_before_anything_is_built",

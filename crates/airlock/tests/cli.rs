@@ -385,6 +385,7 @@ fn doctor_reports_every_feature() {
         "clone3",
         "pidfd",
         "cgroup.kill",
+        "proxy mode: tun + nf_tables",
         "/dev/kvm",
     ] {
         assert!(
