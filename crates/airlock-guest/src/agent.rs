@@ -127,6 +127,7 @@ pub fn serve(booted: crate::boot::Booted, init_ms: u64) -> Result<(), String> {
         init_ms,
         modules_ms,
         boot_ms: sys::boot_ms(),
+        mux_version: airlock_vmwire::mux::MUX_VERSION,
     };
     port.send(&ToHost::Ready(info), &[])
         .map_err(|e| format!("port: {e}"))?;
@@ -195,8 +196,8 @@ struct State {
     /// Saved as a template (`Freeze`) and not yet `Resume`d as a clone: only `Resume` is
     /// served.
     frozen: bool,
-    /// Proxy mode is on (`Egress`): the sandbox's 127.0.0.1:3128 is relayed to the host's
-    /// proxy, and programs get the proxy's environment.
+    /// Proxy mode is on (`Egress`): the sandbox's 127.0.0.1:3128, :3129 and :53 (UDP) are
+    /// relayed to the host's proxy, and programs get the proxy's environment.
     egress: bool,
     /// The image's root mounted from its drive, when the VM carries one: the sandbox's
     /// whole root (the engine's image mode), fixed for the VM's life.
@@ -321,7 +322,7 @@ impl State {
                     return port.error(e);
                 }
                 let started = egress::bind_in_sandbox(sb.id())
-                    .and_then(|listener| egress::start(listener, egress::open_port()?));
+                    .and_then(|listeners| egress::start(listeners, egress::open_port()?));
                 match started {
                     Ok(()) => {
                         self.egress = true;

@@ -4,7 +4,9 @@
 //!    devices found; memory overcommit as on a host;
 //! 2. load the modules shipped in the initramfs, in the numbered order the host resolved
 //!    from their dependencies (virtio-mmio finds the devices QEMU's microvm machine lists
-//!    in ACPI; then the block, console and squashfs drivers);
+//!    in ACPI; then the block, console and squashfs drivers; then proxy mode's TUN and
+//!    nf_tables modules, which the agent uses only when a run asks for the proxy), each
+//!    file removed once loaded (the initramfs is RAM);
 //! 3. mount the rootfs image read-only, nosuid, nodev at /newroot, and move /dev, /proc,
 //!    /sys under it; mount cgroup v2 and a /tmp;
 //! 4. make /newroot the root (move it over / and chroot: the initramfs cannot be
@@ -146,6 +148,10 @@ pub fn boot() -> Result<Booted, String> {
     for path in &modules {
         let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         sys::load_module(&file).map_err(|e| format!("loading {}: {e}", path.display()))?;
+        // The kernel has its own copy now; the initramfs's (RAM, never freed while the
+        // file exists, and out of reach once the rootfs is the root) goes.
+        drop(file);
+        let _ = fs::remove_file(path);
     }
 
     let modules_ms = sys::boot_ms();

@@ -1,37 +1,83 @@
 //! Proxy mode, the guest's half. The VM has no network device; the program reaches the
-//! host's egress proxy through the sandbox's own loopback: a listener on 127.0.0.1:3128
-//! in the sandbox's network namespace (where the namespace backend's init binds it), whose
-//! connections are relayed over the egress port ([`airlock_vmwire::mux`]).
+//! host's egress proxy through the sandbox's own loopback, where the agent binds (in the
+//! sandbox's network namespace, as the namespace backend's init does on a host):
 //!
-//! Threads, not an event loop: one accepts, one reads the port and dispatches, and each
-//! connection has one thread per direction. No thread ever blocks the port on one
+//! - 127.0.0.1:3128 (TCP), the explicit proxy: each connection is opened on the egress
+//!   port ([`airlock_vmwire::mux`]) as `Open`;
+//! - 127.0.0.1:3129 (TCP), the transparent port, where the sandbox's nf_tables redirect
+//!   every connection to a non-loopback address: each is opened as `OpenTo` with its
+//!   original destination (`SO_ORIGINAL_DST`); one without (a program connecting to the
+//!   port itself) is closed, never relayed;
+//! - 127.0.0.1:53 (UDP), airlock's resolver, where DNS datagrams to any address are
+//!   redirected: each is sent as a `DnsQuery`, and the host's answer goes back to the
+//!   sender.
+//!
+//! Threads, not an event loop: one per listener, one reads the port and dispatches, and
+//! each connection has one thread per direction. No thread ever blocks the port on one
 //! connection: what the host sends is queued per connection (at most a window, which the
 //! host respects) and written to the socket by that connection's own thread.
 
-use airlock_vmwire::mux::{self, EGRESS_PORT, MAX_CONNECTIONS, MUX_CHUNK, MuxFrame, WINDOW};
+use airlock_vmwire::mux::{
+    self, EGRESS_PORT, MAX_CONNECTIONS, MAX_DNS, MAX_DNS_QUERIES, MUX_CHUNK, MuxFrame, WINDOW,
+};
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 pub use airlock_sandbox::PROXY_PORT;
 
-/// Binds the proxy's listener in the network namespace of the sandbox whose cgroup is
-/// named `sandbox_id`: on a thread of its own that joins the namespace (a network
-/// namespace is per thread) and ends; the socket stays in the namespace it was made in.
-pub fn bind_in_sandbox(sandbox_id: &str) -> Result<TcpListener, String> {
+/// The transparent port, where the sandbox's nf_tables redirect direct connections.
+pub const TRANSPARENT_PORT: u16 = 3129;
+/// The resolver's port (UDP), where the sandbox's DNS datagrams are redirected.
+pub const DNS_PORT: u16 = 53;
+/// How long a DNS query waits for the host's answer before its slot may be reused (the
+/// host answers every query; this only bounds a slow one): longer than any resolver
+/// waits for an answer.
+const DNS_EXPIRY: Duration = Duration::from_secs(30);
+
+/// The sockets the agent serves in the sandbox's network namespace.
+#[derive(Debug)]
+pub struct Listeners {
+    /// 127.0.0.1:3128, the explicit proxy.
+    pub proxy: TcpListener,
+    /// 127.0.0.1:3129, the transparent port.
+    pub transparent: TcpListener,
+    /// 127.0.0.1:53 (UDP), the resolver.
+    pub dns: UdpSocket,
+}
+
+/// Sets up proxy mode in the network namespace of the sandbox whose cgroup is named
+/// `sandbox_id`, on a thread of its own that joins the namespace (a network namespace is
+/// per thread) and ends: the TUN device, default route and nf_tables rules that send
+/// every connection and DNS datagram to the agent's sockets (airlock-sandbox's, as its
+/// init installs them on a host: [`airlock_sandbox::route_to_proxy_here`]), then the
+/// sockets, which stay in the namespace they were made in. The sandbox was built without
+/// proxy mode (a VM's sandbox may be built before its network policy is known, in a
+/// template), so its init bound none of these ports.
+pub fn bind_in_sandbox(sandbox_id: &str) -> Result<Listeners, String> {
     let pid = sandbox_pid(sandbox_id).ok_or_else(|| format!("no process of sandbox {sandbox_id}"))?;
     let ns = File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("its network namespace: {e}"))?;
     std::thread::spawn(move || {
         nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
             .map_err(|e| format!("joining the sandbox's network namespace: {e}"))?;
-        TcpListener::bind((Ipv4Addr::LOCALHOST, PROXY_PORT))
-            .map_err(|e| format!("binding 127.0.0.1:{PROXY_PORT} in the sandbox: {e}"))
+        airlock_sandbox::route_to_proxy_here()?;
+        let tcp = |port: u16| {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+                .map_err(|e| format!("binding 127.0.0.1:{port} (TCP) in the sandbox: {e}"))
+        };
+        Ok(Listeners {
+            proxy: tcp(PROXY_PORT)?,
+            transparent: tcp(TRANSPARENT_PORT)?,
+            dns: UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))
+                .map_err(|e| format!("binding 127.0.0.1:{DNS_PORT} (UDP) in the sandbox: {e}"))?,
+        })
     })
     .join()
     .map_err(|_| "the binding thread panicked".to_owned())?
@@ -73,6 +119,10 @@ struct Shared {
     port: Mutex<File>,
     /// Open connections by id.
     conns: Mutex<HashMap<u32, Arc<Conn>>>,
+    /// The resolver's socket (answers are sent from it).
+    dns: UdpSocket,
+    /// DNS queries sent to the host and not answered yet: who asked, and when.
+    queries: Mutex<HashMap<u32, (SocketAddr, Instant)>>,
 }
 
 /// One connection of the program's.
@@ -127,32 +177,85 @@ impl Conn {
     }
 }
 
-/// Serves `listener`'s connections over `port`, on threads of their own, for as long as
-/// the VM lives.
-pub fn start(listener: TcpListener, port: File) -> Result<(), String> {
+/// Serves the listeners' connections and datagrams over `port`, on threads of their
+/// own, for as long as the VM lives.
+pub fn start(listeners: Listeners, port: File) -> Result<(), String> {
+    let failed = |e: io::Error| format!("starting the egress relay: {e}");
     let reader = port.try_clone().map_err(|e| format!("the egress port: {e}"))?;
+    let dns = listeners.dns.try_clone().map_err(failed)?;
     let shared = Arc::new(Shared {
         port: Mutex::new(port),
         conns: Mutex::new(HashMap::new()),
+        dns: listeners.dns,
+        queries: Mutex::new(HashMap::new()),
     });
+    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(f)
+            .map(drop)
+            .map_err(failed)
+    };
     let s = Arc::clone(&shared);
-    std::thread::Builder::new()
-        .name("egress-port".into())
-        .spawn(move || read_port(reader, &s))
-        .map_err(|e| format!("starting the egress relay: {e}"))?;
-    std::thread::Builder::new()
-        .name("egress-accept".into())
-        .spawn(move || accept(listener, &shared))
-        .map_err(|e| format!("starting the egress relay: {e}"))?;
+    spawn("egress-port", Box::new(move || read_port(reader, &s)))?;
+    // Connection ids are shared by both listeners: each takes every other one.
+    let s = Arc::clone(&shared);
+    let explicit = listeners.proxy;
+    spawn(
+        "egress-accept",
+        Box::new(move || accept(explicit, &s, 0, |_| Some(None))),
+    )?;
+    let s = Arc::clone(&shared);
+    let transparent = listeners.transparent;
+    spawn(
+        "egress-redirect",
+        Box::new(move || accept(transparent, &s, 1, |stream| original_dst(stream).map(Some))),
+    )?;
+    spawn("egress-dns", Box::new(move || relay_dns(&dns, &shared)))?;
     Ok(())
 }
 
-fn accept(listener: TcpListener, shared: &Arc<Shared>) {
-    let mut next_id: u32 = 0;
+/// Where a connection redirected to the transparent port was going: its
+/// `SO_ORIGINAL_DST`, when that is an address outside the sandbox's loopback. `None`
+/// (the connection is closed) for one nf_tables did not redirect: the program connected
+/// to the port itself.
+fn original_dst(stream: &TcpStream) -> Option<SocketAddr> {
+    let dst = match nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::OriginalDst) {
+        Ok(sa) => SocketAddr::V4(SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+            u16::from_be(sa.sin_port),
+        )),
+        Err(e) => {
+            eprintln!(
+                "airlock-guest: a connection to the transparent port without an original destination ({e}): closed"
+            );
+            return None;
+        }
+    };
+    if dst.ip().is_loopback() || dst.ip().is_unspecified() {
+        eprintln!("airlock-guest: a connection to the transparent port whose destination is {dst}: closed");
+        return None;
+    }
+    Some(dst)
+}
+
+/// Accepts `listener`'s connections, ids `first`, `first + 2`, ...; `target` says how
+/// each is opened on the port (`Some(None)`: `Open`, `Some(Some(dst))`: `OpenTo`) or that
+/// it is closed (`None`).
+fn accept(
+    listener: TcpListener,
+    shared: &Arc<Shared>,
+    first: u32,
+    target: impl Fn(&TcpStream) -> Option<Option<SocketAddr>>,
+) {
+    let mut next_id: u32 = first;
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
+        let Some(target) = target(&stream) else {
+            continue;
+        };
         let id = next_id;
-        next_id = next_id.wrapping_add(1);
+        next_id = next_id.wrapping_add(2);
         let (tx, rx) = mpsc::channel();
         let (Ok(reading), Ok(writing)) = (stream.try_clone(), stream.try_clone()) else {
             continue;
@@ -173,7 +276,11 @@ fn accept(listener: TcpListener, shared: &Arc<Shared>) {
             }
             conns.insert(id, Arc::clone(&conn));
         }
-        if shared.send(&MuxFrame::Open(id)).is_err() {
+        let open = match target {
+            None => MuxFrame::Open(id),
+            Some(dst) => MuxFrame::OpenTo(id, dst),
+        };
+        if shared.send(&open).is_err() {
             shared.forget(id);
             continue;
         }
@@ -302,10 +409,69 @@ fn read_port(port: File, shared: &Shared) {
                     c.credit_changed.notify_all();
                 }
             }
-            // Only the guest opens connections.
-            MuxFrame::Open(id) => {
+            MuxFrame::DnsAnswer(id, answer) => {
+                let asker = shared
+                    .queries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+                if let Some((to, _)) = asker {
+                    let _ = shared.dns.send_to(&answer, to);
+                }
+            }
+            MuxFrame::DnsNone(id) => {
+                shared
+                    .queries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+            }
+            // Only the guest opens connections and asks.
+            MuxFrame::Open(id) | MuxFrame::OpenTo(id, _) => {
                 let _ = shared.send(&MuxFrame::Reset(id));
             }
+            MuxFrame::DnsQuery(..) => {}
+        }
+    }
+}
+
+/// The resolver's datagrams, to the host, each under an id of its own; at most
+/// [`MAX_DNS_QUERIES`] wait for their answer at once (past it a query is dropped, as a
+/// lost datagram: the program's resolver retries).
+fn relay_dns(socket: &UdpSocket, shared: &Shared) {
+    let mut buf = vec![0u8; MAX_DNS + 1];
+    let mut next_id: u32 = 0;
+    loop {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("airlock-guest: the resolver's socket: {e}");
+                return;
+            }
+        };
+        // Not a DNS message airlock answers (empty, or larger than any resolver sends).
+        if n == 0 || n > MAX_DNS {
+            continue;
+        }
+        let id = next_id;
+        {
+            let mut queries = shared.queries.lock().unwrap_or_else(|e| e.into_inner());
+            if queries.len() >= MAX_DNS_QUERIES {
+                queries.retain(|_, (_, at)| at.elapsed() < DNS_EXPIRY);
+            }
+            if queries.len() >= MAX_DNS_QUERIES || queries.contains_key(&id) {
+                continue;
+            }
+            queries.insert(id, (from, Instant::now()));
+        }
+        next_id = next_id.wrapping_add(1);
+        if shared.send(&MuxFrame::DnsQuery(id, buf[..n].to_vec())).is_err() {
+            shared
+                .queries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
         }
     }
 }

@@ -4,7 +4,8 @@
 //!   and unpacked with `dpkg-deb -x` into the cache (never installed on the host);
 //! - **initramfs**: a newc cpio with the guest agent as `/init`, the ELF interpreter and
 //!   libraries it links, and the kernel modules it loads (virtio-mmio, virtio-blk,
-//!   virtio-console, squashfs), numbered in load order;
+//!   virtio-console, squashfs, and proxy mode's TUN and nf_tables), numbered in load
+//!   order;
 //! - **rootfs**: a read-only squashfs image of the system directories the sandbox binds
 //!   (`/usr` and the `/bin`, `/lib`… links or directories, and the few `/etc` files the
 //!   sandbox's synthesized /etc takes from the host), without what programs never read.
@@ -33,6 +34,25 @@ const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
 /// microvm machine describes its devices in ACPI), the block device the rootfs is on,
 /// the console driver that provides the agent's port, and the rootfs's file system.
 pub const GUEST_MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_console", "squashfs"];
+
+/// Modules proxy mode needs in the guest, loaded at boot after [`GUEST_MODULES`] (the
+/// guest has no modprobe for the kernel to ask): the sandbox's network namespace gets a
+/// TUN device with the default route, and nf_tables rules that redirect every TCP
+/// connection to a non-loopback address, and every DNS datagram, to the guest agent's
+/// listeners on its loopback, and reject the rest (the NAT chain type and `redirect`,
+/// `reject` in the inet, ip and ip6 families). Their dependencies (nfnetlink,
+/// conntrack, NAT, defragmentation, the reject helpers, libcrc32c) follow from each
+/// module's `depends=`; those a kernel builds in are skipped.
+pub const EGRESS_MODULES: &[&str] = &[
+    "tun",
+    "nf_tables",
+    "nft_chain_nat",
+    "nft_redir",
+    "nft_reject",
+    "nft_reject_inet",
+    "nft_reject_ipv4",
+    "nft_reject_ipv6",
+];
 
 /// Directory of the initramfs that holds the modules, as `NN-name.ko`.
 pub const INITRAMFS_MODULES_DIR: &str = "modules";
@@ -261,6 +281,9 @@ impl ImageBuilder {
         key.add(&meta.mtime_nsec().to_le_bytes());
         key.add(release.as_bytes());
         key.add(&[FORMAT_VERSION]);
+        for module in GUEST_MODULES.iter().chain(EGRESS_MODULES) {
+            key.add(module.as_bytes());
+        }
         let path = self.cache.join(format!("initramfs-{:016x}.cpio", key.0));
         if path.exists() {
             return Ok(path);
@@ -299,7 +322,10 @@ impl ImageBuilder {
         }
         w.dir(INITRAMFS_MODULES_DIR, 0o755)
             .map_err(io_err("write initramfs", &path))?;
-        for (i, module) in kmod::resolve(modules, GUEST_MODULES)?.iter().enumerate() {
+        for (i, module) in kmod::resolve(modules, &[GUEST_MODULES, EGRESS_MODULES].concat())?
+            .iter()
+            .enumerate()
+        {
             let name = format!("{INITRAMFS_MODULES_DIR}/{i:02}-{}.ko", module.name);
             w.file(&name, 0o644, &module.data)
                 .map_err(io_err("write initramfs", &path))?;

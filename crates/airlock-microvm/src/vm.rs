@@ -994,7 +994,8 @@ impl BootedVm {
     }
 
     /// Proxy mode: starts the relay of the egress port with the policy of `network` and
-    /// has the guest serve the proxy's port (127.0.0.1:3128) in its sandbox, which must
+    /// has the guest serve the proxy's ports (127.0.0.1:3128 explicit, :3129 transparent,
+    /// :53 the resolver's, see [`airlock_vmwire::mux`]) in its sandbox, which must
     /// exist ([`BootedVm::ensure_sandbox`]); nothing to do for mode `none`, or when the
     /// relay runs already. A run or exec in proxy mode does this itself; a session starts
     /// it at creation, and every later exec, whatever its own `network`, goes through
@@ -1014,6 +1015,15 @@ impl BootedVm {
         }
         let policy = airlock_egress::Policy::from_proxy(proxy_policy)
             .map_err(|e| VmError::Spec(SpecError::new(e.field, e.message)))?;
+        // An agent that cannot carry redirected connections and DNS would leave them
+        // without a way out rather than police them: refused with the reason.
+        let wire = airlock_vmwire::mux::MUX_VERSION;
+        if self.info.mux_version < wire {
+            return Err(VmError::Guest(format!(
+                "the guest agent speaks version {} of the egress port, proxy mode needs {wire}: rebuild airlock-guest with this airlock",
+                self.info.mux_version
+            )));
+        }
         let port = self.egress_port.take().ok_or(VmError::Gone)?;
         self.egress = Some(egress::EgressRelay::start(
             policy,

@@ -45,6 +45,7 @@ pub use egress::{DNS_PORT, PROXY_PORT, TRANSPARENT_PORT, proxy_env};
 pub use etc::{BOUND_DIRS as HOST_ETC_DIRS, BOUND_FILES as HOST_ETC_FILES, GENERATED as GENERATED_ETC};
 pub use init::{INIT_ARG, maybe_run_init};
 pub use mounts::SYSTEM_DIRS;
+pub use netns::route_to_proxy_here;
 pub use sandbox::{HOST_UID_BASE, HOST_UID_SLOTS, Sandbox, SandboxConfig};
 pub use supervisor::{Capture, OutputSink};
 pub use workspace::{DiskFull, list as list_workspace};

@@ -52,6 +52,21 @@ pub fn route_to_proxy(tun: OwnedFd, egress: &EgressSetup) -> Result<(), String> 
     .map_err(|e| format!("installing the redirect rules: {e}"))
 }
 
+/// Proxy mode for a sandbox whose egress sockets its caller binds and serves itself (the
+/// micro-VM guest agent, which relays them to the host over its egress port): in the
+/// network namespace of the CALLING THREAD (the sandbox's, joined with `setns`), what
+/// init does in proxy mode: the TUN device, its address, the default route, the
+/// redirecting rules to [`crate::TRANSPARENT_PORT`] and [`crate::DNS_PORT`]. Needs
+/// CAP_NET_ADMIN over that namespace; binds nothing.
+pub fn route_to_proxy_here() -> Result<(), String> {
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .map_err(|e| format!("/dev/net/tun: {e}"))?;
+    route_to_proxy(tun.into(), &crate::egress::setup(None))
+}
+
 /// The sockets the supervisor serves the egress proxy on, bound on this namespace's
 /// loopback.
 #[derive(Debug)]

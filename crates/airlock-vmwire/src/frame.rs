@@ -63,10 +63,12 @@ pub enum ToGuest {
     },
     /// Part of the program's stdin (the payload), sent before `Exec`.
     Stdin,
-    /// Proxy mode: bind the proxy's port (127.0.0.1:3128) in the sandbox's network
-    /// namespace and relay its connections over the egress port ([`crate::mux`]) to the
-    /// host's proxy; later execs get the proxy's environment variables. Answered by `Ok`
-    /// (also when the relay runs already) or `Error`. Needs the sandbox.
+    /// Proxy mode: bind the proxy's port (127.0.0.1:3128), the transparent port
+    /// (127.0.0.1:3129) and the resolver's (127.0.0.1:53, UDP) in the sandbox's network
+    /// namespace and relay their connections and datagrams over the egress port
+    /// ([`crate::mux`]) to the host's proxy; later execs get the proxy's environment
+    /// variables. Answered by `Ok` (also when the relay runs already) or `Error`. Needs
+    /// the sandbox.
     Egress,
     /// Run the program. Answered by `Stdout`/`Stderr` chunks, then `Exited` or `Error`.
     Exec {
@@ -178,6 +180,14 @@ pub struct GuestInfo {
     pub modules_ms: u64,
     /// Milliseconds from the guest kernel's start to the agent being ready.
     pub boot_ms: u64,
+    /// The egress port's frame kinds the agent speaks ([`crate::mux::MUX_VERSION`]); 1
+    /// from an agent that predates the field.
+    #[serde(default = "mux_version_one")]
+    pub mux_version: u32,
+}
+
+fn mux_version_one() -> u32 {
+    1
 }
 
 /// Why a frame could not be read or written.

@@ -11,12 +11,16 @@
 //! builds both).
 
 mod common;
+mod egressutil;
 
 use common::host::{owner_cgroups, proc_infos, serial, wait_until};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use egressutil::{ALLOWED, Net, PRIVATE, Serve, egress, in_netns};
+use serde_json::{Value, json};
 
 /// Where VMs keep their state (the default of `airlock`).
 const STATE_ROOT: &str = "/run/airlock/vm";
@@ -262,4 +266,170 @@ fn doctor_is_plain_says_tcg_is_slow_and_takes_seconds() {
         "{}",
         quick.stdout()
     );
+}
+
+/// A DNS query for `name` (type A) with id `id`, as bytes.
+fn dns_query(id: u16, name: &str) -> Vec<u8> {
+    let mut q = id.to_be_bytes().to_vec();
+    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Issue 15, no way around the proxy and DNS under policy, in a micro-VM: a program
+/// that ignores the proxy variables and connects straight to an address is redirected,
+/// inside the guest's sandbox, to the guest agent, which opens it on the egress port with
+/// its original destination; the host serves it with the run's policy (the allowed
+/// address answers, the private one is refused, both logged with the destination the
+/// program dialled). DNS datagrams, to 127.0.0.1:53 (the sandbox's resolver) and to any
+/// other address's port 53 (redirected), cross the port to the host, query bytes intact,
+/// and are answered by the host's resolver (NXDOMAIN for names outside the policy,
+/// logged); nothing of them reaches a network.
+#[test]
+fn direct_connections_and_dns_in_a_micro_vm_reach_the_host_proxy_with_their_destination() {
+    let _g = serial();
+    let net = Net::start();
+    let mut daemon = Serve::start_env(
+        &net,
+        &["--pool", "0", "--vm-pool", "1"],
+        &[("AIRLOCK_LOG", "info,airlock_microvm::vm::egress=debug")],
+        Duration::from_secs(120),
+    );
+    let local = dns_query(0xa1b2, "probe-one.tunnel.test");
+    let redirected = dns_query(0xc3d4, "probe-two.tunnel.test");
+    let program = format!(
+        r#"
+import json, socket
+out = {{}}
+def ask(query, to):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    try:
+        s.sendto(bytes.fromhex(query), to)
+        return s.recvfrom(65536)[0].hex()
+    except socket.timeout:
+        return "timeout"
+    except OSError as e:
+        return type(e).__name__
+def get(host, port=80):
+    try:
+        c = socket.create_connection((host, port), timeout=30)
+    except OSError as e:
+        return "connect: " + type(e).__name__
+    c.sendall(f"GET /hello HTTP/1.1\r\nHost: {{host}}\r\nConnection: close\r\n\r\n".encode())
+    body = b""
+    try:
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            body += d
+    except OSError as e:
+        return "recv: " + type(e).__name__
+    return body.decode("latin-1")
+out["local_dns"] = ask("{local}", ("127.0.0.1", 53))
+out["redirected_dns"] = ask("{redirected}", ("{ALLOWED}", 53))
+out["allowed"] = get("{ALLOWED}")
+out["private"] = get("{PRIVATE}")
+out["transparent_port"] = get("127.0.0.1", 3129)
+print(json.dumps(out))
+"#,
+        local = hex(&local),
+        redirected = hex(&redirected),
+    );
+    let base = format!("http://127.0.0.1:{}", daemon.port);
+    let exec = json!({
+        "cmd": ["python3", "-c", program],
+        "isolation": "microvm",
+        "network": {"mode": "proxy", "allow_cidrs": [format!("{ALLOWED}/32")]},
+        "limits": {"timeout_ms": 120_000},
+    });
+    let v: Value = in_netns(&net, || {
+        let ready = egressutil::poll(Duration::from_secs(600), || {
+            ureq::get(&format!("{base}/readyz")).call().ok().map(drop)
+        });
+        assert!(ready.is_some(), "/readyz never answered 200");
+        let r = ureq::post(&format!("{base}/v1/exec"))
+            .timeout(Duration::from_secs(300))
+            .set("Content-Type", "application/json")
+            .send_string(&exec.to_string());
+        match r {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => {
+                serde_json::from_str(&r.into_string().unwrap()).unwrap()
+            }
+            Err(e) => panic!("POST /v1/exec: {e}"),
+        }
+    });
+    daemon.stop();
+    let log = Serve::stderr(&net);
+    assert_eq!(v["exit_code"], 0, "{v:#}\n{log}");
+    let out: Value = serde_json::from_str(v["stdout"].as_str().unwrap().trim()).expect("out");
+
+    // The direct connection to the allowed address was served through the proxy...
+    let allowed = out["allowed"].as_str().unwrap_or_default();
+    assert!(
+        allowed.starts_with("HTTP/1.") && allowed.ends_with("hello from allowed\n"),
+        "{out:#}"
+    );
+    // ... and the one to a private address never reached its server.
+    assert!(
+        !out["private"].as_str().unwrap_or_default().contains("hello"),
+        "{out:#}"
+    );
+    assert_eq!(net.connections_to("allowed"), 1, "{:?}", net.connections());
+    net.assert_no_forbidden_connections();
+    // Both are in the run's egress log, with the destination the program dialled.
+    let entries = egress(&v);
+    let to = |addr: &str| {
+        entries
+            .iter()
+            .find(|e| e["port"] == 80 && (e["host"] == addr || e["addr"] == addr))
+            .unwrap_or_else(|| panic!("no entry for {addr}:80 in {entries:#?}"))
+    };
+    assert_eq!(to(ALLOWED)["allowed"], true, "{entries:#?}");
+    assert_eq!(to(PRIVATE)["allowed"], false, "{entries:#?}");
+    assert!(log.contains(&format!("dst={ALLOWED}:80")), "{log}");
+    assert!(log.contains(&format!("dst={PRIVATE}:80")), "{log}");
+    // A connection to the transparent port itself has no original destination: the
+    // guest closes it, and nothing of it crosses the port.
+    assert!(
+        !out["transparent_port"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("HTTP"),
+        "{out:#}"
+    );
+    assert!(!log.contains("dst=127.0.0.1"), "{log}");
+
+    // Both DNS queries reached the host's end of the port, bytes intact (the local one
+    // without any redirection, the other through the sandbox's nf_tables), and the
+    // sandbox's resolver answered each, to the program's own socket: NXDOMAIN (the names
+    // are not in the policy), logged with the name.
+    for (name, query, host) in [
+        ("local_dns", &local, "probe-one.tunnel.test"),
+        ("redirected_dns", &redirected, "probe-two.tunnel.test"),
+    ] {
+        assert!(log.contains(&format!("query={}", hex(query))), "{name}: {log}");
+        let answer = out[name].as_str().unwrap_or_default();
+        // The query's id, then QR set and rcode 3 (NXDOMAIN).
+        assert!(answer.starts_with(&hex(&query[..2])), "{name}: {out:#}");
+        assert_eq!(&answer[6..8], "83", "{name}: {out:#}");
+        let entry = entries
+            .iter()
+            .find(|e| e["host"] == host)
+            .unwrap_or_else(|| panic!("no DNS entry for {host}: {entries:#?}"));
+        assert_eq!(
+            (entry["port"].as_u64(), &entry["allowed"]),
+            (Some(53), &json!(false)),
+            "{entry:#}"
+        );
+    }
 }

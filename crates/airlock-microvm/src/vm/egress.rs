@@ -1,25 +1,60 @@
 //! Proxy mode in a micro-VM, the host's half: the VM's egress port carries the program's
-//! connections to its proxy ([`airlock_vmwire::mux`]); here each is handed to an airlock-egress
-//! [`Proxy`] with the run's policy, as the namespace backend serves the connections of
-//! its sandbox's loopback listener. The guest has no network device: this relay is its
+//! connections to its proxy and its DNS queries ([`airlock_vmwire::mux`]); here each is
+//! handed to an airlock-egress [`Proxy`] with the run's policy, as the namespace backend
+//! serves the connections of its sandbox's loopback listeners: an explicit one
+//! (`Open`) as a proxy client, a redirected one (`OpenTo`) with its original destination,
+//! a query to the proxy's resolver. The guest has no network device: this relay is its
 //! only way out. It runs on a thread of its own with its own small runtime, so one VM
 //! flooding its proxy cannot slow another's.
 
 use airlock_egress::{Policy, Proxy, ProxyLimits, SystemResolver};
 use airlock_spec::EgressEntry;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::VmError;
-use airlock_vmwire::mux::{MAX_CONNECTIONS, MUX_CHUNK, MuxDecoder, MuxFrame, WINDOW};
+use airlock_vmwire::mux::{
+    MAX_CONNECTIONS, MAX_DNS, MAX_DNS_QUERIES, MUX_CHUNK, MuxDecoder, MuxFrame, WINDOW,
+};
+
+/// The transparent path's two entry points into airlock-egress, and the only place that
+/// calls them: a connection the sandbox's nf_tables redirected, with its original
+/// destination, and a DNS query to airlock's resolver.
+mod transparent {
+    use super::*;
+
+    /// Serves one redirected connection whose original destination is `dst`, judged by
+    /// the proxy's policy and logged in its log; returns when it has ended (or, once
+    /// `stop` resolves, after closing it).
+    pub(super) async fn serve_redirected(
+        proxy: Arc<Proxy>,
+        stream: DuplexStream,
+        dst: SocketAddr,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) {
+        tracing::debug!(%dst, "egress relay: a redirected connection");
+        proxy.serve_redirected(stream, dst, stop).await
+    }
+
+    /// The answer of the proxy's resolver to one DNS query; `None`: no answer.
+    pub(super) async fn answer_dns(proxy: &Proxy, query: &[u8]) -> Option<Vec<u8>> {
+        tracing::debug!(query = %hex(query), "egress relay: a DNS query");
+        proxy.answer_dns(query).await
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
 
 /// How long the log may take to settle after a program ends: its connections are closed
 /// in the guest, and the closes cross the port (emulated, under TCG) before the proxy
@@ -145,6 +180,7 @@ async fn relay(port: tokio::net::UnixStream, proxy: Arc<Proxy>, stop: tokio::syn
     let mut served = JoinSet::new();
     let mut conn_tasks = JoinSet::new();
     let mut conns: HashMap<u32, Conn> = HashMap::new();
+    let dns_slots = Arc::new(Semaphore::new(MAX_DNS_QUERIES));
     let mut decoder = MuxDecoder::default();
     let mut buf = vec![0u8; 64 * 1024];
     let mut stop = std::pin::pin!(stop);
@@ -189,9 +225,40 @@ async fn relay(port: tokio::net::UnixStream, proxy: Arc<Proxy>, stop: tokio::syn
                                 let _ = out.send(MuxFrame::Reset(id).encode());
                                 continue;
                             }
-                            let conn = open(id, &proxy, &proxy_stopped, &out, &events, &mut served, &mut conn_tasks);
+                            let conn = open(id, None, &proxy, &proxy_stopped, &out, &events, &mut served, &mut conn_tasks);
                             conns.insert(id, conn);
                         }
+                        MuxFrame::OpenTo(id, dst) => {
+                            if conns.len() >= MAX_CONNECTIONS || conns.contains_key(&id) {
+                                let _ = out.send(MuxFrame::Reset(id).encode());
+                                continue;
+                            }
+                            let conn = open(id, Some(dst), &proxy, &proxy_stopped, &out, &events, &mut served, &mut conn_tasks);
+                            conns.insert(id, conn);
+                        }
+                        MuxFrame::DnsQuery(id, query) => {
+                            // Every query is answered once; over the bound, with no answer.
+                            let Ok(permit) = Arc::clone(&dns_slots).try_acquire_owned() else {
+                                let _ = out.send(MuxFrame::DnsNone(id).encode());
+                                continue;
+                            };
+                            let (proxy, out) = (Arc::clone(&proxy), out.clone());
+                            conn_tasks.spawn(async move {
+                                let answer = transparent::answer_dns(&proxy, &query).await;
+                                let frame = match answer {
+                                    Some(a) if !a.is_empty() && a.len() <= MAX_DNS => MuxFrame::DnsAnswer(id, a),
+                                    Some(a) => {
+                                        tracing::warn!(bytes = a.len(), "egress relay: a DNS answer that cannot cross the port (1 to {MAX_DNS} bytes): none sent");
+                                        MuxFrame::DnsNone(id)
+                                    }
+                                    None => MuxFrame::DnsNone(id),
+                                };
+                                let _ = out.send(frame.encode());
+                                drop(permit);
+                            });
+                        }
+                        // Only the host answers queries.
+                        MuxFrame::DnsAnswer(..) | MuxFrame::DnsNone(_) => {}
                         MuxFrame::Data(id, data) => {
                             let Some(c) = conns.get_mut(&id) else { continue };
                             let len = data.len() as u32;
@@ -237,10 +304,13 @@ async fn relay(port: tokio::net::UnixStream, proxy: Arc<Proxy>, stop: tokio::syn
     writer.abort();
 }
 
-/// Starts serving connection `id`: the proxy on one end of an in-memory stream, and two
-/// tasks moving bytes between the other end and the port.
+/// Starts serving connection `id` (explicit, or redirected from `dst`): the proxy on one
+/// end of an in-memory stream, and two tasks moving bytes between the other end and the
+/// port.
+#[allow(clippy::too_many_arguments)]
 fn open(
     id: u32,
+    dst: Option<SocketAddr>,
     proxy: &Arc<Proxy>,
     stopped: &watch::Receiver<bool>,
     out: &mpsc::UnboundedSender<Vec<u8>>,
@@ -250,9 +320,18 @@ fn open(
 ) -> Conn {
     let (proxy_end, relay_end) = tokio::io::duplex(WINDOW as usize);
     let mut stopped = stopped.clone();
-    served.spawn(Arc::clone(proxy).serve_stream(proxy_end, async move {
+    let stop = async move {
         let _ = stopped.wait_for(|s| *s).await;
-    }));
+    };
+    match dst {
+        None => served.spawn(Arc::clone(proxy).serve_stream(proxy_end, stop)),
+        Some(dst) => served.spawn(transparent::serve_redirected(
+            Arc::clone(proxy),
+            proxy_end,
+            dst,
+            stop,
+        )),
+    };
     let (mut from_proxy, mut to_proxy) = tokio::io::split(relay_end);
     let credit = Arc::new(Semaphore::new(WINDOW as usize));
     let pending = Arc::new(AtomicU32::new(0));
@@ -310,5 +389,72 @@ fn open(
         credit,
         up_done: false,
         tasks: [up, down],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_vmwire::mux::read_frame;
+    use std::io::Write;
+
+    /// The host's end of the egress port, version 2: every DNS query is answered exactly
+    /// once (an answer or `DnsNone`), also past [`MAX_DNS_QUERIES`] at once, and a
+    /// redirected connection reaches the proxy's policy with its original destination
+    /// (a private address: refused before any connection, and logged with it).
+    #[test]
+    fn every_dns_query_is_answered_once_and_a_redirected_connection_meets_the_policy() {
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        host.set_nonblocking(true).unwrap();
+        let proxy = Proxy::new(
+            Policy::new(&[], &[]).unwrap(),
+            ProxyLimits::default(),
+            Arc::new(SystemResolver),
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = Arc::clone(&proxy);
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                relay(tokio::net::UnixStream::from_std(host).unwrap(), served, stopped).await;
+            });
+        });
+        let queries = 2 * MAX_DNS_QUERIES as u32;
+        let mut wire = Vec::new();
+        for id in 0..queries {
+            wire.extend(MuxFrame::DnsQuery(id, vec![0x12, 0x34, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]).encode());
+        }
+        let private: SocketAddr = "10.0.0.5:80".parse().unwrap();
+        wire.extend(MuxFrame::OpenTo(7, private).encode());
+        guest.write_all(&wire).unwrap();
+
+        let mut answered = std::collections::BTreeMap::new();
+        let mut closed = false;
+        while answered.len() < queries as usize || !closed {
+            match read_frame(&mut guest).unwrap().expect("the relay ended") {
+                MuxFrame::DnsAnswer(id, _) | MuxFrame::DnsNone(id) => {
+                    *answered.entry(id).or_insert(0) += 1;
+                }
+                MuxFrame::Eof(7) | MuxFrame::Reset(7) => closed = true,
+                MuxFrame::Data(7, _) | MuxFrame::Ack(..) => {}
+                other => panic!("unexpected frame {other:?}"),
+            }
+        }
+        assert!(answered.values().all(|n| *n == 1), "{answered:?}");
+        assert_eq!(
+            answered.keys().copied().collect::<Vec<_>>(),
+            (0..queries).collect::<Vec<_>>()
+        );
+        let _ = stop.send(());
+        thread.join().unwrap();
+        let log = proxy.log();
+        let entry = log
+            .iter()
+            .find(|e| e.port == 80 && (e.host == "10.0.0.5" || e.addr.as_deref() == Some("10.0.0.5")))
+            .unwrap_or_else(|| panic!("no entry for {private}: {log:?}"));
+        assert!(!entry.allowed, "{entry:?}");
     }
 }

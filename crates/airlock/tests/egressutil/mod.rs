@@ -418,12 +418,19 @@ pub struct Serve {
 impl Serve {
     /// Starts it and waits up to `timeout` for its listening line.
     pub fn start(net: &Net, args: &[&str], timeout: Duration) -> Serve {
+        Serve::start_env(net, args, &[], timeout)
+    }
+
+    /// [`Serve::start`] with more environment variables (`AIRLOCK_LOG`); its stderr is
+    /// [`Serve::stderr`].
+    pub fn start_env(net: &Net, args: &[&str], env: &[(&str, &str)], timeout: Duration) -> Serve {
         use std::io::{BufRead, BufReader};
-        let err_path = net.dir.path().join("serve.err");
+        let err_path = Serve::err_path(net);
         let mut child = net
             .nsenter(env!("CARGO_BIN_EXE_airlock"))
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
+            .envs(env.iter().copied())
             .env_remove("AIRLOCK_API_KEYS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -449,6 +456,15 @@ impl Serve {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("unexpected listening line {line:?}"));
         serve
+    }
+
+    fn err_path(net: &Net) -> PathBuf {
+        net.dir.path().join("serve.err")
+    }
+
+    /// What the daemon started in `net` wrote on stderr so far.
+    pub fn stderr(net: &Net) -> String {
+        std::fs::read_to_string(Serve::err_path(net)).unwrap_or_default()
     }
 
     /// The daemon's pid (nsenter execs airlock in place).
