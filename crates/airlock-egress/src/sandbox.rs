@@ -40,6 +40,12 @@ impl Proxy {
     /// placeholder, and, when TLS is intercepted for secrets, the usual variables naming
     /// the trust bundle (for tools that do not read [`CA_BUNDLE_PATH`] by default).
     pub fn sandbox_env(&self) -> Vec<(String, String)> {
+        self.sandbox_env_at(CA_BUNDLE_PATH)
+    }
+
+    /// [`Proxy::sandbox_env`] for a sandbox whose trust bundle is at `ca_path` (a
+    /// micro-VM's guest installs it after its sandbox was built).
+    pub fn sandbox_env_at(&self, ca_path: &str) -> Vec<(String, String)> {
         let mut env = proxy_env(PROXY_PORT);
         env.extend(self.secret_env());
         if self.ca_pem().is_some() {
@@ -49,7 +55,7 @@ impl Proxy {
                 "CURL_CA_BUNDLE",
                 "NODE_EXTRA_CA_CERTS",
             ] {
-                env.push((k.to_owned(), CA_BUNDLE_PATH.to_owned()));
+                env.push((k.to_owned(), ca_path.to_owned()));
             }
         }
         env

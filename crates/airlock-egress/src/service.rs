@@ -18,10 +18,8 @@ pub struct Stop(watch::Receiver<bool>);
 
 impl Stop {
     /// The future each server of the proxy stops on.
-    pub fn stopped(mut self) -> impl Future<Output = ()> + Send + 'static {
-        async move {
-            let _ = self.0.wait_for(|s| *s).await;
-        }
+    pub async fn stopped(mut self) {
+        let _ = self.0.wait_for(|s| *s).await;
     }
 }
 

@@ -199,6 +199,8 @@ struct State {
     /// Proxy mode is on (`Egress`): the sandbox's 127.0.0.1:3128, :3129 and :53 (UDP) are
     /// relayed to the host's proxy, and programs get the proxy's environment.
     egress: bool,
+    /// What every program gets in proxy mode (from the host's egress setup).
+    egress_env: Vec<(String, String)>,
     /// The image's root mounted from its drive, when the VM carries one: the sandbox's
     /// whole root (the engine's image mode), fixed for the VM's life.
     image: Option<std::path::PathBuf>,
@@ -321,11 +323,27 @@ impl State {
                 if let Err(e) = check_network(airlock_sandbox::landlock::kernel_abi(), &net_devices()) {
                     return port.error(e);
                 }
+                let setup: airlock_vmwire::EgressSetup = if payload.is_empty() {
+                    airlock_vmwire::EgressSetup {
+                        env: airlock_sandbox::proxy_env(egress::PROXY_PORT),
+                        ca_bundle: None,
+                    }
+                } else {
+                    match serde_json::from_slice(&payload) {
+                        Ok(s) => s,
+                        Err(e) => return port.error(format!("the egress setup: {e}")),
+                    }
+                };
                 let started = egress::bind_in_sandbox(sb.id())
-                    .and_then(|listeners| egress::start(listeners, egress::open_port()?));
+                    .and_then(|listeners| egress::start(listeners, egress::open_port()?))
+                    .and_then(|()| match &setup.ca_bundle {
+                        Some(pem) => egress::install_ca_bundle(sb.id(), pem),
+                        None => Ok(()),
+                    });
                 match started {
                     Ok(()) => {
                         self.egress = true;
+                        self.egress_env = setup.env;
                         port.send(&ToHost::Ok, &[])
                     }
                     Err(e) => port.error(format!("starting the egress proxy: {e}")),
@@ -359,10 +377,7 @@ impl State {
                 let mut spec = Spec::new(command);
                 // The proxy's variables first: the request's own win (as on the host).
                 spec.env = if self.egress {
-                    airlock_sandbox::proxy_env(egress::PROXY_PORT)
-                        .into_iter()
-                        .chain(env)
-                        .collect()
+                    self.egress_env.iter().cloned().chain(env).collect()
                 } else {
                     env
                 };

@@ -83,6 +83,54 @@ pub fn bind_in_sandbox(sandbox_id: &str) -> Result<Listeners, String> {
     .map_err(|_| "the binding thread panicked".to_owned())?
 }
 
+/// Installs the trust bundle `pem` in the sandbox whose cgroup is named `sandbox_id`, at
+/// [`airlock_vmwire::GUEST_CA_BUNDLE`]: through its init's root, as a new root-owned,
+/// read-only file (never through a link the program could have planted: `O_NOFOLLOW`,
+/// `O_EXCL`; /tmp is sticky, so the program can neither change nor replace it).
+pub fn install_ca_bundle(sandbox_id: &str, pem: &str) -> Result<(), String> {
+    let pid = sandbox_pid(sandbox_id).ok_or_else(|| format!("no process of sandbox {sandbox_id}"))?;
+    // The sandbox's tmpfs belongs to its user namespace: a file there must be owned by a
+    // uid it maps. Made as the sandbox's root (never its user, uid 1000), on a thread of
+    // its own whose filesystem ids are switched (they are per thread).
+    let uid = outer_root(&format!("/proc/{pid}/uid_map"))?;
+    let gid = outer_root(&format!("/proc/{pid}/gid_map"))?;
+    let path = format!("/proc/{pid}/root{}", airlock_vmwire::GUEST_CA_BUNDLE);
+    let pem = pem.to_owned();
+    std::thread::spawn(move || {
+        // SAFETY: setfsuid/setfsgid change only this thread's filesystem ids, which this
+        // short-lived thread uses for the one file it creates.
+        unsafe {
+            libc::setfsgid(gid);
+            libc::setfsuid(uid);
+        }
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| format!("creating {}: {e}", airlock_vmwire::GUEST_CA_BUNDLE))?;
+        f.write_all(pem.as_bytes())
+            .map_err(|e| format!("writing {}: {e}", airlock_vmwire::GUEST_CA_BUNDLE))
+    })
+    .join()
+    .map_err(|_| "the installing thread panicked".to_owned())?
+}
+
+/// The id outside a user namespace of its id 0, from its `uid_map` or `gid_map`.
+fn outer_root(map: &str) -> Result<u32, String> {
+    let text = fs::read_to_string(map).map_err(|e| format!("{map}: {e}"))?;
+    text.lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace().map(|x| x.parse::<u32>().ok());
+            match (f.next()??, f.next()??) {
+                (0, outer) => Some(outer),
+                _ => None,
+            }
+        })
+        .ok_or_else(|| format!("{map} maps no id 0"))
+}
+
 /// A process of the sandbox (any: they share its network namespace): one whose cgroup v2 path
 /// ends with the sandbox's id.
 fn sandbox_pid(sandbox_id: &str) -> Option<u32> {

@@ -1013,8 +1013,25 @@ impl BootedVm {
             }
             return Ok(());
         }
-        let policy = airlock_egress::Policy::from_proxy(proxy_policy)
-            .map_err(|e| VmError::Spec(SpecError::new(e.field, e.message)))?;
+        let proxy = airlock_egress::Proxy::for_sandbox(
+            proxy_policy,
+            airlock_egress::ProxyLimits::default(),
+            std::sync::Arc::new(airlock_egress::SystemResolver),
+        )
+        .map_err(|e| match e {
+            airlock_egress::SetupError::Policy(e) => VmError::Spec(SpecError::new(e.field, e.message)),
+            airlock_egress::SetupError::Mitm(e) => {
+                VmError::Host(format!("preparing the interception of secrets: {e}"))
+            }
+        })?;
+        // What the guest's programs get: the proxy's variables, the secrets' placeholders
+        // and the trust bundle (the guest installs it read-only in the sandbox).
+        let setup = airlock_vmwire::EgressSetup {
+            env: proxy.sandbox_env_at(airlock_vmwire::GUEST_CA_BUNDLE),
+            ca_bundle: proxy.ca_bundle_pem(),
+        };
+        let setup = serde_json::to_vec(&setup)
+            .map_err(|e| VmError::Host(format!("encoding the egress setup: {e}")))?;
         // An agent that cannot carry redirected connections and DNS would leave them
         // without a way out rather than police them: refused with the reason.
         let wire = airlock_vmwire::mux::MUX_VERSION;
@@ -1026,12 +1043,12 @@ impl BootedVm {
         }
         let port = self.egress_port.take().ok_or(VmError::Gone)?;
         self.egress = Some(egress::EgressRelay::start(
-            policy,
+            proxy,
             network.clone(),
             port,
             &self.id,
         )?);
-        self.send(&ToGuest::Egress, &[])?;
+        self.send(&ToGuest::Egress, &setup)?;
         self.expect_ok("starting the egress proxy")
     }
 

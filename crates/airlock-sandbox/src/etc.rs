@@ -4,8 +4,8 @@
 //! files are generated, bound over the image's own (empty) ones; the rest of its /etc is
 //! the image's.
 //!
-//! In proxy mode, /etc/resolv.conf names airlock's resolver on the sandbox's loopback and
-//! nsswitch.conf lets `hosts` use it; and a CA bundle, when the egress proxy has one, is
+//! In proxy mode, /etc/resolv.conf names airlock's resolver on the sandbox's loopback
+//! (nsswitch.conf lets `hosts` use DNS in every mode); and a CA bundle, when the egress proxy has one, is
 //! bound read-only at [`CA_BUNDLE`] (see [`install_ca_bundle`]).
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
@@ -26,14 +26,10 @@ pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// once (an answer or NXDOMAIN), so the default timeout and attempts fit.
 pub const PROXY_RESOLV_CONF: &str = "nameserver 127.0.0.1\n";
 
-/// /etc/nsswitch.conf in proxy mode: names resolve through the hosts file, then DNS.
-const PROXY_NSSWITCH_CONF: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n";
-
 /// The files of [`GENERATED`] with their content for this network mode.
 fn generated(proxy: bool) -> impl Iterator<Item = (&'static str, &'static str)> {
     GENERATED.iter().map(move |&(name, content)| match (proxy, name) {
         (true, "resolv.conf") => (name, PROXY_RESOLV_CONF),
-        (true, "nsswitch.conf") => (name, PROXY_NSSWITCH_CONF),
         _ => (name, content),
     })
 }
@@ -54,7 +50,11 @@ pub const GENERATED: &[(&str, &str)] = &[
     ),
     (
         "nsswitch.conf",
-        "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
+        // Names: the hosts file, then DNS, in every mode. Only proxy mode has a resolver
+        // (airlock's, on the sandbox's loopback: resolv.conf names it; a micro-VM's guest
+        // serves it after its sandbox was built, at glibc's default, 127.0.0.1); without
+        // one a lookup fails at once (nothing answers on loopback, there is no route).
+        "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n",
     ),
     ("resolv.conf", ""),
 ];

@@ -14,3 +14,19 @@
 
 pub mod frame;
 pub mod mux;
+
+/// Where the guest installs the trust bundle of a sandbox whose proxy intercepts TLS for
+/// secrets: root-owned and read-only in the sandbox's /tmp (the guest's sandbox is built
+/// before its policy is known, so its /etc cannot get it).
+pub const GUEST_CA_BUNDLE: &str = "/tmp/.airlock-ca-bundle.pem";
+
+/// The payload of `ToGuest::Egress` (JSON): what the guest's programs get in proxy mode.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EgressSetup {
+    /// Variables every program of the sandbox gets: the proxy's, the secrets'
+    /// placeholders (never their values), where the trust bundle is.
+    pub env: Vec<(String, String)>,
+    /// The trust bundle (PEM) to install at [`GUEST_CA_BUNDLE`], when the proxy
+    /// intercepts TLS for secrets.
+    pub ca_bundle: Option<String>,
+}

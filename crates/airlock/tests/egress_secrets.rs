@@ -339,3 +339,8 @@ fn namespaces_secrets_never_enter_the_sandbox() {
 fn gvisor_secrets_never_enter_the_sandbox() {
     secrets_never_enter_the_sandbox(&["--isolation", "gvisor"], true);
 }
+
+#[test]
+fn microvm_secrets_never_enter_the_sandbox() {
+    secrets_never_enter_the_sandbox(&["--isolation", "microvm"], true);
+}

@@ -7,7 +7,7 @@
 //! only way out. It runs on a thread of its own with its own small runtime, so one VM
 //! flooding its proxy cannot slow another's.
 
-use airlock_egress::{Policy, Proxy, ProxyLimits, SystemResolver};
+use airlock_egress::Proxy;
 use airlock_spec::EgressEntry;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -78,13 +78,12 @@ pub(crate) struct EgressRelay {
 impl EgressRelay {
     /// Serves the host's end of a VM's egress port with `policy`, on a new thread.
     pub(crate) fn start(
-        policy: Policy,
+        proxy: Arc<Proxy>,
         network: airlock_spec::NetworkPolicy,
         port: UnixStream,
         vm: &str,
     ) -> Result<EgressRelay, VmError> {
         let host_err = |e: std::io::Error| VmError::Host(format!("egress relay: {e}"));
-        let proxy = Proxy::new(policy, ProxyLimits::default(), Arc::new(SystemResolver));
         port.set_nonblocking(true).map_err(host_err)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -131,6 +130,8 @@ impl EgressRelay {
 
 impl Drop for EgressRelay {
     fn drop(&mut self) {
+        // Held connections are refused now: nobody will answer for this VM any more.
+        self.proxy.control().refuse_all();
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -395,6 +396,7 @@ fn open(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use airlock_egress::{Policy, ProxyLimits, SystemResolver};
     use airlock_vmwire::mux::read_frame;
     use std::io::Write;
 
