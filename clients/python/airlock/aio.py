@@ -34,9 +34,16 @@ class AsyncExecStream(AsyncIterator[StreamEvent]):
     :class:`~airlock.ResultEvent`. Use ``async with`` (or :meth:`aclose`) when you may stop
     early: closing the connection makes the service kill the program."""
 
-    def __init__(self, opener: Callable[[], Awaitable[httpx.Response]], describe: str) -> None:
+    def __init__(
+        self,
+        opener: Callable[[], Awaitable[httpx.Response]],
+        describe: str,
+        watch: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._opener = opener
         self._describe = describe
+        self._watch = watch
+        self._watcher: asyncio.Future[None] | None = None
         self._resp: httpx.Response | None = None
         self._events: AsyncGenerator[StreamEvent, None] | None = None
         self._done = False
@@ -64,6 +71,8 @@ class AsyncExecStream(AsyncIterator[StreamEvent]):
             raise StopAsyncIteration
         try:
             if self._events is None:
+                if self._watch is not None and self._watcher is None:
+                    self._watcher = asyncio.ensure_future(self._watch())
                 self._resp = await self._opener()
                 self._events = self._gen(self._resp)
             ev = await self._events.__anext__()
@@ -93,6 +102,8 @@ class AsyncExecStream(AsyncIterator[StreamEvent]):
 
     async def aclose(self) -> None:
         self._done = True
+        if self._watcher is not None:
+            await _cancel(self._watcher)
         if self._events is not None:
             await self._events.aclose()
         if self._resp is not None:
@@ -230,11 +241,18 @@ class AsyncAirlock:
         )
         return ExecResult.from_dict(_core.parse_json(resp))
 
-    def _stream(self, path: str, body: dict[str, Any], default_ms: int | None) -> AsyncExecStream:
+    def _stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        default_ms: int | None,
+        watch: Callable[[], Awaitable[None]] | None = None,
+    ) -> AsyncExecStream:
         timeout = _core.exec_timeout(self._config, body, default_ms)
         return AsyncExecStream(
             lambda: self._send("POST", path, json=body, timeout=timeout, stream=True),
             self._config.base_url + path,
+            watch,
         )
 
     # --- one-shot execs --------------------------------------------------------------
@@ -512,11 +530,7 @@ class AsyncSandbox:
         try:
             return await self._client._exec(path, body, self._default_ms)
         finally:
-            watcher.cancel()
-            try:
-                await watcher
-            except asyncio.CancelledError:
-                pass
+            await _cancel(watcher)
 
     def stream(
         self,
@@ -528,9 +542,16 @@ class AsyncSandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> AsyncExecStream:
+        """Streams an exec in the session; ``on_approval`` answers held connections from
+        when iteration starts until the stream ends or is closed."""
         body = _stream_body(code, language, cmd, stdin, files, env, limits, None)
-        return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+        watch: Callable[[], Awaitable[None]] | None = None
+        if on_approval is not None:
+            callback = on_approval
+            watch = lambda: _watch_approvals(self, callback)  # noqa: E731
+        return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms, watch)
 
     async def info(self) -> SandboxInfo:
         resp = await self._client._send("GET", _core.sandbox_path(self.id))
@@ -635,3 +656,13 @@ async def _watch_approvals(sb: AsyncSandbox, callback: _core.OnApproval) -> None
                 pass
             except errors.AirlockError as e:
                 _core.logger.warning("on_approval: answering %s: %s", approval.id, e)
+
+
+async def _cancel(task: asyncio.Future[None]) -> None:
+    """Cancels an approvals watcher and waits for it to end."""
+    task.cancel()
+    # asyncio.wait, not await: the watcher's own cancellation is not raised here, while a
+    # cancellation of the caller still is.
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        _core.logger.error("answering approvals", exc_info=task.exception())

@@ -38,9 +38,15 @@ class ExecStream(Iterator[StreamEvent]):
     closing the connection makes the service kill the program. :attr:`result` holds the
     ExecResult once the result event has arrived; :meth:`wait` consumes the rest."""
 
-    def __init__(self, opener: Callable[[], httpx.Response], describe: str) -> None:
+    def __init__(
+        self,
+        opener: Callable[[], httpx.Response],
+        describe: str,
+        watcher: _ApprovalWatcher | None = None,
+    ) -> None:
         self._opener = opener
         self._describe = describe
+        self._watcher = watcher
         self._resp: httpx.Response | None = None
         self._events: Generator[StreamEvent, None, None] | None = None
         self._done = False
@@ -48,6 +54,8 @@ class ExecStream(Iterator[StreamEvent]):
 
     def _open(self) -> Generator[StreamEvent, None, None]:
         if self._events is None:
+            if self._watcher is not None:
+                self._watcher.start()
             self._resp = self._opener()
             self._events = _core.iter_events(self._resp.iter_lines())
         return self._events
@@ -86,6 +94,8 @@ class ExecStream(Iterator[StreamEvent]):
 
     def close(self) -> None:
         self._done = True
+        if self._watcher is not None:
+            self._watcher.stop()
         if self._events is not None:
             self._events.close()
         if self._resp is not None:
@@ -236,11 +246,18 @@ class Airlock:
         )
         return ExecResult.from_dict(_core.parse_json(resp))
 
-    def _stream(self, path: str, body: dict[str, Any], default_ms: int | None) -> ExecStream:
+    def _stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        default_ms: int | None,
+        watcher: _ApprovalWatcher | None = None,
+    ) -> ExecStream:
         timeout = _core.exec_timeout(self._config, body, default_ms)
         return ExecStream(
             lambda: self._send("POST", path, json=body, timeout=timeout, stream=True),
             self._config.base_url + path,
+            watcher,
         )
 
     # --- one-shot execs --------------------------------------------------------------
@@ -537,9 +554,14 @@ class Sandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> ExecStream:
+        """Like :meth:`run` (or :meth:`exec` with ``cmd=``), streaming; ``on_approval``
+        answers held connections from when iteration starts until the stream ends or is
+        closed."""
         body = _stream_body(code, language, cmd, stdin, files, env, limits, None)
-        return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+        watcher = _ApprovalWatcher(self, on_approval) if on_approval is not None else None
+        return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms, watcher)
 
     def info(self) -> SandboxInfo:
         return SandboxInfo.from_dict(
@@ -633,12 +655,19 @@ class _ApprovalWatcher:
             target=self._run, name=f"airlock-approvals-{sandbox.id}", daemon=True
         )
 
+    def start(self) -> None:
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
     def __enter__(self) -> _ApprovalWatcher:
-        self._thread.start()
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+        self.stop()
 
     def _run(self) -> None:
         try:
