@@ -33,6 +33,7 @@ from airlock import (
     Network,
     Sandbox,
     Secret,
+    StdoutEvent,
 )
 
 from conftest import Daemon
@@ -251,6 +252,17 @@ def test_on_approval_allow_session_adds_the_host_for_the_next_exec(al: Airlock, 
 
 
 @pytest.mark.parametrize("tier", TIERS)
+def test_on_approval_while_streaming(al: Airlock, server: Server, tier: str) -> None:
+    with al.sandbox(network=asking(), isolation=tier) as sb:
+        with sb.stream(cmd=server.fetch(), on_approval=lambda a: a.host == "localhost") as s:
+            out = "".join(ev.data for ev in s if isinstance(ev, StdoutEvent))
+        assert out == f"200 {BODY}\n" and s.result is not None and last(s.result).allowed, out
+        r = sb.stream(cmd=server.fetch(), on_approval=lambda a: "deny").wait()
+        assert "denied by approval" in r.stdout, r
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("tier", TIERS)
 def test_unanswered_means_denied(al: Airlock, server: Server, tier: str) -> None:
     with al.sandbox(network=asking(timeout_ms=300), isolation=tier) as sb:
         r = sb.exec(server.fetch())
@@ -402,7 +414,10 @@ async def test_async_session_network(url: str, server: Server, tier: str) -> Non
             assert await sb.approvals(wait=0.1) == []
             with pytest.raises(ApprovalNotFound):
                 await sb.approve(999, "deny")
-    assert len(server.requests) == 2
+            async with sb.stream(cmd=server.fetch(), on_approval=allow) as s:
+                r = await s.wait()
+            assert r.stdout == f"200 {BODY}\n" and len(asked) == 2, (r, asked)
+    assert len(server.requests) == 3
 
 
 # --- the README's example ----------------------------------------------------------------
@@ -435,3 +450,16 @@ def test_readme_network_example(server: Server, daemon: Daemon, tier: str, monke
     assert BODY in out, out
     assert SECRET not in out
     assert len(server.requests) == 1
+
+
+def test_readme_network_policy_fragment_is_a_valid_policy(al: Airlock) -> None:
+    """The README's ``Network.proxy(...)`` fragment builds a policy the service accepts
+    as written (no traffic: the session is only created and shown)."""
+    code = readme_block("## Network: egress by policy, secrets, approvals")
+    net = eval(code, {"Network": Network, "Secret": Secret, "token": SECRET})  # noqa: S307 (our README)
+    assert isinstance(net, Network) and net.on_denied == "ask" and net.deny
+    with al.sandbox(network=net) as sb:
+        shown = sb.network()
+        assert (shown.allow, shown.allow_cidrs, shown.deny) == (net.allow, net.allow_cidrs, net.deny), shown
+        assert shown.secrets == (Secret("GITHUB_TOKEN", None, ("api.github.com",)),)
+        assert (shown.on_denied, shown.approval_timeout_ms) == ("ask", 30_000)
