@@ -262,6 +262,32 @@ def test_on_approval_while_streaming(al: Airlock, server: Server, tier: str) -> 
     assert len(server.requests) == 1
 
 
+def test_on_approval_stops_when_the_exec_returns(al: Airlock, server: Server) -> None:
+    """A callback answers only while its exec runs: the next exec's held connection is
+    not answered by it, though its watcher's last poll may still be waiting."""
+    asked: list[Approval] = []
+    with al.sandbox(network=asking(timeout_ms=1_000)) as sb:
+        assert sb.exec(["true"], on_approval=lambda a: asked.append(a) or "allow_once").ok
+        r = sb.exec(server.fetch())
+        assert "no approval within 1000 ms" in r.stdout, r
+    assert asked == [] and server.requests == []
+
+
+@pytest.mark.anyio
+async def test_async_on_approval_stops_when_the_exec_returns(url: str, server: Server) -> None:
+    asked: list[Approval] = []
+
+    async def allow(a: Approval) -> str:
+        asked.append(a)
+        return "allow_once"
+
+    async with AsyncAirlock(url) as al, al.sandbox(network=asking(timeout_ms=1_000)) as sb:
+        assert (await sb.exec(["true"], on_approval=allow)).ok
+        r = await sb.exec(server.fetch())
+        assert "no approval within 1000 ms" in r.stdout, r
+    assert asked == [] and server.requests == []
+
+
 @pytest.mark.parametrize("tier", TIERS)
 def test_unanswered_means_denied(al: Airlock, server: Server, tier: str) -> None:
     with al.sandbox(network=asking(timeout_ms=300), isolation=tier) as sb:
