@@ -91,6 +91,8 @@ class AsyncExecStream(AsyncIterator[StreamEvent]):
             raise
         if isinstance(ev, ResultEvent):
             self.result = ev.result
+            if self._watcher is not None:  # the program has ended: nothing more to answer
+                await _cancel(self._watcher)
         return ev
 
     async def wait(self) -> ExecResult:

@@ -83,6 +83,8 @@ class ExecStream(Iterator[StreamEvent]):
             raise
         if isinstance(ev, ResultEvent):
             self.result = ev.result
+            if self._watcher is not None:  # the program has ended: nothing more to answer
+                self._watcher.stop()
         return ev
 
     def wait(self) -> ExecResult:
