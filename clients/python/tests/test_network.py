@@ -57,18 +57,6 @@ print(r.status, r.read().decode().strip())
 # A session's own policy (secrets, live changes, approvals) is the proxy's per tier;
 # the SDK's calls are the same on each.
 TIERS = ["namespaces", "gvisor"]
-# Secrets need the tier to give the program the placeholders: gVisor does; the namespaces
-# tier's proxy does not yet (issue 15, in progress on the daemon's side). Strict: once it
-# does, these XPASS and fail, and the mark goes.
-SECRET_TIERS = [
-    pytest.param(
-        "namespaces",
-        marks=pytest.mark.xfail(
-            strict=True, reason="the namespaces tier does not put secrets' placeholders in the sandbox yet"
-        ),
-    ),
-    "gvisor",
-]
 
 
 # --- the "remote" host -------------------------------------------------------------------
@@ -380,7 +368,7 @@ def test_a_session_without_network(al: Airlock) -> None:
 SECRET = "sdk-test-s3cret-Value_0123456789"
 
 
-@pytest.mark.parametrize("tier", SECRET_TIERS)
+@pytest.mark.parametrize("tier", TIERS)
 def test_a_secret_reaches_its_host_and_never_the_sandbox(al: Airlock, server: Server, tier: str, daemon: Daemon) -> None:
     host = f"localhost:{server.port}"
     net = Network.proxy(
@@ -459,7 +447,7 @@ def readme_block(heading: str) -> str:
     return m.group(1)
 
 
-@pytest.mark.parametrize("tier", SECRET_TIERS)
+@pytest.mark.parametrize("tier", TIERS)
 def test_readme_network_example(server: Server, daemon: Daemon, tier: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The README's example of secrets and approvals runs as written, its service on port
     8080 being this test's server."""
