@@ -8,7 +8,7 @@ import logging
 import os
 import random
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Generator, Iterator, Mapping, Sequence, Union
 from urllib.parse import quote
 
 import httpx
@@ -16,6 +16,7 @@ import httpx
 from . import errors
 from ._version import __version__
 from .types import (
+    Approval,
     ExecResult,
     FilesArg,
     Limits,
@@ -169,6 +170,79 @@ def exec_timeout(config: Config, body: Mapping[str, Any], default_ms: int | None
 
 def plain_timeout(config: Config) -> httpx.Timeout:
     return httpx.Timeout(config.timeout, connect=config.connect_timeout)
+
+
+# --- network: live policy and approvals ------------------------------------------------
+
+DECISIONS = ("allow_once", "allow_session", "deny")
+
+APPROVAL_POLL_S = 5.0
+"""How long one poll of ``on_approval``'s watcher waits for a held connection."""
+
+ApprovalAnswer = Union[str, bool, None]
+"""What an ``on_approval`` callback returns: a decision, ``True`` (allow once), ``False``
+or ``None`` (deny)."""
+
+OnApproval = Callable[[Approval], Union[ApprovalAnswer, Awaitable[ApprovalAnswer]]]
+
+
+def decision(value: Any) -> str:
+    """The API's decision for ``value``: ``"allow_once"``, ``"allow_session"`` or
+    ``"deny"``; ``True`` is ``"allow_once"``, ``False`` ``"deny"``."""
+    if value is True:
+        return "allow_once"
+    if value is False:
+        return "deny"
+    if isinstance(value, str) and value in DECISIONS:
+        return value
+    raise ValueError(
+        f"a decision is 'allow_once', 'allow_session' or 'deny' (or True / False), not {value!r}"
+    )
+
+
+def callback_decision(answer: Any, approval: Approval) -> str:
+    """The decision to post for what an ``on_approval`` callback returned: ``None`` and
+    anything that is not a decision deny (logged)."""
+    if answer is None:
+        return "deny"
+    try:
+        return decision(answer)
+    except ValueError as e:
+        logger.warning("on_approval for %s:%s: %s; denying", approval.host, approval.port, e)
+        return "deny"
+
+
+def network_patch(
+    allow: Sequence[str] | None,
+    allow_cidrs: Sequence[str] | None,
+    deny: Sequence[str] | None,
+    on_denied: str | None,
+) -> dict[str, Any]:
+    """The body of ``PATCH …/network``: each list given replaces the session's."""
+    body: dict[str, Any] = {}
+    for name, value in (("allow", allow), ("allow_cidrs", allow_cidrs), ("deny", deny)):
+        if value is None:
+            continue
+        if isinstance(value, (str, bytes)):
+            raise TypeError(f"{name} is a list of strings, e.g. [{value!r}]")
+        body[name] = [str(v) for v in value]
+    if on_denied is not None:
+        body["on_denied"] = on_denied
+    return body
+
+
+def approvals_request(config: Config, wait: float | None) -> tuple[dict[str, str], httpx.Timeout]:
+    """The query and client timeout of ``GET …/approvals``: ``wait`` seconds become
+    ``wait_ms`` (the service waits at most 60 s), and the client waits that much longer."""
+    if wait is None:
+        return {}, plain_timeout(config)
+    ms = int(round(wait * 1000))
+    read = max(ms, 0) / 1000.0 + config.timeout
+    return {"wait_ms": str(ms)}, httpx.Timeout(read, connect=config.connect_timeout)
+
+
+def approval_id(approval: Approval | int) -> int:
+    return approval.id if isinstance(approval, Approval) else int(approval)
 
 
 # --- retries -----------------------------------------------------------------------------

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import inspect
 import json as _json
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Literal, Mapping, Sequence
 
 import httpx
 
 from . import _core, errors
 from .client import _stream_body
 from .types import (
+    Approval,
     ExecResult,
     FileEntry,
     FilesArg,
@@ -32,9 +34,16 @@ class AsyncExecStream(AsyncIterator[StreamEvent]):
     :class:`~airlock.ResultEvent`. Use ``async with`` (or :meth:`aclose`) when you may stop
     early: closing the connection makes the service kill the program."""
 
-    def __init__(self, opener: Callable[[], Awaitable[httpx.Response]], describe: str) -> None:
+    def __init__(
+        self,
+        opener: Callable[[], Awaitable[httpx.Response]],
+        describe: str,
+        watch: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._opener = opener
         self._describe = describe
+        self._watch = watch
+        self._watcher: asyncio.Future[None] | None = None
         self._resp: httpx.Response | None = None
         self._events: AsyncGenerator[StreamEvent, None] | None = None
         self._done = False
@@ -62,6 +71,8 @@ class AsyncExecStream(AsyncIterator[StreamEvent]):
             raise StopAsyncIteration
         try:
             if self._events is None:
+                if self._watch is not None and self._watcher is None:
+                    self._watcher = asyncio.ensure_future(self._watch())
                 self._resp = await self._opener()
                 self._events = self._gen(self._resp)
             ev = await self._events.__anext__()
@@ -80,6 +91,8 @@ class AsyncExecStream(AsyncIterator[StreamEvent]):
             raise
         if isinstance(ev, ResultEvent):
             self.result = ev.result
+            if self._watcher is not None:  # the program has ended: nothing more to answer
+                await _cancel(self._watcher)
         return ev
 
     async def wait(self) -> ExecResult:
@@ -91,6 +104,8 @@ class AsyncExecStream(AsyncIterator[StreamEvent]):
 
     async def aclose(self) -> None:
         self._done = True
+        if self._watcher is not None:
+            await _cancel(self._watcher)
         if self._events is not None:
             await self._events.aclose()
         if self._resp is not None:
@@ -228,11 +243,18 @@ class AsyncAirlock:
         )
         return ExecResult.from_dict(_core.parse_json(resp))
 
-    def _stream(self, path: str, body: dict[str, Any], default_ms: int | None) -> AsyncExecStream:
+    def _stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        default_ms: int | None,
+        watch: Callable[[], Awaitable[None]] | None = None,
+    ) -> AsyncExecStream:
         timeout = _core.exec_timeout(self._config, body, default_ms)
         return AsyncExecStream(
             lambda: self._send("POST", path, json=body, timeout=timeout, stream=True),
             self._config.base_url + path,
+            watch,
         )
 
     # --- one-shot execs --------------------------------------------------------------
@@ -463,9 +485,11 @@ class AsyncSandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> ExecResult:
+        """Runs ``code`` in the session; ``on_approval`` as in :meth:`exec`."""
         body = _core.exec_body(language=language, code=code, stdin=stdin, files=files, env=env, limits=limits)
-        return await self._client._exec(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+        return await self._exec(body, on_approval)
 
     async def exec(
         self,
@@ -475,9 +499,15 @@ class AsyncSandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> ExecResult:
+        """Runs the argv ``cmd`` in the session. ``on_approval`` (a function or a
+        coroutine function) answers each connection the session's policy holds while the
+        exec runs, as in :meth:`Sandbox.exec <airlock.Sandbox.exec>`; it runs in a task
+        on the event loop (a plain function should return quickly), cancelled when the
+        exec returns. Unanswered means denied after ``approval_timeout_ms``."""
         body = _core.exec_body(cmd=cmd, stdin=stdin, files=files, env=env, limits=limits)
-        return await self._client._exec(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+        return await self._exec(body, on_approval)
 
     async def shell(
         self,
@@ -487,8 +517,22 @@ class AsyncSandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> ExecResult:
-        return await self.exec(["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits)
+        return await self.exec(
+            ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
+            on_approval=on_approval,
+        )
+
+    async def _exec(self, body: dict[str, Any], on_approval: _core.OnApproval | None) -> ExecResult:
+        path = _core.sandbox_path(self.id, "/exec")
+        if on_approval is None:
+            return await self._client._exec(path, body, self._default_ms)
+        watcher = asyncio.ensure_future(_watch_approvals(self, on_approval))
+        try:
+            return await self._client._exec(path, body, self._default_ms)
+        finally:
+            await _cancel(watcher)
 
     def stream(
         self,
@@ -500,13 +544,64 @@ class AsyncSandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> AsyncExecStream:
+        """Streams an exec in the session; ``on_approval`` answers held connections from
+        when iteration starts until the stream ends or is closed."""
         body = _stream_body(code, language, cmd, stdin, files, env, limits, None)
-        return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+        watch: Callable[[], Awaitable[None]] | None = None
+        if on_approval is not None:
+            callback = on_approval
+            watch = lambda: _watch_approvals(self, callback)  # noqa: E731
+        return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms, watch)
 
     async def info(self) -> SandboxInfo:
         resp = await self._client._send("GET", _core.sandbox_path(self.id))
         return SandboxInfo.from_dict(_core.parse_json(resp))
+
+    # --- network -----------------------------------------------------------------------
+
+    async def network(self) -> Network:
+        """The session's network policy now (secrets with ``value=None``)."""
+        resp = await self._client._send("GET", _core.sandbox_path(self.id, "/network"))
+        net = Network.coerce(_core.parse_json(resp))
+        assert net is not None
+        return net
+
+    async def update_network(
+        self,
+        *,
+        allow: Sequence[str] | None = None,
+        allow_cidrs: Sequence[str] | None = None,
+        deny: Sequence[str] | None = None,
+        on_denied: Literal["deny", "ask"] | None = None,
+    ) -> Network:
+        """Changes the session's policy for its next connections (see
+        :meth:`Sandbox.update_network <airlock.Sandbox.update_network>`)."""
+        body = _core.network_patch(allow, allow_cidrs, deny, on_denied)
+        resp = await self._client._send("PATCH", _core.sandbox_path(self.id, "/network"), json=body)
+        net = Network.coerce(_core.parse_json(resp))
+        assert net is not None
+        return net
+
+    async def approvals(self, wait: float | None = None) -> builtins.list[Approval]:
+        """The connections held for approval now; with ``wait`` (seconds, at most 60),
+        waits that long for one when none is held."""
+        params, timeout = _core.approvals_request(self._client._config, wait)
+        resp = await self._client._send(
+            "GET", _core.sandbox_path(self.id, "/approvals"), params=params, timeout=timeout
+        )
+        return [Approval.from_dict(a) for a in _core.parse_json(resp)["approvals"]]
+
+    async def approve(self, approval: Approval | int, decision: _core.ApprovalAnswer | str) -> None:
+        """Answers a held connection (see :meth:`Sandbox.approve <airlock.Sandbox.approve>`)."""
+        aid = _core.approval_id(approval)
+        await self._client._send(
+            "POST",
+            _core.sandbox_path(self.id, f"/approvals/{aid}"),
+            json={"decision": _core.decision(decision)},
+            not_found=errors.ApprovalNotFound,
+        )
 
     async def delete(self) -> None:
         await self._client._send("DELETE", _core.sandbox_path(self.id))
@@ -526,3 +621,50 @@ class AsyncSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def _watch_approvals(sb: AsyncSandbox, callback: _core.OnApproval) -> None:
+    """Long-polls ``sb``'s held connections and answers each with what ``callback``
+    returns, until cancelled (when the exec it serves returns)."""
+    answered: set[int] = set()
+    while True:
+        try:
+            held = await sb.approvals(wait=_core.APPROVAL_POLL_S)
+        except (errors.NotFound, errors.SandboxExpired, errors.InvalidRequest) as e:
+            _core.logger.warning("on_approval: sandbox %s cannot ask: %s", sb.id, e)
+            return
+        except errors.AirlockError as e:
+            _core.logger.warning("on_approval: listing approvals of %s: %s", sb.id, e)
+            await asyncio.sleep(0.5)
+            continue
+        fresh = [a for a in held if a.id not in answered]
+        if not fresh:
+            await asyncio.sleep(0.05)
+            continue
+        for approval in fresh:
+            answered.add(approval.id)
+            try:
+                answer = callback(approval)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+            except Exception:
+                _core.logger.exception(
+                    "on_approval raised for %s:%s; denying", approval.host, approval.port
+                )
+                answer = "deny"
+            try:
+                await sb.approve(approval, _core.callback_decision(answer, approval))
+            except errors.ApprovalNotFound:
+                pass
+            except errors.AirlockError as e:
+                _core.logger.warning("on_approval: answering %s: %s", approval.id, e)
+
+
+async def _cancel(task: asyncio.Future[None]) -> None:
+    """Cancels an approvals watcher and waits for it to end."""
+    task.cancel()
+    # asyncio.wait, not await: the watcher's own cancellation is not raised here, while a
+    # cancellation of the caller still is.
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        _core.logger.error("answering approvals", exc_info=task.exception())

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import builtins
 import json as _json
+import threading
 import time
-from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Iterator, Literal, Mapping, Sequence
 
 import httpx
 
 from . import _core, errors
 from .types import (
+    Approval,
     ExecResult,
     FileEntry,
     FilesArg,
@@ -36,9 +38,15 @@ class ExecStream(Iterator[StreamEvent]):
     closing the connection makes the service kill the program. :attr:`result` holds the
     ExecResult once the result event has arrived; :meth:`wait` consumes the rest."""
 
-    def __init__(self, opener: Callable[[], httpx.Response], describe: str) -> None:
+    def __init__(
+        self,
+        opener: Callable[[], httpx.Response],
+        describe: str,
+        watcher: _ApprovalWatcher | None = None,
+    ) -> None:
         self._opener = opener
         self._describe = describe
+        self._watcher = watcher
         self._resp: httpx.Response | None = None
         self._events: Generator[StreamEvent, None, None] | None = None
         self._done = False
@@ -46,6 +54,8 @@ class ExecStream(Iterator[StreamEvent]):
 
     def _open(self) -> Generator[StreamEvent, None, None]:
         if self._events is None:
+            if self._watcher is not None:
+                self._watcher.start()
             self._resp = self._opener()
             self._events = _core.iter_events(self._resp.iter_lines())
         return self._events
@@ -73,6 +83,8 @@ class ExecStream(Iterator[StreamEvent]):
             raise
         if isinstance(ev, ResultEvent):
             self.result = ev.result
+            if self._watcher is not None:  # the program has ended: nothing more to answer
+                self._watcher.stop()
         return ev
 
     def wait(self) -> ExecResult:
@@ -84,6 +96,8 @@ class ExecStream(Iterator[StreamEvent]):
 
     def close(self) -> None:
         self._done = True
+        if self._watcher is not None:
+            self._watcher.stop()
         if self._events is not None:
             self._events.close()
         if self._resp is not None:
@@ -234,11 +248,18 @@ class Airlock:
         )
         return ExecResult.from_dict(_core.parse_json(resp))
 
-    def _stream(self, path: str, body: dict[str, Any], default_ms: int | None) -> ExecStream:
+    def _stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        default_ms: int | None,
+        watcher: _ApprovalWatcher | None = None,
+    ) -> ExecStream:
         timeout = _core.exec_timeout(self._config, body, default_ms)
         return ExecStream(
             lambda: self._send("POST", path, json=body, timeout=timeout, stream=True),
             self._config.base_url + path,
+            watcher,
         )
 
     # --- one-shot execs --------------------------------------------------------------
@@ -473,9 +494,12 @@ class Sandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> ExecResult:
+        """Runs ``code`` in the session. ``on_approval`` answers the connections the
+        session's policy holds for approval while it runs (see :meth:`exec`)."""
         body = _core.exec_body(language=language, code=code, stdin=stdin, files=files, env=env, limits=limits)
-        return self._client._exec(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+        return self._exec(body, on_approval)
 
     def exec(
         self,
@@ -485,9 +509,19 @@ class Sandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> ExecResult:
+        """Runs the argv ``cmd`` in the session (in /workspace).
+
+        ``on_approval``: in a session created with ``Network.proxy(on_denied="ask")``,
+        called with an :class:`~airlock.Approval` for each connection the policy holds
+        while this exec runs (from a background thread); what it returns is the answer:
+        ``"allow_once"`` or ``True``, ``"allow_session"`` (the host and port are added to
+        the session's ``allow``), ``"deny"`` or ``False``. ``None``, anything else, or an
+        exception denies. It is no longer called once the exec returns. A held connection
+        nobody answers is refused after the policy's ``approval_timeout_ms``."""
         body = _core.exec_body(cmd=cmd, stdin=stdin, files=files, env=env, limits=limits)
-        return self._client._exec(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+        return self._exec(body, on_approval)
 
     def shell(
         self,
@@ -497,9 +531,20 @@ class Sandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> ExecResult:
-        """Runs ``bash -c command`` (in /workspace)."""
-        return self.exec(["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits)
+        """Runs ``bash -c command`` (in /workspace); ``on_approval`` as in :meth:`exec`."""
+        return self.exec(
+            ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
+            on_approval=on_approval,
+        )
+
+    def _exec(self, body: dict[str, Any], on_approval: _core.OnApproval | None) -> ExecResult:
+        path = _core.sandbox_path(self.id, "/exec")
+        if on_approval is None:
+            return self._client._exec(path, body, self._default_ms)
+        with _ApprovalWatcher(self, on_approval):
+            return self._client._exec(path, body, self._default_ms)
 
     def stream(
         self,
@@ -511,13 +556,70 @@ class Sandbox:
         files: FilesArg = None,
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
+        on_approval: _core.OnApproval | None = None,
     ) -> ExecStream:
+        """Like :meth:`run` (or :meth:`exec` with ``cmd=``), streaming; ``on_approval``
+        answers held connections from when iteration starts until the stream ends or is
+        closed."""
         body = _stream_body(code, language, cmd, stdin, files, env, limits, None)
-        return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms)
+        watcher = _ApprovalWatcher(self, on_approval) if on_approval is not None else None
+        return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms, watcher)
 
     def info(self) -> SandboxInfo:
         return SandboxInfo.from_dict(
             _core.parse_json(self._client._send("GET", _core.sandbox_path(self.id)))
+        )
+
+    # --- network -----------------------------------------------------------------------
+
+    def network(self) -> Network:
+        """The session's network policy now (``Network.none()`` without a network);
+        secrets are listed with ``value=None``: the service never shows a value back."""
+        resp = self._client._send("GET", _core.sandbox_path(self.id, "/network"))
+        net = Network.coerce(_core.parse_json(resp))
+        assert net is not None
+        return net
+
+    def update_network(
+        self,
+        *,
+        allow: Sequence[str] | None = None,
+        allow_cidrs: Sequence[str] | None = None,
+        deny: Sequence[str] | None = None,
+        on_denied: Literal["deny", "ask"] | None = None,
+    ) -> Network:
+        """Changes the session's policy for its next connections (those already open keep
+        their decision): each list given replaces the session's, ``on_denied`` switches
+        asking on or off. The change is recorded in the next exec's egress log (kind
+        ``policy``). Returns the policy now. A session without a network raises
+        :class:`~airlock.InvalidRequest` with ``field == "network"``; a bad entry names
+        it (``network.deny[0]``)."""
+        body = _core.network_patch(allow, allow_cidrs, deny, on_denied)
+        resp = self._client._send("PATCH", _core.sandbox_path(self.id, "/network"), json=body)
+        net = Network.coerce(_core.parse_json(resp))
+        assert net is not None
+        return net
+
+    def approvals(self, wait: float | None = None) -> builtins.list[Approval]:
+        """The connections held for approval now, oldest first. With ``wait`` (seconds, at
+        most 60), waits that long for one when none is held."""
+        params, timeout = _core.approvals_request(self._client._config, wait)
+        resp = self._client._send(
+            "GET", _core.sandbox_path(self.id, "/approvals"), params=params, timeout=timeout
+        )
+        return [Approval.from_dict(a) for a in _core.parse_json(resp)["approvals"]]
+
+    def approve(self, approval: Approval | int, decision: _core.ApprovalAnswer | str) -> None:
+        """Answers a held connection: ``"allow_once"`` (or ``True``), ``"allow_session"``
+        (its host and port are added to the session's ``allow``) or ``"deny"`` (or
+        ``False``). :class:`~airlock.ApprovalNotFound` when it no longer waits (answered,
+        expired, or its program ended)."""
+        aid = _core.approval_id(approval)
+        self._client._send(
+            "POST",
+            _core.sandbox_path(self.id, f"/approvals/{aid}"),
+            json={"decision": _core.decision(decision)},
+            not_found=errors.ApprovalNotFound,
         )
 
     def delete(self) -> None:
@@ -539,3 +641,80 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ApprovalWatcher:
+    """While one exec of ``sandbox`` runs: a daemon thread that long-polls the session's
+    held connections and answers each with what ``callback`` returns. Leaving the ``with``
+    block stops it: it answers nothing afterwards (a poll in flight is abandoned, not
+    waited for)."""
+
+    def __init__(self, sandbox: Sandbox, callback: _core.OnApproval) -> None:
+        self._sb = sandbox
+        self._callback = callback
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"airlock-approvals-{sandbox.id}", daemon=True
+        )
+
+    def start(self) -> None:
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def __enter__(self) -> _ApprovalWatcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception:  # never an unhandled exception in a thread of the caller's
+            if not self._stop.is_set():
+                _core.logger.exception("answering approvals of sandbox %s", self._sb.id)
+
+    def _watch(self) -> None:
+        answered: set[int] = set()
+        while not self._stop.is_set():
+            try:
+                held = self._sb.approvals(wait=_core.APPROVAL_POLL_S)
+            except (errors.NotFound, errors.SandboxExpired, errors.InvalidRequest) as e:
+                if not self._stop.is_set():
+                    _core.logger.warning("on_approval: sandbox %s cannot ask: %s", self._sb.id, e)
+                return
+            except errors.AirlockError as e:
+                if self._stop.is_set():
+                    return
+                _core.logger.warning("on_approval: listing approvals of %s: %s", self._sb.id, e)
+                self._stop.wait(0.5)
+                continue
+            fresh = [a for a in held if a.id not in answered]
+            if not fresh:
+                # Only connections answered already (their answer is on its way): do not
+                # poll in a tight loop meanwhile.
+                self._stop.wait(0.05)
+                continue
+            for approval in fresh:
+                if self._stop.is_set():
+                    return
+                answered.add(approval.id)
+                try:
+                    answer = self._callback(approval)
+                except Exception:
+                    _core.logger.exception(
+                        "on_approval raised for %s:%s; denying", approval.host, approval.port
+                    )
+                    answer = "deny"
+                if self._stop.is_set():
+                    return
+                try:
+                    self._sb.approve(approval, _core.callback_decision(answer, approval))
+                except errors.ApprovalNotFound:
+                    pass  # expired or ended meanwhile: refused already
+                except errors.AirlockError as e:
+                    _core.logger.warning("on_approval: answering %s: %s", approval.id, e)

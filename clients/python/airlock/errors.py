@@ -15,6 +15,7 @@ __all__ = [
     "AirlockConnectionError",
     "AirlockError",
     "AirlockTimeout",
+    "ApprovalNotFound",
     "DiskFull",
     "FileNotFound",
     "InvalidRequest",
@@ -105,6 +106,11 @@ class SandboxNotFound(NotFound):
 
 class FileNotFound(NotFound):
     """404: the sandbox exists but the file does not."""
+
+
+class ApprovalNotFound(NotFound):
+    """404: the sandbox exists but no such connection waits for approval (it was answered,
+    it expired, or its program ended)."""
 
 
 class SandboxConflict(AirlockError):

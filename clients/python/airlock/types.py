@@ -14,6 +14,8 @@ from enum import Enum
 from typing import Any, Literal, Mapping, Sequence, Union
 
 __all__ = [
+    "Approval",
+    "Decision",
     "EgressEntry",
     "ExecResult",
     "File",
@@ -26,6 +28,7 @@ __all__ = [
     "ResultEvent",
     "SandboxInfo",
     "SandboxUsage",
+    "Secret",
     "StderrEvent",
     "StdoutEvent",
     "StreamEvent",
@@ -79,6 +82,59 @@ class Limits:
         return cls(**dict(value))
 
 
+def _strings(name: str, value: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} is a list of strings, e.g. [{value!r}]")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A value the sandboxed program may use but never read (a value of
+    ``Network.proxy(secrets=[...])``).
+
+    The program finds a random placeholder (``airlock-ph-…``) in the environment variable
+    ``name``; the egress proxy puts ``value`` in place of the placeholder in request
+    headers (and the URL query with ``query=True``) only in requests to ``hosts``. A
+    placeholder sent anywhere else is refused. ``repr()`` and ``str()`` never show the
+    value; the service never shows it back (:meth:`Sandbox.network` gives secrets with
+    ``value=None``)."""
+
+    name: str
+    """The environment variable (not one airlock sets: ``HTTP_PROXY``, ``PATH``, ...)."""
+    value: str | None
+    """The secret (printable ASCII); ``None`` in a policy the service showed."""
+    hosts: tuple[str, ...]
+    """Host patterns as in ``allow`` (not ``*``): where the value may go. Plain HTTP only
+    with an explicit ``:80``."""
+    query: bool = False
+    """Replace the placeholder in the URL's query string too."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hosts", _strings("hosts", self.hosts))
+
+    def __repr__(self) -> str:
+        value = "<hidden>" if self.value is not None else "None"
+        return f"Secret(name={self.name!r}, value={value}, hosts={self.hosts!r}, query={self.query!r})"
+
+    __str__ = __repr__
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name}
+        if self.value is not None:
+            d["value"] = self.value
+        d["hosts"] = list(self.hosts)
+        d["query"] = self.query
+        return d
+
+    @classmethod
+    def coerce(cls, value: Secret | Mapping[str, Any]) -> Secret:
+        if isinstance(value, Secret):
+            return value
+        d = dict(value)
+        return cls(d["name"], d.get("value"), tuple(d.get("hosts") or ()), bool(d.get("query", False)))
+
+
 @dataclass(frozen=True)
 class Network:
     """The sandbox's network: ``Network.none()`` (the default: loopback only) or
@@ -87,24 +143,63 @@ class Network:
 
     mode: Literal["none", "proxy"] = "none"
     allow: tuple[str, ...] = ()
-    """Host patterns: ``pypi.org``, ``*.pythonhosted.org``, ``api.example.com:8443``."""
+    """Host patterns: ``pypi.org``, ``*.pythonhosted.org``, ``api.example.com:8443``;
+    ``*`` alone: any public host."""
     allow_cidrs: tuple[str, ...] = ()
     """Private or special ranges reachable on purpose: ``10.1.2.3/32``."""
+    deny: tuple[str, ...] = ()
+    """Hosts, ``*.DOMAIN`` and ranges never reached, on any port: deny wins over allow."""
+    secrets: tuple[Secret, ...] = ()
+    """Values the proxy puts into requests to their hosts (see :class:`Secret`)."""
+    on_denied: Literal["deny", "ask"] = "deny"
+    """``"ask"`` (sessions only): a connection the policy denies is held while airlock asks
+    (:meth:`Sandbox.approvals`, or ``on_approval=`` of a session's exec); unanswered
+    means denied."""
+    approval_timeout_ms: int | None = None
+    """How long a held connection waits for an answer (server default 30 000)."""
 
     @classmethod
     def none(cls) -> Network:
         return cls("none")
 
     @classmethod
-    def proxy(cls, allow: Sequence[str] = (), allow_cidrs: Sequence[str] = ()) -> Network:
+    def proxy(
+        cls,
+        allow: Sequence[str] = (),
+        allow_cidrs: Sequence[str] = (),
+        *,
+        deny: Sequence[str] = (),
+        secrets: Sequence[Secret | Mapping[str, Any]] = (),
+        on_denied: Literal["deny", "ask"] = "deny",
+        approval_timeout_ms: int | None = None,
+    ) -> Network:
         if isinstance(allow, str) or isinstance(allow_cidrs, str):
             raise TypeError("allow and allow_cidrs are lists of strings")
-        return cls("proxy", tuple(allow), tuple(allow_cidrs))
+        if isinstance(secrets, (Secret, Mapping)):
+            raise TypeError("secrets is a list of Secret")
+        return cls(
+            "proxy",
+            tuple(allow),
+            tuple(allow_cidrs),
+            _strings("deny", deny),
+            tuple(Secret.coerce(s) for s in secrets),
+            on_denied,
+            approval_timeout_ms,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         if self.mode == "none":
             return {"mode": "none"}
-        return {"mode": "proxy", "allow": list(self.allow), "allow_cidrs": list(self.allow_cidrs)}
+        d: dict[str, Any] = {"mode": "proxy", "allow": list(self.allow), "allow_cidrs": list(self.allow_cidrs)}
+        if self.deny:
+            d["deny"] = list(self.deny)
+        if self.secrets:
+            d["secrets"] = [s.to_dict() for s in self.secrets]
+        if self.on_denied != "deny":
+            d["on_denied"] = self.on_denied
+        if self.approval_timeout_ms is not None:
+            d["approval_timeout_ms"] = self.approval_timeout_ms
+        return d
 
     @classmethod
     def coerce(cls, value: Network | Mapping[str, Any] | str | None) -> Network | None:
@@ -117,6 +212,10 @@ class Network:
             d.get("mode", "none"),
             tuple(d.get("allow") or ()),
             tuple(d.get("allow_cidrs") or ()),
+            tuple(d.get("deny") or ()),
+            tuple(Secret.coerce(s) for s in d.get("secrets") or ()),
+            d.get("on_denied") or "deny",
+            d.get("approval_timeout_ms"),
         )
 
 
@@ -167,7 +266,8 @@ def _known(cls: type, data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str
 
 @dataclass(frozen=True)
 class EgressEntry:
-    """One connection or request through the egress proxy."""
+    """One connection or request through the egress proxy, a DNS query to airlock's
+    resolver, or a change of the session's policy (see :attr:`kind`)."""
 
     host: str
     port: int
@@ -177,9 +277,40 @@ class EgressEntry:
     bytes_up: int
     bytes_down: int
     ms: float
+    kind: str = "proxy"
+    """``"proxy"``: a request the program sent to the proxy; ``"redirected"``: a
+    connection it made directly, redirected to the proxy; ``"dns"``: a query to airlock's
+    resolver (``host`` is the name); ``"policy"``: a change of the session's policy
+    (``reason`` says what)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EgressEntry:
+        known, _ = _known(cls, data)
+        return cls(**known)
+
+
+Decision = Literal["allow_once", "allow_session", "deny"]
+"""An answer to a held connection: ``"allow_once"`` (this connection), ``"allow_session"``
+(its host and port from now on: added to the session's ``allow``) or ``"deny"``."""
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A connection the session's policy denied, held while airlock asks (a session with
+    ``Network.proxy(on_denied="ask")``); answer it with :meth:`Sandbox.approve`. Unanswered
+    within ``approval_timeout_ms`` it is refused."""
+
+    id: int
+    host: str
+    """The host the program asked for (a name or an address, as it wrote it)."""
+    port: int
+    reason: str
+    """Why the policy denied it, e.g. ``not in allowlist``."""
+    expires_in_ms: int
+    """Time left before it is refused, when the service listed it."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Approval:
         known, _ = _known(cls, data)
         return cls(**known)
 
