@@ -57,6 +57,8 @@ print(r.status, r.read().decode().strip())
 # A session's own policy (secrets, live changes, approvals) is the proxy's per tier;
 # the SDK's calls are the same on each.
 TIERS = ["namespaces", "gvisor"]
+# A micro-VM takes seconds to boot under emulation here: the two central checks only.
+ALL_TIERS = TIERS + ["microvm"]
 
 
 # --- the "remote" host -------------------------------------------------------------------
@@ -188,7 +190,7 @@ def test_approve_rejects_a_decision_that_is_not_one(al: Airlock) -> None:
 # --- approvals ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("tier", ALL_TIERS)
 def test_on_approval_allow_once_lets_the_held_connection_through(al: Airlock, server: Server, tier: str) -> None:
     asked: list[Approval] = []
 
@@ -368,7 +370,7 @@ def test_a_session_without_network(al: Airlock) -> None:
 SECRET = "sdk-test-s3cret-Value_0123456789"
 
 
-@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("tier", ALL_TIERS)
 def test_a_secret_reaches_its_host_and_never_the_sandbox(al: Airlock, server: Server, tier: str, daemon: Daemon) -> None:
     host = f"localhost:{server.port}"
     net = Network.proxy(
