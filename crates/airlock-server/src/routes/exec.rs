@@ -20,7 +20,11 @@ pub async fn handle(
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Response, ApiError> {
     let spec = req.to_spec(&state.config, &state.config.defaults)?;
-    if spec.network.proxy().is_some_and(|p| p.on_denied == airlock_spec::OnDenied::Ask) {
+    if spec
+        .network
+        .proxy()
+        .is_some_and(|p| p.on_denied == airlock_spec::OnDenied::Ask)
+    {
         return Err(ApiError::invalid(
             "network.on_denied",
             "\"ask\" needs a session: a one-shot exec has nobody to answer (create one with POST /v1/sandboxes)",
