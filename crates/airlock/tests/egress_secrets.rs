@@ -24,10 +24,15 @@ const VALUE: &str = "sk-test-0f1e2d3c4b5a69788796a5b4c3d2e1f0-airlock";
 const API_HOST: &str = "intranet.allowed.test";
 const OTHER_HOST: &str = "notlisted.test";
 
-/// The fake HTTPS API: `python3 SCRIPT CERT KEY LOG EXPECTED READY`, on 10.9.9.9:443.
+/// A public address for the README's hosts (api.github.com, example.com): on the test
+/// namespace's loopback like every fake host, so the README's lines run as typed (a
+/// private address would need an --allow-cidr they do not have).
+const PUBLIC: &str = "93.184.215.14";
+
+/// The fake HTTPS API: `python3 SCRIPT CERT KEY LOG EXPECTED READY ADDR`, on ADDR:443.
 const TLS_SERVER: &str = r#"
 import http.server, socketserver, ssl, sys, threading
-cert, key, log, expected, ready = sys.argv[1:6]
+cert, key, log, expected, ready, addr, port = sys.argv[1:8]
 lock = threading.Lock()
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -45,9 +50,11 @@ class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain(cert, key)
-srv = S(("10.9.9.9", 443), H)
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+if cert != "-":
+    ctx.load_cert_chain(cert, key)
+srv = S((addr, int(port)), H)
+if cert != "-":
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
 open(ready, "w").close()
 srv.serve_forever()
 "#;
@@ -92,7 +99,9 @@ impl Pki {
         ]);
         std::fs::write(
             d.join("ext.cnf"),
-            format!("subjectAltName=DNS:{API_HOST},DNS:{OTHER_HOST},IP:10.9.9.9\n"),
+            format!(
+                "subjectAltName=DNS:{API_HOST},DNS:{OTHER_HOST},IP:10.9.9.9,DNS:api.github.com,DNS:example.com,IP:{PUBLIC}\n"
+            ),
         )
         .unwrap();
         run(&[
@@ -142,16 +151,27 @@ struct Api {
 
 impl Api {
     fn start(net: &Net, pki: &Pki) -> Api {
-        let log = net.dir.path().join("api.log");
-        let ready = net.dir.path().join("api.ready");
+        Api::start_on(net, Some(pki), "10.9.9.9", 443)
+    }
+
+    /// On `addr:port`, with TLS when `pki` is given.
+    fn start_on(net: &Net, pki: Option<&Pki>, addr: &str, port: u16) -> Api {
+        let log = net.dir.path().join(format!("api-{addr}-{port}.log"));
+        let ready = net.dir.path().join(format!("api-{addr}-{port}.ready"));
+        let (cert, key) = match pki {
+            Some(pki) => (pki.path("host.pem"), pki.path("host.key")),
+            None => ("-".into(), "-".into()),
+        };
         let child = net
             .nsenter(egressutil::python3())
             .args(["-c", TLS_SERVER])
-            .arg(pki.path("host.pem"))
-            .arg(pki.path("host.key"))
+            .arg(cert)
+            .arg(key)
             .arg(&log)
             .arg(VALUE)
             .arg(&ready)
+            .arg(addr)
+            .arg(port.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -343,4 +363,113 @@ fn gvisor_secrets_never_enter_the_sandbox() {
 #[test]
 fn microvm_secrets_never_enter_the_sandbox() {
     secrets_never_enter_the_sandbox(&["--isolation", "microvm"], true);
+}
+
+/// `airlock ARGS` as a line of the README writes them (split as sh does), run in `net`.
+fn run_line(net: &Net, pki: &Pki, line: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let split = Command::new(egressutil::python3())
+        .args([
+            "-c",
+            "import json, shlex, sys; print(json.dumps(shlex.split(sys.argv[1])))",
+        ])
+        .arg(line)
+        .output()
+        .unwrap();
+    let args: Vec<String> = serde_json::from_slice(&split.stdout).unwrap();
+    let mut cmd = net.airlock();
+    cmd.env("SSL_CERT_FILE", pki.path("ca.pem"))
+        .args(&args)
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// The test namespace with the README's hosts (api.github.com, example.com) on a public
+/// address, served by the fake API (HTTPS), and a plain-HTTP one on port 80 of it.
+fn readme_net() -> (Net, Pki, Api, Api) {
+    let net = Net::start();
+    let st = Command::new("ip")
+        .args([
+            "-n",
+            &net.name,
+            "addr",
+            "add",
+            &format!("{PUBLIC}/32"),
+            "dev",
+            "lo",
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut hosts = std::fs::read_to_string(net.hosts_file()).unwrap();
+    hosts.push_str(&format!("{PUBLIC} api.github.com example.com\n"));
+    std::fs::write(net.hosts_file(), hosts).unwrap();
+    let pki = Pki::new();
+    let api = Api::start_on(&net, Some(&pki), PUBLIC, 443);
+    let plain = Api::start_on(&net, None, PUBLIC, 80);
+    (net, pki, api, plain)
+}
+
+/// The README's first network example with `*` and a deny rule ("Network: none, or out
+/// through the filtering proxy"), as typed: example.com is any public host.
+#[test]
+fn readme_star_and_deny_example_runs_as_typed() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("airlock run --net proxy --allow '*' --deny"))
+        .expect("the README's line");
+    let (net, pki, _api, api) = readme_net();
+    let out = run_line(&net, &pki, line.strip_prefix("airlock ").unwrap(), &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout, "refused\n",
+        "the fake API's answer to a request without a token"
+    );
+    assert_eq!(api.seen(), ["example.com / "]);
+    // The same line's deny rule, with a host it covers: refused before any lookup.
+    let denied = line.replace("http://example.com/", "http://db.internal.example/");
+    let out = run_line(&net, &pki, denied.strip_prefix("airlock ").unwrap(), &[]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "denied by *.internal.example\n");
+    assert_eq!(api.seen().len(), 1);
+}
+
+/// The README's secret example ("Secrets the sandbox can use but never read"), as typed
+/// but for the value: `api.github.com` is the fake API on a public address of the test's
+/// namespace, whose certificate airlock trusts through `SSL_CERT_FILE`.
+#[test]
+fn readme_secret_example_runs_as_typed() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let section = readme
+        .split("### Secrets the sandbox can use but never read")
+        .nth(1)
+        .expect("the README's secrets section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let line = block.replace("\\\n", " ");
+    let line = line.trim();
+    let args = line
+        .strip_prefix("GITHUB_TOKEN=ghp_... airlock ")
+        .unwrap_or_else(|| panic!("the README's line changed: {line}"));
+    let (net, pki, api, _plain) = readme_net();
+    let out = run_line(&net, &pki, args, &[("GITHUB_TOKEN", VALUE)]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout, "authorized\n", "{stderr}");
+    assert!(!stdout.contains(VALUE) && !stderr.contains(VALUE));
+    let seen = api.seen();
+    assert_eq!(seen, [format!("api.github.com /user Bearer {VALUE}")], "{seen:?}");
 }
