@@ -437,7 +437,10 @@ fn readme_star_and_deny_example_runs_as_typed() {
     // The same line's deny rule, with a host it covers: refused before any lookup.
     let denied = line.replace("http://example.com/", "http://db.internal.example/");
     let out = run_line(&net, &pki, denied.strip_prefix("airlock ").unwrap(), &[]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "denied by *.internal.example\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "denied by *.internal.example\n"
+    );
     assert_eq!(api.seen().len(), 1);
 }
 
