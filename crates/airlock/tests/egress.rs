@@ -256,6 +256,18 @@ out["port"] = urlopen("http://api.allowed.test:8080/hello")
 
 #[test]
 fn every_ssrf_form_is_denied_with_its_reason_and_reaches_no_server() {
+    // `*.google.internal` is allowed on purpose: metadata names are denied whatever the
+    // allowlist says.
+    ssrf_forms_are_denied("*.google.internal");
+}
+
+/// `--allow '*'` (any public host) still denies every form (issue 15).
+#[test]
+fn every_ssrf_form_is_denied_under_allow_star() {
+    ssrf_forms_are_denied("*");
+}
+
+fn ssrf_forms_are_denied(allow: &str) {
     let link_local = "link-local address 169.254.169.254";
     let mapped = "IPv4-mapped address ::ffff:a9fe:a9fe embeds link-local address 169.254.169.254";
     let forms: &[(&str, &str, Option<&str>)] = &[
@@ -281,17 +293,8 @@ fn every_ssrf_form_is_denied_with_its_reason_and_reaches_no_server() {
     ];
     let hosts: Vec<&str> = forms.iter().map(|f| f.0).collect();
     let net = Net::start();
-    // `*.google.internal` is allowed on purpose: metadata names are denied whatever the
-    // allowlist says.
     let (v, out) = net.python(
-        &[
-            "--net",
-            "proxy",
-            "--allow-cidr",
-            "10.9.9.9/32",
-            "--allow",
-            "*.google.internal",
-        ],
+        &["--net", "proxy", "--allow-cidr", "10.9.9.9/32", "--allow", allow],
         &format!(
             r#"
 for host in json.loads('{}'):
