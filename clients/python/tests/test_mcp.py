@@ -891,3 +891,66 @@ def test_a_denied_connection_is_put_to_the_user_by_elicitation() -> None:
         server.shutdown()
     assert len(asked) == 2, asked
     assert f"localhost:{port}" in asked[0], asked
+
+
+def test_create_sandbox_names_a_secret_the_service_holds() -> None:
+    """`airlock mcp --secret NAME@HOST`: the model names the secret, never sees its value."""
+    import http.server
+    import threading
+
+    value = "sk-mcp-test-5e1f2a9b7c3d"
+    seen: list[str] = []
+
+    class Api(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            seen.append(self.headers.get("Authorization", ""))
+            body = b"authorized\n" if self.headers.get("Authorization") == f"Bearer {value}" else b"refused\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    code = (
+        "import os, urllib.request\n"
+        "os.environ.pop('NO_PROXY', None); os.environ.pop('no_proxy', None)\n"
+        "token = os.environ['API_TOKEN']\n"
+        f"req = urllib.request.Request('http://localhost:{port}/', headers={{'Authorization': 'Bearer ' + token}})\n"
+        "print(token[:11], urllib.request.urlopen(req, timeout=30).read().decode(), end='')\n"
+    )
+
+    async def main() -> None:
+        env = dict(os.environ, API_TOKEN=value)
+        params = StdioServerParameters(
+            command=airlock_bin(), args=["mcp", "--pool", "1", "--secret", f"API_TOKEN@localhost:{port}"], env=env
+        )
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                schemas = await output_schemas(s)
+                network = {
+                    "mode": "proxy",
+                    "allow": [f"localhost:{port}"],
+                    "allow_cidrs": ["127.0.0.1/32"],
+                    "secrets": ["API_TOKEN"],
+                }
+                r = await s.call_tool("create_sandbox", {"network": network})
+                sid = check_structured(schemas, "create_sandbox", r)["sandbox_id"]
+                r = await s.call_tool("exec", {"sandbox_id": sid, "language": "python", "code": code})
+                out = check_structured(schemas, "exec", r)
+                assert out["stdout"] == "airlock-ph- authorized\n", out
+                assert value not in json.dumps(out)
+                # A secret the service does not hold is refused, naming the field.
+                r = await s.call_tool("create_sandbox", {"network": {**network, "secrets": ["NOPE"]}})
+                check_refused(r, r"network\.secrets\[0\].*no secret \"NOPE\".*API_TOKEN")
+
+    try:
+        run(main)
+    finally:
+        server.shutdown()
+    assert seen == [f"Bearer {value}"], seen

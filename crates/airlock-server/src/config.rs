@@ -48,6 +48,9 @@ pub struct ServerConfig {
     /// Warm pools of images (`--pool IMAGE=N`, `--gvisor-pool IMAGE=N`): each keeps `size`
     /// sandboxes of the image ready on its tier, of the default limits.
     pub image_pools: Vec<ImagePool>,
+    /// Secrets the service holds (`--secret NAME@HOST`, values from its own environment):
+    /// MCP's `create_sandbox` names them, so a model never sees a value.
+    pub secrets: Vec<airlock_spec::Secret>,
 }
 
 /// One image's warm pool.
@@ -109,6 +112,7 @@ impl Default for ServerConfig {
             image_store: None,
             image_store_max: None,
             image_pools: Vec::new(),
+            secrets: Vec::new(),
         }
     }
 }

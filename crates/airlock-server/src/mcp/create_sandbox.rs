@@ -40,6 +40,11 @@ pub(crate) enum NetworkInput {
         /// held while the user is asked (an elicitation during exec) whether to allow it.
         #[serde(default)]
         on_denied: Option<OnDeniedInput>,
+        /// Secrets the service holds (its `--secret` flags), by name: the program finds a
+        /// placeholder in the variable of that name, which the proxy replaces with the
+        /// value only in requests to the secret's hosts. Values are never shown.
+        #[serde(default)]
+        secrets: Vec<String>,
     },
 }
 
@@ -122,23 +127,57 @@ impl AirlockMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let key = caller(&ctx)?;
-        let req = CreateSandboxRequest {
-            ttl_s: input.ttl_s.map(NonZeroU64::get),
-            network: input.network.map(|n| match n {
+        let network = match input.network {
+            None => None,
+            Some(n) => Some(match n {
                 NetworkInput::None => NetworkPolicy::None,
                 NetworkInput::Proxy {
                     allow,
                     allow_cidrs,
                     deny,
                     on_denied,
-                } => NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
-                    allow,
-                    allow_cidrs,
-                    deny,
-                    on_denied: on_denied.map(Into::into).unwrap_or_default(),
-                    ..airlock_spec::ProxyPolicy::default()
-                }),
+                    secrets,
+                } => {
+                    let mut held = Vec::with_capacity(secrets.len());
+                    for (i, name) in secrets.iter().enumerate() {
+                        match self.state.config.secrets.iter().find(|s| s.name == *name) {
+                            Some(s) => held.push(s.clone()),
+                            None => {
+                                let names: Vec<&str> = self
+                                    .state
+                                    .config
+                                    .secrets
+                                    .iter()
+                                    .map(|s| s.name.as_str())
+                                    .collect();
+                                return Ok(refused(&crate::error::ApiError::invalid(
+                                    format!("network.secrets[{i}]"),
+                                    format!(
+                                        "the service holds no secret {name:?} (it holds: {})",
+                                        if names.is_empty() {
+                                            "none".to_owned()
+                                        } else {
+                                            names.join(", ")
+                                        }
+                                    ),
+                                )));
+                            }
+                        }
+                    }
+                    NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
+                        allow,
+                        allow_cidrs,
+                        deny,
+                        on_denied: on_denied.map(Into::into).unwrap_or_default(),
+                        secrets: held,
+                        ..airlock_spec::ProxyPolicy::default()
+                    })
+                }
             }),
+        };
+        let req = CreateSandboxRequest {
+            ttl_s: input.ttl_s.map(NonZeroU64::get),
+            network,
             isolation: input.isolation.map(Into::into),
             image: input.image,
             ..CreateSandboxRequest::default()

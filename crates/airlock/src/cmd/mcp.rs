@@ -32,6 +32,11 @@ pub struct McpArgs {
     /// Where the tools' `image` is looked up.
     #[command(flatten)]
     store: super::image::StoreArgs,
+    /// A secret create_sandbox may name (`"network": {"mode": "proxy", "secrets":
+    /// ["NAME"]}`): its value is this process's variable NAME, and it goes only to HOSTs
+    /// (the model names it, never sees it); repeatable.
+    #[arg(long = "secret", value_name = "NAME@HOST[,HOST]")]
+    secrets: Vec<String>,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -57,6 +62,11 @@ impl McpArgs {
         c.max_ttl = self.max_ttl;
         c.image_store = Some(self.store.image_store.clone());
         c.image_store_max = self.store.image_store_max;
+        c.secrets = self
+            .secrets
+            .iter()
+            .map(|s| super::run::secret_arg("--secret", s, false))
+            .collect::<anyhow::Result<_>>()?;
         c.validate().map_err(|e| anyhow::anyhow!(e))?;
         Ok(c)
     }

@@ -371,7 +371,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// A `--secret NAME@HOST[,HOST]`: the value is airlock's own variable NAME (never a
 /// command-line argument, which other users of the host can read).
-fn secret_arg(flag: &str, arg: &str, query: bool) -> anyhow::Result<airlock_spec::Secret> {
+pub(crate) fn secret_arg(flag: &str, arg: &str, query: bool) -> anyhow::Result<airlock_spec::Secret> {
     let Some((name, hosts)) = arg.split_once('@') else {
         bail!(
             "{flag} {arg:?}: expected NAME@HOST[,HOST] (the value is read from airlock's environment variable NAME)"

@@ -21,6 +21,11 @@ pub struct ServeArgs {
     /// images with `airlock image pull|import` against the same store).
     #[command(flatten)]
     store: super::image::StoreArgs,
+    /// A secret MCP's create_sandbox may name (`"secrets": ["NAME"]` in its proxy
+    /// network): its value is this process's variable NAME, and it goes only to HOSTs;
+    /// repeatable.
+    #[arg(long = "secret", value_name = "NAME@HOST[,HOST]")]
+    secrets: Vec<String>,
     /// Address to listen on (a non-loopback address requires API keys).
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8710")]
     listen: SocketAddr,
@@ -205,6 +210,11 @@ impl ServeArgs {
         c.max_ttl = self.max_session_ttl;
         c.image_store = Some(self.store.image_store.clone());
         c.image_store_max = self.store.image_store_max;
+        c.secrets = self
+            .secrets
+            .iter()
+            .map(|s| super::run::secret_arg("--secret", s, false))
+            .collect::<anyhow::Result<_>>()?;
         c.max_sessions_per_key = match self.max_sessions_per_key {
             Some(0) => bail!("--max-sessions-per-key must be at least 1"),
             Some(n) => n,
