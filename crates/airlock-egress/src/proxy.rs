@@ -339,6 +339,18 @@ impl Proxy {
         listener: std::net::TcpListener,
         stop: impl Future<Output = ()> + Send,
     ) -> io::Result<()> {
+        self.accept_loop(listener, stop, false).await
+    }
+
+    /// Accepts on `listener` until `stop`: requests to the proxy, or, with `redirected`,
+    /// connections the sandbox's rules redirected (each served by its original
+    /// destination; one without any is not a redirected connection and is closed).
+    pub(crate) async fn accept_loop(
+        self: Arc<Self>,
+        listener: std::net::TcpListener,
+        stop: impl Future<Output = ()> + Send,
+        redirected: bool,
+    ) -> io::Result<()> {
         listener.set_nonblocking(true)?;
         let listener = TcpListener::from_std(listener)?;
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -350,18 +362,31 @@ impl Proxy {
                 () = &mut stop => break,
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => match Arc::clone(&self.slots).try_acquire_owned() {
-                        Ok(permit) => {
-                            let proxy = Arc::clone(&self);
-                            let stop = stop_rx.clone();
-                            let _ = stream.set_nodelay(true);
-                            tasks.spawn(async move {
-                                proxy.handle(Box::new(stream), None, stop).await;
-                                drop(permit);
-                            });
+                    Ok((stream, _)) => {
+                        let dst = match redirected.then(|| crate::redirect::original_destination(&stream)) {
+                            None => None,
+                            Some(Ok(dst)) => Some(dst),
+                            Some(Err(e)) => {
+                                // Not redirected (a program dialling the port itself):
+                                // there is nowhere it was going.
+                                tracing::debug!(error = %e, "a connection to the transparent port has no original destination");
+                                continue;
+                            }
+                        };
+                        match (Arc::clone(&self.slots).try_acquire_owned(), dst) {
+                            (Ok(permit), dst) => {
+                                let proxy = Arc::clone(&self);
+                                let stop = stop_rx.clone();
+                                let _ = stream.set_nodelay(true);
+                                tasks.spawn(async move {
+                                    proxy.handle(Box::new(stream), dst, stop).await;
+                                    drop(permit);
+                                });
+                            }
+                            (Err(_), Some(dst)) => self.refuse_redirected(dst),
+                            (Err(_), None) => self.refuse(stream),
                         }
-                        Err(_) => self.refuse(stream),
-                    },
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "the egress proxy failed to accept a connection");
                         if !matches!(

@@ -16,9 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, BufReader};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::addr::format_ip;
@@ -84,55 +82,9 @@ impl Proxy {
         listener: std::net::TcpListener,
         stop: impl Future<Output = ()> + Send,
     ) {
-        if let Err(e) = self.try_serve_transparent(listener, stop).await {
+        if let Err(e) = self.accept_loop(listener, stop, true).await {
             tracing::error!(error = %e, "the egress proxy cannot serve its transparent listener");
         }
-    }
-
-    async fn try_serve_transparent(
-        self: Arc<Self>,
-        listener: std::net::TcpListener,
-        stop: impl Future<Output = ()> + Send,
-    ) -> io::Result<()> {
-        listener.set_nonblocking(true)?;
-        let listener = TcpListener::from_std(listener)?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let mut tasks = JoinSet::new();
-        let mut stop = std::pin::pin!(stop);
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut stop => break,
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        let dst = match original_destination(&stream) {
-                            Ok(dst) => dst,
-                            Err(e) => {
-                                // Not redirected (a program dialling the port itself):
-                                // there is nowhere it was going.
-                                tracing::debug!(error = %e, "a connection to the transparent port has no original destination");
-                                continue;
-                            }
-                        };
-                        let proxy = Arc::clone(&self);
-                        let stop = stop_rx.clone();
-                        let _ = stream.set_nodelay(true);
-                        tasks.spawn(async move {
-                            proxy.serve_redirected_inner(Box::new(stream), dst, stop).await;
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the egress proxy failed to accept a redirected connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-            }
-        }
-        drop(listener);
-        let _ = stop_tx.send(true);
-        while tasks.join_next().await.is_some() {}
-        Ok(())
     }
 
     /// Serves one redirected connection whose original destination `dst` the caller

@@ -838,3 +838,28 @@ out = {k: v for k, v in os.environ.items() if "proxy" in k.lower()}
         assert!(entries.contains(&e), "NO_PROXY {no_proxy:?} lacks {e}");
     }
 }
+
+/// `curl --noproxy '*'` ignores the proxy variables: its connections are redirected and
+/// judged just the same (issue 15): the allowed host answers, a denied one gets the
+/// proxy's 403 with the reason, and both are logged as redirected.
+#[test]
+fn curl_ignoring_the_proxy_variables_is_policed() {
+    let net = Net::start();
+    let v = net.run(
+        PROXY_ALLOWED,
+        &[
+            "sh",
+            "-c",
+            "curl -s --noproxy '*' http://10.9.9.9/hello; curl -s --noproxy '*' http://203.0.113.7/",
+        ],
+    );
+    assert_eq!(
+        v["stdout"], "hello from allowed\ndocumentation address 203.0.113.7\n",
+        "{v:#}"
+    );
+    let log = egress(&v);
+    assert!(log.iter().all(|e| e["kind"] == "redirected"), "{log:#?}");
+    assert_eq!(log.len(), 2, "{log:#?}");
+    assert_eq!(net.connections_to("allowed"), 1);
+    assert_eq!(net.connections_to("api"), 0);
+}

@@ -31,10 +31,8 @@ use std::mem::size_of;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// The transparent port (the lead's `TRANSPARENT_PORT`).
-pub const TRANSPARENT_PORT: u16 = 3129;
-/// The resolver's port (the lead's `DNS_PORT`).
-pub const DNS_PORT: u16 = 53;
+pub use airlock_egress::DNS_PORT;
+pub use airlock_egress::TRANSPARENT_PORT;
 
 /// The addresses lo gets: each one's subnet route covers half of IPv4.
 const ROUTES: [(Ipv4Addr, u8); 2] = [(Ipv4Addr::new(0, 0, 0, 1), 1), (Ipv4Addr::new(128, 0, 0, 1), 1)];
