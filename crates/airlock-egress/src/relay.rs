@@ -326,6 +326,25 @@ fn chunk_size(line: &[u8]) -> io::Result<u64> {
     u64::from_str_radix(text, 16).map_err(|_| bad_data("invalid chunk size"))
 }
 
+/// Reads one response head into `head`: an error when the upstream ends before it is
+/// whole or it is larger than [`MAX_RESPONSE_HEAD_BYTES`].
+pub(crate) async fn read_response_head<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    head: &mut Vec<u8>,
+) -> io::Result<()> {
+    match read_head(r, head, MAX_RESPONSE_HEAD_BYTES).await? {
+        HeadRead::Complete => Ok(()),
+        HeadRead::Eof => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the upstream closed before a complete response head",
+        )),
+        HeadRead::TooLarge => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "response head larger than 64 KiB",
+        )),
+    }
+}
+
 /// Relays the upstream's response: interim 1xx heads as they come, then the final head
 /// rewritten (`Connection: close`) and its body by its framing. Returns the final status.
 pub(crate) async fn relay_response<R, W>(r: &mut R, w: &mut W, method: &str, m: Meter<'_>) -> io::Result<u16>
@@ -335,21 +354,7 @@ where
 {
     let mut head = Vec::new();
     for _ in 0..=MAX_INTERIM_RESPONSES {
-        match read_head(r, &mut head, MAX_RESPONSE_HEAD_BYTES).await? {
-            HeadRead::Complete => {}
-            HeadRead::Eof => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the upstream closed before a complete response head",
-                ));
-            }
-            HeadRead::TooLarge => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "response head larger than 64 KiB",
-                ));
-            }
-        }
+        read_response_head(r, &mut head).await?;
         m.activity.touch();
         let resp =
             parse_response(&head, method).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;

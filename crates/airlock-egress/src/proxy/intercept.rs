@@ -21,8 +21,8 @@ use crate::mitm::server_name;
 use crate::policy::{Target, parse_host};
 use crate::relay::{Activity, HeadRead, Meter, forward_body, pump, read_head};
 use crate::request::{
-    Authority, Body, HttpRequest, MAX_HEAD_BYTES, MAX_HEADERS, MAX_RESPONSE_HEAD_BYTES, MAX_RESPONSE_HEADERS,
-    body_framing, parse_authority, same_place,
+    Authority, Body, HttpRequest, MAX_HEAD_BYTES, MAX_HEADERS, MAX_RESPONSE_HEADERS, body_framing,
+    parse_authority, same_place,
 };
 
 /// Requests sent upstream whose responses have not been relayed yet, at most.
@@ -460,21 +460,7 @@ impl Proxy {
             };
             let mut interim = 0;
             loop {
-                match read_head(r, &mut head, MAX_RESPONSE_HEAD_BYTES).await? {
-                    HeadRead::Complete => {}
-                    HeadRead::Eof => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the upstream closed before a complete response head",
-                        ));
-                    }
-                    HeadRead::TooLarge => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "response head larger than 64 KiB",
-                        ));
-                    }
-                }
+                crate::relay::read_response_head(r, &mut head).await?;
                 let (code, body) = response_framing(&head, head_request)?;
                 let scrubbed = self
                     .mitm
