@@ -15,6 +15,11 @@ generated, in every mode (but for `image`, below):
   (`"network": {"on_denied": "ask"}`): nobody could answer; refused on
   `network.on_denied` (crates/airlock-server's tests check it).
 
+- a proxy policy's `secrets` have distinct names, none of them a variable airlock sets
+  itself (PATH, HOME, HTTP_PROXY, SSL_CERT_FILE, ..., compared ignoring case) or one the
+  request's `env` sets too; a value never contains the placeholder prefix `airlock-ph-`;
+  refused on `network.secrets[i].name` / `.value`.
+
 Waiting is bounded here, not by the schema: `GET .../approvals?wait_ms=N` may wait up to
 a minute for a held connection, more than a request of this run may take; it is cut to
 100 ms (what is tested is the answer, not the waiting).
@@ -56,6 +61,32 @@ def _gvisor_under_its_floor(body) -> bool:
     return isinstance(memory, (int, float)) and not isinstance(memory, bool) and memory < GVISOR_MIN_MEMORY
 
 
+RESERVED_SECRET_NAMES = {
+    "http_proxy", "https_proxy", "all_proxy", "no_proxy", "ssl_cert_file", "ssl_cert_dir",
+    "requests_ca_bundle", "curl_ca_bundle", "node_extra_ca_certs", "path", "home",
+    "ld_preload", "ld_library_path",
+}
+
+
+def _bad_secrets(body) -> bool:
+    network = body.get("network")
+    if not isinstance(network, dict) or not isinstance(network.get("secrets"), list):
+        return False
+    env = body.get("env") if isinstance(body.get("env"), dict) else {}
+    names = []
+    for s in network["secrets"]:
+        if not isinstance(s, dict):
+            continue
+        name, value = s.get("name"), s.get("value")
+        if isinstance(name, str):
+            if name.lower() in RESERVED_SECRET_NAMES or name in env or name in names:
+                return True
+            names.append(name)
+        if isinstance(value, str) and "airlock-ph-" in value.lower():
+            return True
+    return False
+
+
 def _one_shot_asks(context, body) -> bool:
     operation = getattr(context, "operation", None)
     if getattr(operation, "path", None) != "/v1/exec":
@@ -68,7 +99,12 @@ def _one_shot_asks(context, body) -> bool:
 def filter_body(context, body) -> bool:
     return not (
         isinstance(body, dict)
-        and (_conflicting(body.get("files")) or _gvisor_under_its_floor(body) or _one_shot_asks(context, body))
+        and (
+            _conflicting(body.get("files"))
+            or _gvisor_under_its_floor(body)
+            or _one_shot_asks(context, body)
+            or _bad_secrets(body)
+        )
     )
 
 
@@ -79,5 +115,9 @@ def before_call(context, case, **kwargs):
     if isinstance(body, dict) and isinstance(body.get("image"), str) and _IMAGE.match(body["image"]):
         case.body = {**body, "image": STORED_IMAGE}
     query = case.query
-    if isinstance(query, dict) and isinstance(query.get("wait_ms"), int) and not isinstance(query["wait_ms"], bool):
-        case.query = {**query, "wait_ms": min(query["wait_ms"], 100)}
+    if isinstance(query, dict) and "wait_ms" in query:
+        wait = query["wait_ms"]
+        if isinstance(wait, str) and wait.isdigit():
+            case.query = {**query, "wait_ms": str(min(int(wait), 100))}
+        elif isinstance(wait, int) and not isinstance(wait, bool):
+            case.query = {**query, "wait_ms": min(wait, 100)}
