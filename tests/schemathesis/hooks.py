@@ -18,7 +18,9 @@ generated, in every mode (but for `image`, below):
 - a proxy policy's `secrets` have distinct names, none of them a variable airlock sets
   itself (PATH, HOME, HTTP_PROXY, SSL_CERT_FILE, ..., compared ignoring case) or one the
   request's `env` sets too; a value never contains the placeholder prefix `airlock-ph-`;
-  refused on `network.secrets[i].name` / `.value`.
+  refused on `network.secrets[i].name` / `.value`. Every phase generates such bodies
+  (the coverage phase repeats an item to test arrays), so at the call their names are
+  made distinct (`S<i>_NAME`, still schema-valid) rather than the bodies dropped.
 
 Waiting is bounded here, not by the schema: `GET .../approvals?wait_ms=N` may wait up to
 a minute for a held connection, more than a request of this run may take; it is cut to
@@ -87,6 +89,26 @@ def _bad_secrets(body) -> bool:
     return False
 
 
+def _distinct_secret_names(body) -> None:
+    """Renames secrets whose name repeats an earlier one, is airlock's own or is in `env`."""
+    network = body.get("network")
+    if not isinstance(network, dict) or not isinstance(network.get("secrets"), list):
+        return
+    env = body.get("env") if isinstance(body.get("env"), dict) else {}
+    seen = set()
+    for i, s in enumerate(network["secrets"]):
+        if not isinstance(s, dict) or not isinstance(s.get("name"), str) or not _NAME.match(s["name"]):
+            continue
+        name = s["name"]
+        if name.lower() in RESERVED_SECRET_NAMES or name in env or name in seen:
+            name = f"S{i}_{name}"[:128]
+            s["name"] = name
+        seen.add(name)
+
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
 def _one_shot_asks(context, body) -> bool:
     operation = getattr(context, "operation", None)
     if getattr(operation, "path", None) != "/v1/exec":
@@ -114,6 +136,8 @@ def before_call(context, case, **kwargs):
     body = case.body
     if isinstance(body, dict) and isinstance(body.get("image"), str) and _IMAGE.match(body["image"]):
         case.body = {**body, "image": STORED_IMAGE}
+    if isinstance(body, dict):
+        _distinct_secret_names(case.body)
     query = case.query
     if isinstance(query, dict) and "wait_ms" in query:
         wait = query["wait_ms"]
