@@ -138,6 +138,10 @@ def before_call(context, case, **kwargs):
         case.body = {**body, "image": STORED_IMAGE}
     if isinstance(body, dict):
         _distinct_secret_names(case.body)
+        # Every phase generates it (filter_body does not reach the coverage phase): a
+        # one-shot exec that would ask is made one that refuses.
+        if _one_shot_asks(case, body):
+            case.body["network"]["on_denied"] = "deny"
     query = case.query
     if isinstance(query, dict) and "wait_ms" in query:
         wait = query["wait_ms"]

@@ -54,6 +54,9 @@ fn check_memory(limits: &Limits) -> Result<(), Error> {
     Ok(())
 }
 
+/// The CPU a sandbox gets at least while it is built (its programs get their own cap).
+const BUILD_CPUS: f64 = 1.0;
+
 fn host_limits(limits: &Limits) -> CgroupLimits {
     CgroupLimits {
         memory_bytes: limits.memory_bytes,
@@ -171,9 +174,15 @@ impl GvisorSandbox {
             ),
             None => None,
         };
+        // Building runs the Sentry's own start (seconds of CPU at 1% of a core): it gets at
+        // least a core; each exec sets the program's own cap before it starts.
+        let building = Limits {
+            cpus: limits.cpus.max(BUILD_CPUS),
+            ..limits.clone()
+        };
         let cgroup = prepared
             .cgroups
-            .create(&id, &host_limits(limits))
+            .create(&id, &host_limits(&building))
             .map_err(|e| Error::host("creating the sandbox's cgroup", e))?;
         if background {
             let _ = cgroup.set_background(true);

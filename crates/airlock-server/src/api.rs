@@ -197,9 +197,19 @@ fn objects<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T
 /// An optional network policy, strict about unknown fields in every mode: serde does not
 /// deny unknown fields beside the tag of a unit variant (`{"mode": "none", "x": 1}`).
 fn network<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NetworkPolicy>, D::Error> {
-    let Some(value) = Option::<serde_json::Value>::deserialize(d)? else {
+    let Some(mut value) = Option::<serde_json::Value>::deserialize(d)? else {
         return Ok(None);
     };
+    // An integral number is an integer whatever its spelling (`6191.0`), as for every
+    // other integer of the API (see `integer`).
+    if let Some(t) = value.get_mut("approval_timeout_ms")
+        && t.as_u64().is_none()
+        && let Some(f) = t.as_f64()
+        && f.fract() == 0.0
+        && (0.0..18_446_744_073_709_551_616.0).contains(&f)
+    {
+        *t = serde_json::Value::from(f as u64);
+    }
     if !value.is_object() {
         return Err(D::Error::custom(format!(
             "invalid type: {value}, expected a JSON object"

@@ -124,17 +124,23 @@ pub enum OnDenied {
 #[serde(deny_unknown_fields)]
 pub struct NetworkPatch {
     /// New allow patterns.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
     pub allow: Option<Vec<String>>,
     /// New address ranges allowed on purpose.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
     pub allow_cidrs: Option<Vec<String>>,
     /// New deny rules.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
     pub deny: Option<Vec<String>>,
     /// New answer to denials.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
     pub on_denied: Option<OnDenied>,
+}
+
+/// A field of a patch, when given: absent is "no change", `null` is no value at all (an
+/// error), not "no change".
+fn given<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 impl NetworkPatch {
@@ -439,5 +445,10 @@ mod tests {
         assert_eq!(next.deny, ["b.example"]);
         assert_eq!(next.secrets, p.secrets);
         assert!(serde_json::from_str::<NetworkPatch>(r#"{"secrets":[]}"#).is_err());
+        assert!(serde_json::from_str::<NetworkPatch>(r#"{"allow":null}"#).is_err());
+        assert_eq!(
+            serde_json::from_str::<NetworkPatch>("{}").unwrap(),
+            NetworkPatch::default()
+        );
     }
 }
