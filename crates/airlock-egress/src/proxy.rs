@@ -493,11 +493,6 @@ impl Proxy {
         Ok(shown)
     }
 
-    /// One permit per open connection.
-    pub(crate) fn slots(&self) -> &Arc<Semaphore> {
-        &self.slots
-    }
-
     /// The bytes all connections may still move.
     pub(crate) fn budget(&self) -> &Budget {
         &self.budget
@@ -542,12 +537,26 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        self.serve_one(Box::new(stream), None, stop).await;
+    }
+
+    /// One connection handed over (a request to the proxy, or with `redirected` its
+    /// original destination), within the connection limit, until it ends or `stop`.
+    pub(crate) async fn serve_one(
+        self: Arc<Self>,
+        stream: Client,
+        redirected: Option<SocketAddr>,
+        stop: impl Future<Output = ()> + Send,
+    ) {
         let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
-            self.refuse_stream(Box::new(stream)).await;
+            match redirected {
+                Some(dst) => self.refuse_redirected(dst),
+                None => self.refuse_stream(stream).await,
+            }
             return;
         };
         let (stop_tx, stop_rx) = watch::channel(false);
-        let work = Arc::clone(&self).handle(Box::new(stream), None, stop_rx);
+        let work = Arc::clone(&self).handle(stream, redirected, stop_rx);
         let mut work = std::pin::pin!(work);
         tokio::select! {
             () = &mut work => {}

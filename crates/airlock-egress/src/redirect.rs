@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, BufReader};
-use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::addr::format_ip;
@@ -98,31 +97,7 @@ impl Proxy {
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let work = Arc::clone(&self).serve_redirected_inner(Box::new(stream), dst, stop_rx);
-        let mut work = std::pin::pin!(work);
-        tokio::select! {
-            () = &mut work => {}
-            () = stop => {
-                let _ = stop_tx.send(true);
-                work.await;
-            }
-        }
-    }
-
-    /// Within the connection limit, or refused (closed, logged).
-    async fn serve_redirected_inner(
-        self: Arc<Self>,
-        stream: Client,
-        dst: SocketAddr,
-        stop: watch::Receiver<bool>,
-    ) {
-        let Ok(permit) = Arc::clone(self.slots()).try_acquire_owned() else {
-            self.refuse_redirected(dst);
-            return;
-        };
-        Arc::clone(&self).handle(stream, Some(dst), stop).await;
-        drop(permit);
+        self.serve_one(Box::new(stream), Some(dst), stop).await;
     }
 
     /// One redirected connection: sniff, decide, connect, relay.
