@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 mod error;
+mod process;
 mod sink;
 
 use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, NetworkPolicy, Spec, SpecError};
@@ -28,6 +29,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use error::{DiskFull, Error, ErrorKind};
+pub use process::{Exit, PortConnector, ProcessHandle, Spawned, Stdio};
 pub use sink::{Capture, OutputSink};
 
 /// What is fixed when a sandbox is built. Memory, CPU, pids and the timeout are also
@@ -259,6 +261,29 @@ pub trait Sandbox: Send + std::fmt::Debug {
     fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
         None
     }
+
+    /// Starts `spec`'s program alongside the session's execs (blocking until it has
+    /// started, not until it ends): a background process, a terminal (`stdio`
+    /// [`Stdio::Terminal`]), the code interpreter's kernel. Its spec's command, env and
+    /// workdir are used as an exec's are; its stdin, timeout and output limit are not
+    /// (the caller feeds and drains the fds, and ends it when it likes). Only for a
+    /// session (after [`Sandbox::open_session`]). A tier that cannot run programs
+    /// alongside execs refuses with [`Error::Unavailable`].
+    fn spawn(&mut self, _spec: &Spec, _stdio: Stdio) -> Result<Spawned, Error> {
+        Err(Error::Unavailable {
+            tier: self.isolation(),
+            reason: "background processes, terminals and the code interpreter are not available on this tier yet".into(),
+        })
+    }
+
+    /// What opens connections to TCP ports inside it (see [`PortConnector`]); `None`
+    /// when the tier cannot.
+    fn ports(&self) -> Option<std::sync::Arc<dyn PortConnector>> {
+        None
+    }
+
+    /// Which tier it is.
+    fn isolation(&self) -> Isolation;
 
     /// Says nobody waits for its purge any more (its answer is out): the tier may purge
     /// it on CPU time nothing else wants.

@@ -610,6 +610,10 @@ impl Drop for Partial {
 }
 
 impl Sandbox for GvisorSandbox {
+    fn isolation(&self) -> airlock_spec::Isolation {
+        airlock_spec::Isolation::Gvisor
+    }
+
     fn id(&self) -> &str {
         &self.id
     }

@@ -160,6 +160,10 @@ impl Backend for VmBackend {
 }
 
 impl airlock_backend::Sandbox for BootedVm {
+    fn isolation(&self) -> airlock_spec::Isolation {
+        airlock_spec::Isolation::Microvm
+    }
+
     fn id(&self) -> &str {
         BootedVm::id(self)
     }

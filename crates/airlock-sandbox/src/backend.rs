@@ -61,6 +61,10 @@ impl Backend for Engine {
 }
 
 impl airlock_backend::Sandbox for Sandbox {
+    fn isolation(&self) -> airlock_spec::Isolation {
+        airlock_spec::Isolation::Namespaces
+    }
+
     fn id(&self) -> &str {
         Sandbox::id(self)
     }
