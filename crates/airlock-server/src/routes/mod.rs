@@ -8,6 +8,7 @@ mod metrics;
 mod network;
 mod openapi;
 mod processes;
+mod pty;
 pub(crate) mod sandbox_exec;
 pub(crate) mod sandboxes;
 
@@ -40,6 +41,7 @@ pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
             "/v1/sandboxes/{id}/network",
             get(network::show).patch(network::update),
         )
+        .route("/v1/sandboxes/{id}/pty", get(pty::handle))
         .route("/v1/sandboxes/{id}/processes", get(processes::list))
         .route("/v1/sandboxes/{id}/processes/{process}", get(processes::show))
         .route(
