@@ -1,5 +1,6 @@
 //! One file per route; `router` wires them with the auth layer.
 
+mod code;
 mod exec;
 pub(crate) mod files;
 mod health;
@@ -41,6 +42,8 @@ pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
             "/v1/sandboxes/{id}/network",
             get(network::show).patch(network::update),
         )
+        .route("/v1/sandboxes/{id}/code", post(code::run))
+        .route("/v1/sandboxes/{id}/code/restart", post(code::restart))
         .route("/v1/sandboxes/{id}/pty", get(pty::handle))
         .route("/v1/sandboxes/{id}/processes", get(processes::list))
         .route("/v1/sandboxes/{id}/processes/{process}", get(processes::show))
