@@ -58,7 +58,7 @@ pub struct Kernel {
 }
 
 /// The result of one `run_code`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Execution {
     /// The kernel's count of executions (`In [n]`).
     pub execution_count: Option<u64>,
@@ -78,7 +78,7 @@ pub struct Execution {
 }
 
 /// Printed output, chunk by chunk.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Logs {
     /// stdout chunks.
     pub stdout: Vec<String>,
@@ -87,7 +87,7 @@ pub struct Logs {
 }
 
 /// One rich result: a MIME bundle.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct CodeResult {
     /// `execute_result` or `display_data`.
     pub kind: String,
@@ -96,7 +96,7 @@ pub struct CodeResult {
 }
 
 /// An exception.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct CodeError {
     /// Its class (`ZeroDivisionError`).
     pub name: String,
