@@ -53,12 +53,15 @@ class Driver:
 
     def __init__(self, argv=None, env=None):
         argv = argv or [PYTHON, "-u", "-c", SOURCE]
+        if env is None:
+            # ipykernel stops capturing fd 1/2 when it sees pytest's variable.
+            env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=env if env is not None else dict(os.environ),
+            env=env,
             cwd="/tmp",
         )
         self.events = queue.Queue()
@@ -196,7 +199,7 @@ def test_matplotlib_figure_is_a_png_of_the_right_size(driver):
         "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
         "import matplotlib.pyplot as plt\n"
         "fig, ax = plt.subplots(figsize=(5, 2), dpi=80)\n"
-        "ax.plot([1, 3, 2])\n"
+        "ax.plot([1, 3, 2]);\n"
     )
     events = driver.run(code)
     assert not of(events, "error"), events
@@ -391,48 +394,71 @@ def test_kernel_that_cannot_start_is_fatal_start_failed(tmp_path):
 # -- inside an airlock sandbox ----------------------------------------------------------------
 
 
-def sandbox_driver():
-    return Driver(argv=[AIRLOCK, "run", "--timeout", "120s", "--memory", "1g", "--cpus", "1",
-                        "--stdin", "-", "--", "python3", "-u", "-c", SOURCE])
+def run_in_sandbox(requests, timeout=240):
+    """Runs the driver in a fresh sandbox with `requests` as its whole stdin (`airlock run`
+    hands the program its stdin only once airlock's own stdin ends; the server's sessions use
+    pipes instead) and returns ({id: [events]}, other events, the exit code)."""
+    proc = subprocess.run(
+        [AIRLOCK, "run", "--timeout", "%ds" % (timeout - 10), "--memory", "1g", "--cpus", "1",
+         "--stdin", "-", "--", "python3", "-u", "-c", SOURCE],
+        input="".join(json.dumps(r) + "\n" for r in requests).encode(),
+        capture_output=True,
+        timeout=timeout,
+    )
+    by_id, other = {}, []
+    for line in proc.stdout.decode().splitlines():
+        event = json.loads(line)  # every line of the protocol channel is JSON
+        if "id" in event:
+            by_id.setdefault(event["id"], []).append(event)
+        else:
+            other.append(event)
+    return by_id, other, proc
 
 
 @needs_airlock
 def test_in_sandbox_kernel_runs_without_tcp():
-    d = sandbox_driver()
-    try:
-        ready = d.ready(timeout=120)
-        assert ready["ipykernel"]
-        d.run("x = 41")
-        assert stdout(d.run("print(x + 1)")) == "42\n"
-        # No TCP: the kernel's sockets are unix sockets only, and landlock refuses a TCP bind.
-        events = d.run(
-            "import socket\n"
-            "s = socket.socket()\n"
-            "try:\n"
-            "    s.bind(('127.0.0.1', 0)); print('bound')\n"
-            "except OSError as e:\n"
-            "    print('refused', e.errno)\n"
-            "import os\n"
-            "print(sorted({l.split()[0] for l in open('/proc/net/tcp').readlines()[1:]}))"
-        )
-        out = stdout(events)
-        assert out.startswith("refused"), out
-        assert out.splitlines()[1] == "[]", out
-        figure = d.run(
-            "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
-            "import matplotlib.pyplot as plt\n"
-            "fig = plt.figure(figsize=(3, 2), dpi=100); plt.plot([1, 2])"
-        )
-        [png] = [e for e in of(figure, "result") if "image/png" in e["data"]]
-        assert png_size(png["data"]["image/png"]) == (300, 200)
-        child = "import os\nif os.fork() == 0:\n    print('child'); os._exit(0)\nos.wait(); None"
-        assert "child\n" in stdout(d.run(child))
-        events = d.run("import time; time.sleep(30)", timeout_ms=1000)
-        assert of(events, "error")[0]["name"] == "KeyboardInterrupt"
-        assert done(events)["timed_out"] is True
-        assert stdout(d.run("print(x)")) == "41\n"
-        events = d.run("import os; os._exit(3)")
-        assert of(events, "error")[0]["name"] == "KernelDied"
-        assert stdout(d.run("print('again')")) == "again\n"
-    finally:
-        d.close()
+    run = lambda rid, code, timeout_ms=30000: {  # noqa: E731
+        "op": "run", "id": rid, "code": code, "timeout_ms": timeout_ms}
+    requests = [
+        run("set", "x = 41"),
+        run("get", "print(x + 1)"),
+        # No TCP: landlock refuses a TCP bind, and no TCP socket exists in the sandbox.
+        run("tcp", "import socket\n"
+                   "s = socket.socket()\n"
+                   "try:\n"
+                   "    s.bind(('127.0.0.1', 0)); print('bound')\n"
+                   "except OSError as e:\n"
+                   "    print('refused', e.errno)\n"
+                   "print(len(open('/proc/net/tcp').readlines()[1:]),"
+                   " len(open('/proc/net/tcp6').readlines()[1:]))"),
+        run("png", "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
+                   "import matplotlib.pyplot as plt\n"
+                   "fig = plt.figure(figsize=(3, 2), dpi=100); plt.plot([1, 2]);"),
+        run("df", "import pandas as pd; pd.DataFrame({'a': [1]})"),
+        run("fork", "import os\nif os.fork() == 0:\n    print('child'); os._exit(0)\nos.wait(); None"),
+        run("sub", "import subprocess; subprocess.run(['echo', 'from echo']); None"),
+        run("slow", "import time; time.sleep(30)", 1000),
+        run("kept", "print(x)"),
+        run("die", "import os; os._exit(3)"),
+        run("again", "print('again', 'x' in globals())"),
+        {"op": "restart", "id": "rs"},
+        {"op": "shutdown"},
+    ]
+    by_id, other, proc = run_in_sandbox(requests)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr.decode()[-3000:])
+    assert [e["event"] for e in other] == ["ready"], other
+    for rid in ("set", "get", "tcp", "png", "df", "fork", "sub", "slow", "kept", "die", "again"):
+        assert rid in by_id and by_id[rid][-1]["event"] == "done", (rid, by_id.get(rid))
+    assert stdout(by_id["get"]) == "42\n"
+    assert stdout(by_id["tcp"]).splitlines() == ["refused 13", "0 0"], by_id["tcp"]
+    [png] = of(by_id["png"], "result")
+    assert png_size(png["data"]["image/png"]) == (300, 200)
+    assert "<table" in of(by_id["df"], "result")[0]["data"]["text/html"]
+    assert stdout(by_id["fork"]) == "child\n"
+    assert stdout(by_id["sub"]) == "from echo\n"
+    assert of(by_id["slow"], "error")[0]["name"] == "KeyboardInterrupt"
+    assert by_id["slow"][-1]["timed_out"] is True
+    assert stdout(by_id["kept"]) == "41\n"
+    assert of(by_id["die"], "error")[0]["name"] == "KernelDied"
+    assert stdout(by_id["again"]) == "again False\n"
+    assert by_id["rs"][-1]["event"] == "restarted"

@@ -132,11 +132,77 @@ def _pipe_over_ipc():
     thread_class._setup_pipe_out = setup_pipe_out
 
 
+def _sync_fd_output(shell):
+    """Output written to fd 1/2 (subprocess.run, os.system, C extensions) reaches ipykernel
+    through a pipe that a thread reads; at the end of a cell that thread may not have caught up,
+    and the text would arrive after the run's "idle" (lost to the driver, or shown under the next
+    run). After each cell, write a token into each pipe and wait until the thread has handed it
+    over: everything written before it has then been handed over too. The token is removed."""
+    import threading
+
+    streams = []
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+        watcher = getattr(stream, "watch_fd_thread", None)
+        if getattr(stream, "_fid", None) is None or watcher is None:
+            continue
+        state = {"token": None, "carry": "", "event": None}
+        original_write = stream.write
+
+        def write(text, _state=state, _watcher=watcher, _write=original_write):
+            token = _state["token"]
+            if token is None or threading.current_thread() is not _watcher:
+                return _write(text)
+            text = _state["carry"] + text
+            _state["carry"] = ""
+            if token in text:
+                before, _, after = text.partition(token)
+                text = before + after
+                _state["token"] = None
+                _state["event"].set()
+            else:
+                for keep in range(min(len(token) - 1, len(text)), 0, -1):
+                    if token.startswith(text[-keep:]):
+                        _state["carry"] = text[-keep:]
+                        text = text[:-keep]
+                        break
+            return _write(text) if text else 0
+
+        stream.write = write
+        streams.append((fd, watcher, state))
+
+    counter = [0]
+
+    def after_cell(*_args):
+        for fd, watcher, state in streams:
+            if not watcher.is_alive():
+                continue
+            counter[0] += 1
+            event = threading.Event()
+            state["event"] = event
+            state["token"] = "\x1b]airlock-sync-%d\x07" % counter[0]
+            try:
+                os.write(fd, state["token"].encode())
+            except OSError:
+                state["token"] = None
+                continue
+            if not event.wait(2.0):
+                state["token"] = None
+
+    if streams:
+        shell.events.register("post_run_cell", after_cell)
+
+
 _pipe_over_ipc()
 
-from ipykernel import kernelapp  # noqa: E402
+from ipykernel.kernelapp import IPKernelApp  # noqa: E402
 
-kernelapp.launch_new_instance()
+_app = IPKernelApp.instance()
+_app.initialize()
+try:
+    _sync_fd_output(_app.shell)
+except Exception as _error:
+    print("airlock: no fd-output sync: %r" % (_error,), file=sys.__stderr__)
+_app.start()
 '''
 
 
@@ -757,6 +823,19 @@ def kernel_environment(home):
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     if "MPLBACKEND" not in os.environ and importlib.util.find_spec("matplotlib_inline") is not None:
         os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    # Matplotlib's config and font cache in the private directory, not in HOME (/workspace, the
+    # user's files).
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(home, "matplotlib"))
+    # Debian's matplotlib reads its defaults only from /etc/matplotlibrc, which a sandbox's
+    # synthesized /etc lacks ("Could not find matplotlibrc file; your Matplotlib install is
+    # broken"); Debian ships the same file in its data directory.
+    debian_rc = "/usr/share/matplotlib/mpl-data/matplotlibrc"
+    if (
+        "MATPLOTLIBRC" not in os.environ
+        and not os.path.exists("/etc/matplotlibrc")
+        and os.path.isfile(debian_rc)
+    ):
+        os.environ["MATPLOTLIBRC"] = debian_rc
 
 
 def import_jupyter():
