@@ -329,6 +329,19 @@ def test_fd_level_output_is_an_event_not_protocol_noise(driver):
                         "subprocess.run(['echo', 'child'])\nos.write(2, b'err\\n')\nNone")
     assert "raw\n" in stdout(events) and "child\n" in stdout(events)
     assert "err" in "".join(e["text"] for e in of(events, "stderr"))
+    # Output a child writes just before the cell ends belongs to that cell, every time.
+    for n in range(25):
+        events = driver.run("import subprocess; subprocess.run(['echo', 'n%d']); None" % n, "e%d" % n)
+        assert stdout(events) == "n%d\n" % n, events
+
+
+def test_fd_redirected_by_the_user_gets_nothing_of_ours(driver, tmp_path):
+    target = tmp_path / "captured"
+    driver.run("import os\nf = open(%r, 'wb')\nsaved = os.dup(1)\nos.dup2(f.fileno(), 1)" % str(target))
+    driver.run("os.write(1, b'hello')")
+    driver.run("os.dup2(saved, 1)\nf.close()")
+    assert target.read_bytes() == b"hello"
+    assert stdout(driver.run("import subprocess; subprocess.run(['echo', 'back']); None")) == "back\n"
 
 
 def test_protocol_errors_do_not_stop_the_driver(driver):
@@ -345,8 +358,10 @@ def test_shutdown_and_eof_end_the_driver_and_the_kernel():
     for how in ("shutdown", "eof"):
         d = Driver()
         d.ready()
-        pid = int(of(d.run("import os; os.getpid()"), "result")[0]["data"]["text/plain"])
-        assert os.path.exists("/proc/%d" % pid)
+        pid, home = json.loads(stdout(d.run(
+            "import json, os; print(json.dumps([os.getpid(), os.environ['AIRLOCK_KERNEL_DIR']]))")))
+        assert os.path.exists("/proc/%d" % pid) and os.path.isdir(home)
+        assert (os.stat(home).st_mode & 0o777) == 0o700
         if how == "shutdown":
             d.send({"op": "shutdown"})
         else:
@@ -356,6 +371,7 @@ def test_shutdown_and_eof_end_the_driver_and_the_kernel():
         while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not os.path.exists("/proc/%d" % pid), "the kernel outlived the driver"
+        assert not os.path.exists(home), "the private directory outlived the driver"
 
 
 def test_no_ipykernel_is_fatal_no_kernel():
@@ -453,6 +469,7 @@ def test_in_sandbox_kernel_runs_without_tcp():
     assert stdout(by_id["tcp"]).splitlines() == ["refused 13", "0 0"], by_id["tcp"]
     [png] = of(by_id["png"], "result")
     assert png_size(png["data"]["image/png"]) == (300, 200)
+    assert not of(by_id["png"], "stderr"), by_id["png"]  # no matplotlibrc/fontconfig complaints
     assert "<table" in of(by_id["df"], "result")[0]["data"]["text/html"]
     assert stdout(by_id["fork"]) == "child\n"
     assert stdout(by_id["sub"]) == "from echo\n"

@@ -138,6 +138,7 @@ def _sync_fd_output(shell):
     and the text would arrive after the run's "idle" (lost to the driver, or shown under the next
     run). After each cell, write a token into each pipe and wait until the thread has handed it
     over: everything written before it has then been handed over too. The token is removed."""
+    import re
     import threading
 
     streams = []
@@ -150,8 +151,13 @@ def _sync_fd_output(shell):
 
         def write(text, _state=state, _watcher=watcher, _write=original_write):
             token = _state["token"]
-            if token is None or threading.current_thread() is not _watcher:
+            if threading.current_thread() is not _watcher:
                 return _write(text)
+            if token is None:
+                text, _state["carry"] = _state["carry"] + text, ""
+                if "\x1b]airlock-sync-" in text:  # a token whose wait gave up
+                    text = re.sub("\x1b\\]airlock-sync-[0-9]+\x07", "", text)
+                return _write(text) if text else 0
             text = _state["carry"] + text
             _state["carry"] = ""
             if token in text:
@@ -171,11 +177,19 @@ def _sync_fd_output(shell):
         streams.append((fd, watcher, state))
 
     counter = [0]
+    stream_fid = {1: getattr(sys.stdout, "_fid", None), 2: getattr(sys.stderr, "_fid", None)}
+
+    def same_pipe(fd, read_fd):
+        try:
+            a, b = os.fstat(fd), os.fstat(read_fd)
+        except (OSError, TypeError):
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
     def after_cell(*_args):
         for fd, watcher, state in streams:
-            if not watcher.is_alive():
-                continue
+            if not watcher.is_alive() or not same_pipe(fd, stream_fid[fd]):
+                continue  # the thread is gone, or the cell pointed fd 1/2 elsewhere
             counter[0] += 1
             event = threading.Event()
             state["event"] = event
@@ -836,6 +850,22 @@ def kernel_environment(home):
         and os.path.isfile(debian_rc)
     ):
         os.environ["MATPLOTLIBRC"] = debian_rc
+    # Likewise fontconfig (which matplotlib asks for fonts through fc-list) without
+    # /etc/fonts/fonts.conf prints "Fontconfig error: Cannot load default config file" into the
+    # user's first plot's stderr: give it a minimal config of the system's font directories.
+    if (
+        "FONTCONFIG_FILE" not in os.environ
+        and "FONTCONFIG_PATH" not in os.environ
+        and not os.path.exists("/etc/fonts/fonts.conf")
+    ):
+        conf = os.path.join(home, "fonts.conf")
+        with open(conf, "w") as f:
+            f.write(
+                '<?xml version="1.0"?>\n<fontconfig>\n'
+                "<dir>/usr/share/fonts</dir>\n<dir>/usr/local/share/fonts</dir>\n"
+                "<cachedir>%s</cachedir>\n</fontconfig>\n" % os.path.join(home, "fontconfig")
+            )
+        os.environ["FONTCONFIG_FILE"] = conf
 
 
 def import_jupyter():
