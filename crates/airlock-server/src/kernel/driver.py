@@ -622,26 +622,37 @@ class Driver:
             event["id"] = rid
         emit(event)
 
+    def renew(self, rid, name, value, execution_count, timed_out, why):
+        """Ends a run whose kernel is dead or hung: the old kernel goes, the run gets its error
+        and its done at once, then a new kernel starts (before the next request is read)."""
+        tail = self.replace_kernel()
+        if tail:
+            log("%s; the kernel's stderr:\n%s" % (why, tail))
+        emit({"id": rid, "event": "error", "name": name, "value": value, "traceback": []})
+        emit(
+            {
+                "id": rid,
+                "event": "done",
+                "execution_count": execution_count or 0,
+                "timed_out": timed_out,
+                "restarted": True,
+            }
+        )
+        self.start_kernel()
+
     def run(self, rid, code, timeout_s):
         kernel = self.kernel
         if not kernel.alive():
             # Died between runs (a background thread's os._exit, the OOM killer...).
-            why = kernel.exit_text()
-            tail = self.replace_kernel()
-            if tail:
-                log("the kernel died; its stderr:\n" + tail)
-            self.start_kernel()
-            emit(
-                {
-                    "id": rid,
-                    "event": "error",
-                    "name": "KernelDied",
-                    "value": "the kernel died since the last run (%s); its state is lost; a new "
-                    "kernel was started and this code was not run" % why,
-                    "traceback": [],
-                }
+            self.renew(
+                rid,
+                "KernelDied",
+                "the kernel died since the last run (%s); its state is lost; a new kernel was "
+                "started and this code was not run" % kernel.exit_text(),
+                0,
+                False,
+                "the kernel died between runs",
             )
-            emit({"id": rid, "event": "done", "execution_count": 0, "timed_out": False, "restarted": True})
             return
 
         msg_id = kernel.execute(code)
@@ -670,10 +681,8 @@ class Driver:
                             execution_count = state["execution_count"]
                     if reply is not None and idle:
                         break
-                if reply is not None and idle:
-                    break
                 if reply is not None:
-                    break  # the reply came, the idle did not within IDLE_GRACE_S: done anyway
+                    break  # with its idle, or without it after IDLE_GRACE_S
                 if not timed_out:
                     # The deadline passed: interrupt (SIGINT to the kernel's process group) and
                     # give the code a moment to unwind.
@@ -682,54 +691,25 @@ class Driver:
                     until[0] = time.monotonic() + INTERRUPT_GRACE_S
                     continue
                 # Interrupted, and still running: the kernel is hung (or ignores SIGINT).
-                tail = self.replace_kernel()
-                if tail:
-                    log("the kernel did not stop after an interrupt; its stderr:\n" + tail)
-                self.start_kernel()
-                emit(
-                    {
-                        "id": rid,
-                        "event": "error",
-                        "name": "KernelRestarted",
-                        "value": "the code ran past its timeout and the kernel did not stop within "
-                        "%d s of an interrupt; its state is lost; a new kernel was started"
-                        % INTERRUPT_GRACE_S,
-                        "traceback": [],
-                    }
-                )
-                emit(
-                    {
-                        "id": rid,
-                        "event": "done",
-                        "execution_count": execution_count or 0,
-                        "timed_out": True,
-                        "restarted": True,
-                    }
+                self.renew(
+                    rid,
+                    "KernelRestarted",
+                    "the code ran past its timeout and the kernel did not stop within %d s of an "
+                    "interrupt; its state is lost; a new kernel was started" % INTERRUPT_GRACE_S,
+                    execution_count,
+                    True,
+                    "the kernel did not stop after an interrupt",
                 )
                 return
         except KernelGone as gone:
-            tail = self.replace_kernel()
-            if tail:
-                log("the kernel died; its stderr:\n" + tail)
-            self.start_kernel()
-            emit(
-                {
-                    "id": rid,
-                    "event": "error",
-                    "name": "KernelDied",
-                    "value": "the kernel died while running this code (%s); its state is lost; a "
-                    "new kernel was started" % gone,
-                    "traceback": [],
-                }
-            )
-            emit(
-                {
-                    "id": rid,
-                    "event": "done",
-                    "execution_count": execution_count or 0,
-                    "timed_out": timed_out,
-                    "restarted": True,
-                }
+            self.renew(
+                rid,
+                "KernelDied",
+                "the kernel died while running this code (%s); its state is lost; a new kernel "
+                "was started" % gone,
+                execution_count,
+                timed_out,
+                "the kernel died during a run",
             )
             return
 
