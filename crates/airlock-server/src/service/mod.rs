@@ -5,5 +5,6 @@
 
 pub mod files;
 pub mod network;
+pub mod ports;
 pub mod runner;
 pub mod sessions;
