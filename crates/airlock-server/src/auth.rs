@@ -52,7 +52,7 @@ pub async fn require_key(State(state): State<Arc<AppState>>, mut req: Request, n
             if ports::target(req.headers(), req.uri()).is_some() {
                 e.message = format!(
                     "a valid API key (Authorization: Bearer KEY) or this port's token ({} header or ?{}=) is required",
-                    ports::TOKEN_HEADER,
+                    ports::TOKEN_HEADER_NAME,
                     ports::TOKEN_QUERY
                 );
             }

@@ -119,3 +119,34 @@ pub async fn by_host(State(state): State<Arc<AppState>>, req: Request, next: Nex
     let grant = req.extensions().get::<PortGrant>().cloned();
     forward_to(&state, key, grant, target, req).await
 }
+
+#[cfg(test)]
+mod tests {
+    /// The document describes the ports routes and their schemas.
+    #[test]
+    fn the_document_describes_the_ports_routes() {
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../openapi.json")).expect("openapi.json is JSON");
+        let paths = &doc["paths"];
+        for (path, methods) in [
+            ("/v1/sandboxes/{id}/ports", &["post", "get"][..]),
+            ("/v1/sandboxes/{id}/ports/{port}", &["delete"]),
+            (
+                "/v1/sandboxes/{id}/ports/{port}/{path}",
+                &["get", "post", "put", "patch", "delete", "head", "options"],
+            ),
+        ] {
+            for m in methods {
+                assert!(paths[path][*m]["responses"].is_object(), "{m} {path} missing");
+            }
+        }
+        let port = &doc["components"]["schemas"]["Port"]["properties"];
+        for field in ["port", "token", "path", "host"] {
+            assert!(port[field].is_object(), "Port.{field} missing");
+        }
+        assert!(doc["components"]["schemas"]["Ports"].is_object());
+        let schemes = &doc["components"]["securitySchemes"];
+        assert_eq!(schemes["portToken"]["name"], super::ports::TOKEN_HEADER_NAME);
+        assert_eq!(schemes["portTokenQuery"]["name"], super::ports::TOKEN_QUERY);
+    }
+}

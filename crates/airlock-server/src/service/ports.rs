@@ -29,8 +29,10 @@ use crate::error::ApiError;
 use crate::fdio::FdStream;
 use crate::state::{AppState, KeyName, Session};
 
-/// The header a port's token may come in.
+/// The header a port's token may come in (lower case, as `HeaderMap` keys are).
 pub const TOKEN_HEADER: &str = "x-airlock-port-token";
+/// The same, as the API documents it.
+pub const TOKEN_HEADER_NAME: &str = "X-Airlock-Port-Token";
 /// The query parameter a port's token may come in (a browser cannot set headers).
 pub const TOKEN_QUERY: &str = "airlock_token";
 /// Random bytes in a token: 256 bits, as much as the API keys one would guess instead.
