@@ -31,8 +31,10 @@ pub async fn require_key(State(state): State<Arc<AppState>>, mut req: Request, n
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let name = token.and_then(|t| state.key_name(t));
+        .map(str::trim)
+        .map(str::to_owned)
+        .or_else(|| websocket_token(&req));
+    let name = token.as_deref().and_then(|t| state.key_name(t));
     // A port's token opens that port whatever the Authorization header holds (it may be
     // the program's own, or another tenant's key).
     if let Some(grant) = ports::grant(&state, req.headers(), req.uri()) {
@@ -59,4 +61,18 @@ pub async fn require_key(State(state): State<Arc<AppState>>, mut req: Request, n
             e.into_response()
         }
     }
+}
+
+/// A WebSocket route's key from its `access_token` query parameter: browsers cannot set
+/// headers on a WebSocket. Only the terminal route takes it there (a URL may be logged).
+fn websocket_token(req: &Request) -> Option<String> {
+    if !req.uri().path().ends_with("/pty") {
+        return None;
+    }
+    let query = req.uri().query()?;
+    serde_urlencoded::from_str::<Vec<(String, String)>>(query)
+        .ok()?
+        .into_iter()
+        .find(|(k, _)| k == "access_token")
+        .map(|(_, v)| v)
 }

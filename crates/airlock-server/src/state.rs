@@ -51,6 +51,10 @@ pub struct Session {
     pub ports: Option<Arc<dyn airlock_backend::PortConnector>>,
     /// The ports exposed through airlock (`POST …/ports`), each with its token.
     pub exposed: Mutex<std::collections::BTreeMap<u16, String>>,
+    /// Its background processes and terminals.
+    pub processes: crate::service::processes::Processes,
+    /// Its code interpreter's kernel, once started; one call at a time.
+    pub kernel: tokio::sync::Mutex<Option<crate::service::kernel::Kernel>>,
     /// The sandbox and what it has used; locked by one exec or file operation at a time.
     pub inner: tokio::sync::Mutex<SessionInner>,
     /// Readable once the session is deleted or expired: its running exec is cancelled.
@@ -77,6 +81,8 @@ impl Session {
             egress: sandbox.egress(),
             ports: sandbox.ports(),
             exposed: Mutex::new(std::collections::BTreeMap::new()),
+            processes: Default::default(),
+            kernel: tokio::sync::Mutex::new(None),
             isolation,
             created: now,
             expires: now + ttl,

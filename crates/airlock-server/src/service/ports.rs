@@ -224,12 +224,29 @@ pub fn split_token(query: &str) -> (Option<String>, Option<String>) {
 
 /// `path_and_query` without the token parameter.
 pub fn strip_token(path_and_query: &str) -> String {
-    match path_and_query.split_once('?') {
-        Some((path, query)) => match split_token(query).1 {
-            Some(q) => format!("{path}?{q}"),
-            None => path.to_owned(),
-        },
-        None => path_and_query.to_owned(),
+    strip_secrets(path_and_query, |_| false)
+}
+
+/// `path_and_query` without the token parameter nor any parameter whose value is an API
+/// key (`is_key`: a key given as `?access_token=`, which the terminal route accepts, must
+/// not reach the program either).
+pub fn strip_secrets(path_and_query: &str, is_key: impl Fn(&str) -> bool) -> String {
+    let Some((path, query)) = path_and_query.split_once('?') else {
+        return path_and_query.to_owned();
+    };
+    let rest = split_token(query).1;
+    let kept: Vec<&str> = rest
+        .iter()
+        .flat_map(|q| q.split('&'))
+        .filter(|pair| {
+            let value = pair.split_once('=').map_or("", |(_, v)| v);
+            value.is_empty() || !is_key(&String::from_utf8_lossy(&query_decode(value)))
+        })
+        .collect();
+    if kept.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", kept.join("&"))
     }
 }
 
@@ -374,7 +391,7 @@ pub async fn forward(
     };
     scrub(req.headers_mut(), |k| state.key_name(k).is_some());
     let revoked = revoked(Arc::clone(&session), port, token);
-    let path_and_query = strip_token(path_and_query);
+    let path_and_query = strip_secrets(path_and_query, |k| state.key_name(k).is_some());
     match proxy(connector, port, req, &path_and_query, HEAD_TIMEOUT, revoked).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
@@ -666,6 +683,12 @@ mod tests {
         assert_eq!(strip_token("/p?a&airlock_token=x"), "/p?a");
         assert_eq!(strip_token("/p"), "/p");
         assert_eq!(strip_token("/p?%zz=1&airlock_token"), "/p?%zz=1");
+        let is_key = |k: &str| k == "the key";
+        assert_eq!(
+            strip_secrets("/pty?access_token=the+key&a=the%20key&b=1", is_key),
+            "/pty?b=1"
+        );
+        assert_eq!(strip_secrets("/p?airlock_token=t&x=the", is_key), "/p?x=the");
         let mut h = HeaderMap::new();
         let uri: Uri = "/x?airlock_token=fromquery".parse().unwrap();
         assert_eq!(request_token(&h, &uri).as_deref(), Some("fromquery"));
