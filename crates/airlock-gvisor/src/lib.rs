@@ -42,6 +42,8 @@ mod channel;
 pub mod doctor;
 mod egress;
 pub mod platform;
+mod process;
+pub mod procs;
 mod sandbox;
 
 pub use backend::{GvisorBackend, GvisorOptions};
