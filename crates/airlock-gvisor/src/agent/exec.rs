@@ -141,16 +141,17 @@ pub fn run(
     sigchld: &SignalFd,
     port: &Port,
     cancel_pending: bool,
-    cgroup: Option<&Path>,
 ) -> Ran {
     let t0 = Instant::now();
     let ReadyChild {
         pid,
+        cgroup,
         request: mut request_pipe,
         stdin: mut stdin_pipe,
         stdout,
         stderr,
     } = child;
+    let cgroup = cgroup.as_deref();
     let sent = serde_json::to_vec(&request)
         .map_err(std::io::Error::other)
         .and_then(|bytes| request_pipe.write_all(&bytes));

@@ -37,7 +37,7 @@ impl Jobs {
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
         let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
         mount(Some("airlock"), &root, Some("cgroup"), flags, Some("pids"))
-            .map_err(|e| io::Error::new(io::ErrorKind::Other, format!("mounting a cgroupfs: {e}")))?;
+            .map_err(|e| io::Error::other(format!("mounting a cgroupfs: {e}")))?;
         let jobs = Jobs { root };
         std::fs::create_dir(jobs.exec())?;
         Ok(jobs)

@@ -387,17 +387,7 @@ impl State {
                     // `pids` processes in all, as in the other tiers.
                     nproc: u64::from(limits.pids.saturating_sub(1).max(1)),
                 };
-                let cgroup = self.exec_cgroup();
-                let outcome = exec::run(
-                    child,
-                    request,
-                    stdin,
-                    &limits,
-                    &self.sigchld,
-                    port,
-                    pending,
-                    cgroup.as_deref(),
-                );
+                let outcome = exec::run(child, request, stdin, &limits, &self.sigchld, port, pending);
                 let answered = match outcome {
                     exec::Ran::Result(r) => port.send(&ToHost::Exited { result: r }, &[]),
                     exec::Ran::Cancelled => port.fail(ErrorKind::Cancelled, None, "cancelled"),

@@ -65,6 +65,8 @@ pub struct Request {
 pub struct ReadyChild {
     /// Its pid (in the sandbox).
     pub pid: Pid,
+    /// The cgroup it is in (the execs'), if there are cgroups.
+    pub cgroup: Option<PathBuf>,
     /// Where its request goes (closed after).
     pub request: File,
     /// Its stdin.
@@ -104,6 +106,7 @@ impl ReadyChild {
                 }
                 Ok(ReadyChild {
                     pid: child,
+                    cgroup: cgroup.map(Path::to_path_buf),
                     request: File::from(req_w),
                     stdin: File::from(in_w),
                     stdout: out_r,
