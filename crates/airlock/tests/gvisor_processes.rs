@@ -40,12 +40,30 @@ fn sh(script: &str) -> Spec {
 }
 
 fn session() -> Option<Box<dyn Sandbox>> {
+    session_of(&sh("true"))
+}
+
+fn session_of(shape: &Spec) -> Option<Box<dyn Sandbox>> {
     let b = backend()?;
     let mut s = b
-        .create(&Shape::of(&sh("true")), Purpose::Session)
+        .create(&Shape::of(shape), Purpose::Session)
         .expect("a session sandbox");
-    s.open_session(&Shape::of(&sh("true"))).expect("open the session");
+    s.open_session(&Shape::of(shape)).expect("open the session");
     Some(s)
+}
+
+/// Waits until something listens on `port` in the sandbox.
+fn connect_when_up(ports: &dyn airlock_backend::PortConnector, port: u16) -> OwnedFd {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match ports.connect(port) {
+            Ok(c) => return c,
+            Err(e) if e.kind() == ErrorKind::NotFound && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 }
 
 fn exec(s: &mut Box<dyn Sandbox>, script: &str) -> airlock_spec::ExecResult {
@@ -264,17 +282,7 @@ fn ports_reach_a_server_on_the_sandboxs_loopback() {
             Stdio::Pipes,
         )
         .unwrap();
-    // Until it listens.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let conn = loop {
-        match ports.connect(8123) {
-            Ok(c) => break c,
-            Err(e) if e.kind() == ErrorKind::NotFound && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let conn = connect_when_up(&*ports, 8123);
     // While an exec runs: from another thread.
     let t = std::thread::spawn(move || {
         write(&conn, b"GET /hello.txt HTTP/1.0\r\n\r\n");
@@ -310,4 +318,50 @@ fn dropping_the_sandbox_kills_everything_and_leaves_nothing() {
     assert_eq!(read_until(&stdout, "never", Duration::from_secs(10)), "");
     assert_eq!(ports.connect(80).unwrap_err().kind(), ErrorKind::Gone);
     assert_eq!(host_processes_of(&id), Vec::<String>::new());
+}
+
+#[test]
+fn in_proxy_mode_spawned_programs_get_the_proxy_and_ports_still_connect() {
+    let mut shape = sh("true");
+    shape.network = airlock_spec::NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
+        allow: vec!["example.invalid".into()],
+        ..airlock_spec::ProxyPolicy::default()
+    });
+    let Some(mut s) = session_of(&shape) else { return };
+    let Spawned { stdout, handle, .. } = s.spawn(&sh("echo $HTTP_PROXY"), Stdio::Pipes).unwrap();
+    assert_eq!(handle.wait(&[]).unwrap(), Exit::Code(0));
+    assert_eq!(
+        read_until(&stdout, "\n", Duration::from_secs(30)),
+        "http://127.0.0.1:3128\n"
+    );
+    // A server on a port of the loopback (not redirected to the proxy), reached from the
+    // host; the proxy's relay still serves execs after each exec's end.
+    let Spawned { handle, stderr, .. } = s
+        .spawn(
+            &spec(&["python3", "-m", "http.server", "8124", "--bind", "127.0.0.1"]),
+            Stdio::Pipes,
+        )
+        .unwrap();
+    let ports = s.ports().unwrap();
+    let conn = connect_when_up(&*ports, 8124);
+    write(&conn, b"GET / HTTP/1.0\r\n\r\n");
+    let answer = read_until(&conn, "HTTP/1.0 200", Duration::from_secs(30));
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    // From an exec too, past the proxy's variables.
+    let r = exec(
+        &mut s,
+        "python3 -c 'import urllib.request as u; print(u.build_opener(u.ProxyHandler({})).open(\"http://127.0.0.1:8124/\").status)'",
+    );
+    assert_eq!(r.stdout, "200\n", "{r:?}");
+    read_until(stderr.as_ref().unwrap(), "GET /", Duration::from_secs(30));
+    for _ in 0..2 {
+        let r = exec(
+            &mut s,
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 3128), timeout=5); print(\"relay up\")'",
+        );
+        assert_eq!(r.stdout, "relay up\n", "{r:?}");
+    }
+    assert_eq!(ports.connect(9).unwrap_err().kind(), ErrorKind::NotFound);
+    handle.signal(libc::SIGKILL).unwrap();
+    assert_eq!(handle.wait(&[]).unwrap(), Exit::Signal(libc::SIGKILL));
 }
