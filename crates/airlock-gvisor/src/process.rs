@@ -204,7 +204,10 @@ impl Shared {
             let failed = matches!(st.answers.get(&id), Some(Event::Failed { .. }));
             let arrived = (0..streams).all(|s| st.streams.contains_key(&(id, s)));
             if failed || (answered && arrived) {
-                let event = st.answers.remove(&id).expect("answered");
+                let Some(event) = st.answers.remove(&id) else {
+                    return Err(gone());
+                };
+                // A failed request's streams (connected before it failed) are dropped.
                 let fds: Vec<OwnedFd> = (0..streams).filter_map(|s| st.streams.remove(&(id, s))).collect();
                 return match event {
                     Event::Failed {

@@ -150,6 +150,14 @@ fn a_spawned_program_survives_execs_whose_own_leftovers_die() {
         // Only the spawned sleep 300 is left: the exec's sleep 200 is gone.
         assert!(r.stdout.starts_with("1\n"), "{r:?}");
     }
+    // The program cannot reach the keeper's socket or the cgroups that keep processes
+    // apart (root's only), so it can neither pose as the keeper nor leave its cgroup.
+    let r = exec(
+        &mut s,
+        "python3 -c 'import socket; socket.socket(socket.AF_UNIX).connect(\"/.airlock/procs/procs.sock\")' 2>&1 | tail -1; ls /.scratch/cgroup 2>&1 | tail -1",
+    );
+    assert!(r.stdout.contains("PermissionError"), "{r:?}");
+    assert!(r.stdout.contains("Permission denied"), "{r:?}");
     // Still waiting for it.
     let (c, _w) = cancelled();
     assert_eq!(
