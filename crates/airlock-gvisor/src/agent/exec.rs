@@ -96,8 +96,8 @@ fn ms(d: Duration) -> f64 {
 pub fn kill_all(cgroup: Option<&Path>) {
     match cgroup {
         Some(dir) => {
-            super::jobs::kill_all(dir, reap_any);
-            reap_any();
+            super::jobs::kill_all(dir, reap_ended);
+            reap_ended();
         }
         None => {
             // The agent is the sandbox's init: kill(-1) signals every other process of
@@ -123,7 +123,7 @@ fn kill_rest(cgroup: Option<&Path>) {
 
 /// Reaps every child of the agent that has ended (the exec's, the orphans of spawned
 /// programs); never waits.
-fn reap_any() {
+pub fn reap_ended() {
     while let Ok(s) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
         if s == WaitStatus::StillAlive {
             break;

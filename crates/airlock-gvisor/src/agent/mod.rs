@@ -168,6 +168,9 @@ pub fn serve() -> Result<(), String> {
     // only one that reads from it.
     let mut reader = BufReader::with_capacity(CHUNK + 4096, unsafe { File::from_raw_fd(0) });
     let result = loop {
+        if reader.buffer().is_empty() {
+            idle(&port, &state.sigchld);
+        }
         let frame = match proto::read::<ToGuest>(&mut reader) {
             Ok(Some(f)) => f,
             Ok(None) => break Ok(()),
@@ -183,6 +186,30 @@ pub fn serve() -> Result<(), String> {
     // Both `File`s of fd 0 would close it: keep one from doing so twice.
     std::mem::forget(reader.into_inner());
     result
+}
+
+/// Between requests: reaps what ends until the host sends the next frame. Processes a
+/// spawned program left come to the agent (the sandbox's init) when it ends and its
+/// cgroup is killed; reaped here, they do not linger as zombies until the next exec.
+fn idle(port: &Port, sigchld: &SignalFd) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        let mut fds = [
+            PollFd::new(port.readable(), PollFlags::POLLIN),
+            PollFd::new(sigchld.as_fd(), PollFlags::POLLIN),
+        ];
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            return;
+        }
+        let host = fds[0].revents().is_some_and(|r| !r.is_empty());
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            while let Ok(Some(_)) = sigchld.read_signal() {}
+            exec::reap_ended();
+        }
+        if host {
+            return;
+        }
+    }
 }
 
 /// Network interfaces in the sandbox (gVisor's netstack; with `--network=none` only lo).
