@@ -227,11 +227,6 @@ pub fn split_token(query: &str) -> (Option<String>, Option<String>) {
     (token, kept)
 }
 
-/// `path_and_query` without the token parameter.
-pub fn strip_token(path_and_query: &str) -> String {
-    strip_secrets(path_and_query, |_| false)
-}
-
 /// `path_and_query` without the token parameter nor any parameter whose value is an API
 /// key (`is_key`: a key given as `?access_token=`, which the terminal route accepts, must
 /// not reach the program either).
@@ -539,6 +534,8 @@ pub async fn proxy(
     let upgrade = upgrade_of(req.headers());
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
+    // The answer goes back in the client's version, whatever the program speaks.
+    let version = parts.version;
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     if let Some(protocol) = &upgrade {
@@ -587,13 +584,15 @@ pub async fn proxy(
                 () = revoked => {}
             }
         });
-        let (parts, _) = resp.into_parts();
+        let (mut parts, _) = resp.into_parts();
+        parts.version = version;
         let mut out = Response::from_parts(parts, Body::empty());
         out.extensions_mut().insert(Forwarded);
         return Ok(out);
     }
 
     let (mut parts, body) = resp.into_parts();
+    parts.version = version;
     strip_hop_by_hop(&mut parts.headers);
     let mut out = Response::from_parts(parts, Body::new(body));
     out.extensions_mut().insert(Forwarded);
@@ -673,6 +672,10 @@ mod tests {
         h.insert(header::HOST, HeaderValue::from_static("localhost:1"));
         assert_eq!(target(&h, &uri), None);
         assert!(target(&h, &"/v1/sandboxes/0123456789abcdef/ports/80/".parse().unwrap()).is_some());
+    }
+
+    fn strip_token(path_and_query: &str) -> String {
+        strip_secrets(path_and_query, |_| false)
     }
 
     #[test]
