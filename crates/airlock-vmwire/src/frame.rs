@@ -109,6 +109,28 @@ pub enum ToGuest {
         /// The host's CLOCK_REALTIME, in nanoseconds since the epoch.
         unix_time_ns: u64,
     },
+    /// Start a program alongside the session's execs (see
+    /// `airlock_backend::Sandbox::spawn`): its stdio are the egress port's streams
+    /// `streams` (stdin, stdout, stderr; one, both ways, for a terminal), which the host
+    /// has registered already; its signals, terminal size and end travel on that port
+    /// under `process` ([`crate::mux`] version 3). Answered by `Spawned` or `Error`. Needs
+    /// the sandbox.
+    Spawn {
+        /// argv.
+        command: Vec<String>,
+        /// Extra environment (the proxy's variables come first, as for an exec).
+        env: Vec<(String, String)>,
+        /// Where it starts (absolute); `None`: /workspace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        workdir: Option<String>,
+        /// A terminal of `(rows, cols)`, or pipes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        terminal: Option<(u16, u16)>,
+        /// The id its signals, resizes and end are sent under on the egress port.
+        process: u32,
+        /// The egress port's stream ids of its stdio: three for pipes, one for a terminal.
+        streams: Vec<u32>,
+    },
 }
 
 /// Random bytes a `Resume` carries: a full key for the guest kernel's generator.
@@ -162,6 +184,11 @@ pub enum ToHost {
     Listing {
         /// Files and directories.
         entries: Vec<FileEntry>,
+    },
+    /// A spawned program started.
+    Spawned {
+        /// Its pid as its own processes see it.
+        pid: u32,
     },
 }
 
