@@ -16,12 +16,14 @@
 mod agent;
 mod boot;
 mod egress;
+mod spawn;
 mod sys;
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     airlock_sandbox::maybe_run_init();
+    spawn::maybe_run_helper();
     if std::process::id() != 1 {
         eprintln!("airlock-guest is the /init of airlock's micro-VMs; it does not run on a host");
         return ExitCode::from(2);
