@@ -9,7 +9,7 @@
 use airlock_backend::ErrorKind;
 use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig, SandboxError};
 use airlock_spec::{Limits, Spec};
-use airlock_vmwire::frame::{self as proto, CHUNK, GuestInfo, ToGuest, ToHost};
+use airlock_vmwire::frame::{self as proto, AgentRequest, CHUNK, GuestInfo, ToGuest, ToHost, ToVmGuest};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
@@ -148,14 +148,16 @@ pub fn serve(booted: crate::boot::Booted, init_ms: u64) -> Result<(), String> {
     };
     let mut reader = io::BufReader::with_capacity(CHUNK + 4096, &port.0);
     loop {
-        let frame = match proto::read::<ToGuest>(&mut reader) {
+        let frame = match proto::read::<AgentRequest>(&mut reader) {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(()),
             Err(e) => return Err(format!("port: {e}")),
         };
-        state
-            .handle(&engine, &port, frame.msg, frame.payload)
-            .map_err(|e| format!("port: {e}"))?;
+        match frame.msg {
+            AgentRequest::Common(msg) => state.handle(&engine, &port, msg, frame.payload),
+            AgentRequest::Vm(msg) => state.handle_vm(&port, msg),
+        }
+        .map_err(|e| format!("port: {e}"))?;
     }
 }
 
@@ -467,7 +469,16 @@ impl State {
             }
             // The exec it was meant for has answered already.
             ToGuest::Cancel => Ok(()),
-            ToGuest::Spawn {
+        }
+    }
+
+    /// Handles a request only the micro-VM's agent serves.
+    fn handle_vm(&mut self, port: &Port, msg: ToVmGuest) -> io::Result<()> {
+        if self.frozen {
+            return port.error("this VM is a template: it serves nothing before `resume`");
+        }
+        match msg {
+            ToVmGuest::Spawn {
                 command,
                 env,
                 workdir,

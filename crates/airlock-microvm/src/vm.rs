@@ -575,7 +575,7 @@ enum Recv {
 impl Channel {
     /// Sends one frame. The guest drains its port continuously; one that stops reading
     /// for [`REQUEST_TIMEOUT`] is given up on.
-    fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> Result<(), VmError> {
+    fn send(&mut self, msg: &impl serde::Serialize, payload: &[u8]) -> Result<(), VmError> {
         let mut buf = Vec::new();
         proto::write(&mut buf, msg, payload).map_err(|e| VmError::Guest(e.to_string()))?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
@@ -737,7 +737,7 @@ impl BootedVm {
 
     /// Sends one frame; a VM that does not take it is killed (a frame half sent leaves
     /// the channel unusable).
-    fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> Result<(), VmError> {
+    fn send(&mut self, msg: &impl serde::Serialize, payload: &[u8]) -> Result<(), VmError> {
         let sent = self.channel()?.send(msg, payload);
         if sent.is_err() {
             self.kill();
@@ -1123,7 +1123,7 @@ impl BootedVm {
         };
         let slot = mux.process(process)?;
         let sender = mux.sender();
-        let request = ToGuest::Spawn {
+        let request = airlock_vmwire::frame::ToVmGuest::Spawn {
             command: spec.command.clone(),
             env: spec.env.clone(),
             workdir: spec.workdir.clone(),

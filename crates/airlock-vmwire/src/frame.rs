@@ -109,6 +109,13 @@ pub enum ToGuest {
         /// The host's CLOCK_REALTIME, in nanoseconds since the epoch.
         unix_time_ns: u64,
     },
+}
+
+/// Host -> guest requests only the micro-VM's agent serves (the gVisor agent, which
+/// also speaks [`ToGuest`], has no egress port to carry them).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ToVmGuest {
     /// Start a program alongside the session's execs (see
     /// `airlock_backend::Sandbox::spawn`): its stdio are the egress port's streams
     /// `streams` (stdin, stdout, stderr; one, both ways, for a terminal), which the host
@@ -131,6 +138,17 @@ pub enum ToGuest {
         /// The egress port's stream ids of its stdio: three for pipes, one for a terminal.
         streams: Vec<u32>,
     },
+}
+
+/// Any request the micro-VM's agent reads: a [`ToGuest`] or a [`ToVmGuest`] (both
+/// tagged by `op`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum AgentRequest {
+    /// A request every agent serves.
+    Common(ToGuest),
+    /// A request of the micro-VM's agent only.
+    Vm(ToVmGuest),
 }
 
 /// Random bytes a `Resume` carries: a full key for the guest kernel's generator.
