@@ -486,7 +486,8 @@ impl State {
                 process,
                 streams,
             } => {
-                let (Some(_), Some(sandbox), Some(mux)) = (&self.sandbox, &self.sandbox_ref, &self.mux) else {
+                let (Some(_), Some(sandbox), Some(mux)) = (&self.sandbox, &self.sandbox_ref, &self.mux)
+                else {
                     return port.error("no sandbox (or no egress port) to spawn a program in");
                 };
                 let mut spec = Spec::new(command.clone());

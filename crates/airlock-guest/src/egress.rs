@@ -26,12 +26,12 @@
 use airlock_vmwire::mux::{
     self, EGRESS_PORT, MAX_CONNECTIONS, MAX_DNS, MAX_DNS_QUERIES, MUX_CHUNK, MuxFrame, WINDOW,
 };
-use std::os::unix::net::UnixStream;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc;
@@ -515,13 +515,7 @@ fn to_host(id: u32, mut stream: Sock, conn: &Conn, shared: &Shared) {
 }
 
 /// The host's bytes, to the program; each chunk acknowledged once the socket took it.
-fn to_socket(
-    id: u32,
-    mut stream: Sock,
-    rx: &mpsc::Receiver<Option<Vec<u8>>>,
-    conn: &Conn,
-    shared: &Shared,
-) {
+fn to_socket(id: u32, mut stream: Sock, rx: &mpsc::Receiver<Option<Vec<u8>>>, conn: &Conn, shared: &Shared) {
     while let Ok(Some(data)) = rx.recv() {
         if stream.write_all(&data).is_err() {
             let _ = shared.send(&MuxFrame::Reset(id));
@@ -602,13 +596,23 @@ fn read_port(port: File, shared: &Arc<Shared>) {
             }
             MuxFrame::Connect(id, port) => connect(shared, id, port),
             MuxFrame::Signal(id, signal) => {
-                let p = shared.procs.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();
+                let p = shared
+                    .procs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&id)
+                    .cloned();
                 if let Some(p) = p {
                     p.signal(signal);
                 }
             }
             MuxFrame::Resize(id, rows, cols) => {
-                let p = shared.procs.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();
+                let p = shared
+                    .procs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&id)
+                    .cloned();
                 if let Some(p) = p {
                     p.resize(rows, cols);
                 }

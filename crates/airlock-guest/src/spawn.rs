@@ -93,10 +93,7 @@ enum Report {
     /// A step failed; nothing runs.
     Failed(String),
     /// The program ended.
-    Exited {
-        code: Option<i32>,
-        signal: Option<i32>,
-    },
+    Exited { code: Option<i32>, signal: Option<i32> },
 }
 
 /// What the agent knows of the sandbox a program is spawned in.
@@ -111,7 +108,8 @@ pub struct SandboxRef {
 impl SandboxRef {
     /// The sandbox whose init is `pid`.
     pub fn of(pid: u32) -> Result<SandboxRef, String> {
-        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| format!("its cgroup: {e}"))?;
+        let text =
+            fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| format!("its cgroup: {e}"))?;
         let path = text
             .lines()
             .find_map(|l| l.strip_prefix("0::"))
@@ -140,10 +138,11 @@ pub struct Spawn {
 /// A spawned program that runs: what `Signal` and `Resize` reach.
 #[derive(Debug)]
 pub struct Running {
-    /// Its init (pid 1 of its namespace), in the VM's pids.
-    init: i32,
-    /// The program, in the VM's pids.
-    program: i32,
+    /// A pidfd of its init (pid 1 of its namespace): signals never reach a process that
+    /// reused its pid.
+    init: Option<OwnedFd>,
+    /// A pidfd of the program (`None` when it ended before it was opened).
+    program: Option<OwnedFd>,
     /// Its cgroup.
     cgroup: PathBuf,
     /// The terminal's master side, if it has one.
@@ -159,14 +158,16 @@ impl Running {
         if *ended {
             return;
         }
+        let send = |fd: &Option<OwnedFd>, sig: i32| {
+            if let Some(fd) = fd {
+                let _ = airlock_sandbox::sys::pidfd_send_signal(fd.as_raw_fd(), sig);
+            }
+        };
         if signal == libc::SIGKILL as u32 {
             let _ = fs::write(self.cgroup.join("cgroup.kill"), "1");
-            // SAFETY: kill takes integers; the init is not reaped before `ended` is set.
-            unsafe { libc::kill(self.init, libc::SIGKILL) };
+            send(&self.init, libc::SIGKILL);
         } else {
-            // SAFETY: as above, for the program (its init reaps it and exits, and is
-            // reaped after `ended` is set).
-            unsafe { libc::kill(self.program, signal as i32) };
+            send(&self.program, signal as i32);
         }
     }
 
@@ -216,8 +217,11 @@ fn start_in(shared: &Arc<Shared>, sandbox: &SandboxRef, cgroup: &Path, spawn: &S
             };
             let pty = nix::pty::openpty(Some(&ws), None).map_err(|e| format!("openpty: {e}"))?;
             let master = File::from(pty.master);
-            nix::fcntl::fcntl(&master, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
-                .map_err(|e| format!("the terminal: {e}"))?;
+            nix::fcntl::fcntl(
+                &master,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )
+            .map_err(|e| format!("the terminal: {e}"))?;
             let relayed = master.try_clone().map_err(io_err("the terminal"))?;
             egress::attach(shared, *id, Sock::Pty(relayed), None)?;
             let slave = pty.slave;
@@ -267,7 +271,11 @@ fn start_in(shared: &Arc<Shared>, sandbox: &SandboxRef, cgroup: &Path, spawn: &S
             } else {
                 libc::dup2(raw, CONTROL_FD)
             };
-            if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
         });
     }
     let mut helper = command.spawn().map_err(io_err("starting the spawn helper"))?;
@@ -292,7 +300,10 @@ fn start_in(shared: &Arc<Shared>, sandbox: &SandboxRef, cgroup: &Path, spawn: &S
             Some(Report::Started) => break,
             Some(Report::Failed(e)) => return Err(fail(&mut helper, e)),
             Some(Report::Exited { .. }) | None => {
-                return Err(fail(&mut helper, "the spawn helper ended before the program started".into()));
+                return Err(fail(
+                    &mut helper,
+                    "the spawn helper ended before the program started".into(),
+                ));
             }
         }
     }
@@ -300,13 +311,13 @@ fn start_in(shared: &Arc<Shared>, sandbox: &SandboxRef, cgroup: &Path, spawn: &S
         return Err(fail(&mut helper, "the spawn helper did not say its init".into()));
     };
     let _ = reports.get_ref().set_read_timeout(None);
-    // The program is the init's only child.
+    // The program is the init's only child (none when it ended already).
     let program = fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse().ok()))
-        .unwrap_or(init);
+        .and_then(|pid| airlock_sandbox::sys::pidfd_open(pid).ok());
     let running = Arc::new(Running {
-        init,
+        init: airlock_sandbox::sys::pidfd_open(init).ok(),
         program,
         cgroup: cgroup.to_owned(),
         master,
@@ -401,7 +412,10 @@ fn step<T, E: std::fmt::Display>(what: &str, r: Result<T, E>) -> Result<T, Strin
 /// 5. fork the init; it drops every privilege and forks the program.
 fn helper(control: &mut UnixStream) -> Result<(), String> {
     let mut json = Vec::new();
-    step("the request", (&*control).take(MAX_REQUEST).read_to_end(&mut json))?;
+    step(
+        "the request",
+        (&*control).take(MAX_REQUEST).read_to_end(&mut json),
+    )?;
     let req: Request = step("the request", serde_json::from_slice(&json))?;
     // 1.
     step(
@@ -423,16 +437,22 @@ fn helper(control: &mut UnixStream) -> Result<(), String> {
         .map(|(name, _)| step(name, File::open(format!("/proc/{}/ns/{name}", req.init_pid))))
         .collect::<Result<Vec<_>, _>>()?;
     for (file, (name, flag)) in files.iter().zip(kinds) {
-        step(&format!("joining the sandbox's {name} namespace"), nix::sched::setns(file, flag))?;
+        step(
+            &format!("joining the sandbox's {name} namespace"),
+            nix::sched::setns(file, flag),
+        )?;
     }
     drop(files);
-    step("setresgid", setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)))?;
-    step("setresuid", setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)))?;
-    // 3.
     step(
-        "a pid namespace",
-        nix::sched::unshare(CloneFlags::CLONE_NEWPID),
+        "setresgid",
+        setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)),
     )?;
+    step(
+        "setresuid",
+        setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)),
+    )?;
+    // 3.
+    step("a pid namespace", nix::sched::unshare(CloneFlags::CLONE_NEWPID))?;
     // 4.
     let landlock = step(
         "landlock",
@@ -580,7 +600,11 @@ fn program(req: &Request) -> ! {
     };
     let cstring = |s: &str| CString::new(s).unwrap_or_default();
     let argv: Vec<CString> = req.command.iter().map(|a| cstring(a)).collect();
-    let envp: Vec<CString> = req.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect();
+    let envp: Vec<CString> = req
+        .env
+        .iter()
+        .map(|(k, v)| cstring(&format!("{k}={v}")))
+        .collect();
     let path = cstring(&path.to_string_lossy());
     let e = nix::unistd::execve(&path, &argv, &envp).unwrap_err();
     fail_like_a_shell(126, &format!("{}: {e}", path.to_string_lossy()))

@@ -199,7 +199,11 @@ impl airlock_backend::Sandbox for BootedVm {
     }
 
     /// The guest runs it beside the execs: see [`BootedVm::spawn`].
-    fn spawn(&mut self, spec: &Spec, stdio: airlock_backend::Stdio) -> Result<airlock_backend::Spawned, Error> {
+    fn spawn(
+        &mut self,
+        spec: &Spec,
+        stdio: airlock_backend::Stdio,
+    ) -> Result<airlock_backend::Spawned, Error> {
         Ok(BootedVm::spawn(self, spec, stdio)?)
     }
 

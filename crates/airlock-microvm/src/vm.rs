@@ -1079,11 +1079,17 @@ impl BootedVm {
     /// [`airlock_backend::Sandbox::spawn`]): the guest runs it in its sandbox's
     /// namespaces (a pid namespace and a cgroup of its own beside the execs'), its stdio
     /// relayed on the egress port to host socketpairs whose other ends are returned.
-    pub fn spawn(&mut self, spec: &Spec, stdio: airlock_backend::Stdio) -> Result<airlock_backend::Spawned, VmError> {
+    pub fn spawn(
+        &mut self,
+        spec: &Spec,
+        stdio: airlock_backend::Stdio,
+    ) -> Result<airlock_backend::Spawned, VmError> {
         use std::os::fd::OwnedFd;
         validate(spec, self.image.is_some())?;
         if self.sandbox_disk.is_none() {
-            return Err(VmError::Guest("no sandbox in this VM: open the session first".into()));
+            return Err(VmError::Guest(
+                "no sandbox in this VM: open the session first".into(),
+            ));
         }
         if self.info.mux_version < 3 {
             return Err(VmError::Host(format!(
@@ -1109,7 +1115,10 @@ impl BootedVm {
             }
             airlock_backend::Stdio::Terminal { rows, cols } => {
                 if rows == 0 || cols == 0 {
-                    return Err(VmError::Spec(SpecError::new("rows", "a terminal has at least one row and column")));
+                    return Err(VmError::Spec(SpecError::new(
+                        "rows",
+                        "a terminal has at least one row and column",
+                    )));
                 }
                 let (caller, relayed) = UnixStream::pair().map_err(host_err)?;
                 let id = mux.next_id();
@@ -1137,7 +1146,12 @@ impl BootedVm {
             Ok(f) => match f.msg {
                 ToHost::Spawned { pid } => pid,
                 ToHost::Error { kind, field, message } => {
-                    return Err(crate::agent_error(Some("spawning a program"), kind, field, message));
+                    return Err(crate::agent_error(
+                        Some("spawning a program"),
+                        kind,
+                        field,
+                        message,
+                    ));
                 }
                 other => return Err(self.desync("spawning a program", &other)),
             },
@@ -1151,7 +1165,13 @@ impl BootedVm {
             stdin,
             stdout,
             stderr: ends.next(),
-            handle: Box::new(egress::VmProcess::new(process, pid, terminal.is_some(), sender, slot)),
+            handle: Box::new(egress::VmProcess::new(
+                process,
+                pid,
+                terminal.is_some(),
+                sender,
+                slot,
+            )),
         })
     }
 

@@ -20,7 +20,11 @@ fn agent() -> PathBuf {
         .and_then(|deps| deps.parent())
         .map(|dir| dir.join("airlock-guest"))
         .expect("target dir");
-    assert!(path.is_file(), "{} is missing: cargo build -p airlock-guest", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing: cargo build -p airlock-guest",
+        path.display()
+    );
     path
 }
 
@@ -49,7 +53,9 @@ fn session(network: NetworkPolicy) -> Box<dyn Sandbox> {
 }
 
 fn exec(vm: &mut Box<dyn Sandbox>, script: &str) -> String {
-    let r = vm.exec(&sh(script), &mut airlock_backend::Capture, &[]).expect("exec");
+    let r = vm
+        .exec(&sh(script), &mut airlock_backend::Capture, &[])
+        .expect("exec");
     assert_eq!(r.exit_code, Some(0), "{script}: {r:?}");
     r.stdout
 }
@@ -74,13 +80,16 @@ fn read_until(fd: &OwnedFd, want: &str, within: Duration) -> String {
 }
 
 fn write(fd: &OwnedFd, bytes: &[u8]) {
-    std::fs::File::from(fd.try_clone().unwrap()).write_all(bytes).unwrap();
+    std::fs::File::from(fd.try_clone().unwrap())
+        .write_all(bytes)
+        .unwrap();
 }
 
 fn alive(vm: &mut Box<dyn Sandbox>, name: &str) -> bool {
     // Spawned programs live in a pid namespace of their own: an exec sees only its own
     // processes and what earlier execs left.
-    let script = format!("for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | grep -c '^{name}$' || true");
+    let script =
+        format!("for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | grep -c '^{name}$' || true");
     exec(vm, &script).trim() != "0"
 }
 
@@ -102,11 +111,19 @@ fn spawned_programs_terminals_and_ports_in_a_micro_vm() {
     };
 
     // A spawned `sleep` survives execs, and an exec's leftover dies at its end.
-    let Spawned { handle: sleeper, .. } = vm.spawn(&Spec::new(vec!["sleep".into(), "1000".into()]), Stdio::Pipes).expect("spawn sleep");
+    let Spawned { handle: sleeper, .. } = vm
+        .spawn(&Spec::new(vec!["sleep".into(), "1000".into()]), Stdio::Pipes)
+        .expect("spawn sleep");
     assert_eq!(sleeper.pid(), Some(2));
     exec(&mut vm, "sleep 999 >/dev/null 2>&1 & echo started");
     exec(&mut vm, "true");
-    assert!(!alive(&mut vm, "sleep"), "the exec's leftover `sleep 999` survived it (or the spawned one shows)");
+    // The check sees an exec's processes (its own shell)...
+    assert!(alive(&mut vm, "sh"));
+    // ...and no `sleep`: the leftover is gone, the spawned one is not in its view.
+    assert!(
+        !alive(&mut vm, "sleep"),
+        "the exec's leftover `sleep 999` survived it (or the spawned one shows)"
+    );
     // The spawned one still runs: it answers signals, and has not ended.
     let (cancel_r, cancel_w) = nix::unistd::pipe().unwrap();
     write(&cancel_w, b"x");
@@ -115,13 +132,31 @@ fn spawned_programs_terminals_and_ports_in_a_micro_vm() {
         ErrorKind::Cancelled,
         "the spawned sleep ended"
     );
+    // An exec killed at its deadline (its processes swept from the sandbox's cgroup)
+    // spares it too.
+    let mut slow = sh("sleep 60 & sleep 60");
+    slow.limits.timeout_ms = 3000;
+    let r = vm.exec(&slow, &mut airlock_backend::Capture, &[]).expect("exec");
+    assert!(r.timed_out, "{r:?}");
+    assert!(!alive(&mut vm, "sleep"), "the timed-out exec left a `sleep`");
+    write(&cancel_w, b"x");
+    assert_eq!(
+        sleeper.wait(&[cancel_r.as_fd()]).unwrap_err().kind(),
+        ErrorKind::Cancelled,
+        "the spawned sleep ended with the timed-out exec"
+    );
     sleeper.signal(libc::SIGTERM).expect("signal");
     assert_eq!(sleeper.wait(&[]).expect("wait"), Exit::Signal(libc::SIGTERM));
-    assert_eq!(sleeper.wait(&[]).expect("wait again"), Exit::Signal(libc::SIGTERM));
+    assert_eq!(
+        sleeper.wait(&[]).expect("wait again"),
+        Exit::Signal(libc::SIGTERM)
+    );
     assert_eq!(sleeper.resize(10, 10).unwrap_err().kind(), ErrorKind::Invalid);
 
     // Pipes: `cat` echoes; end of file on stdin ends it with 0.
-    let cat = vm.spawn(&Spec::new(vec!["cat".into()]), Stdio::Pipes).expect("spawn cat");
+    let cat = vm
+        .spawn(&Spec::new(vec!["cat".into()]), Stdio::Pipes)
+        .expect("spawn cat");
     write(&cat.stdin, b"hello through the pipes\n");
     assert_eq!(
         read_until(&cat.stdout, "pipes\n", Duration::from_secs(30)),
@@ -142,7 +177,10 @@ fn spawned_programs_terminals_and_ports_in_a_micro_vm() {
 
     // A terminal: an interactive read, then the size after a resize.
     let term = vm
-        .spawn(&sh("read l; echo got:$l; sleep 2; stty size"), Stdio::Terminal { rows: 24, cols: 80 })
+        .spawn(
+            &sh("read l; echo got:$l; sleep 2; stty size"),
+            Stdio::Terminal { rows: 24, cols: 80 },
+        )
         .expect("spawn a terminal");
     assert!(term.stderr.is_none());
     write(&term.stdin, b"typed\n");
@@ -155,7 +193,10 @@ fn spawned_programs_terminals_and_ports_in_a_micro_vm() {
 
     // An interactive shell.
     let shell = vm
-        .spawn(&Spec::new(vec!["sh".into(), "-i".into()]), Stdio::Terminal { rows: 24, cols: 80 })
+        .spawn(
+            &Spec::new(vec!["sh".into(), "-i".into()]),
+            Stdio::Terminal { rows: 24, cols: 80 },
+        )
         .expect("spawn sh");
     write(&shell.stdin, b"echo $((6*7))x\n");
     let seen = read_until(&shell.stdout, "42x", Duration::from_secs(30));
@@ -169,7 +210,15 @@ fn spawned_programs_terminals_and_ports_in_a_micro_vm() {
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     assert!(err.to_string().contains("8000"), "{err}");
     let server = vm
-        .spawn(&Spec::new(vec!["python3".into(), "-m".into(), "http.server".into(), "8000".into()]), Stdio::Pipes)
+        .spawn(
+            &Spec::new(vec![
+                "python3".into(),
+                "-m".into(),
+                "http.server".into(),
+                "8000".into(),
+            ]),
+            Stdio::Pipes,
+        )
         .expect("spawn a server");
     exec(&mut vm, "echo served-file > /workspace/hello.txt");
     let conn = (0..60)
@@ -203,7 +252,40 @@ fn spawned_programs_terminals_and_ports_in_a_micro_vm() {
     drop(vm);
     assert_eq!(waiter.join().unwrap().unwrap(), Exit::Signal(libc::SIGKILL));
     for pid in qemu_pid {
-        assert!(!PathBuf::from(format!("/proc/{pid}")).exists(), "VMM {pid} is still there");
+        assert!(
+            !PathBuf::from(format!("/proc/{pid}")).exists(),
+            "VMM {pid} is still there"
+        );
     }
     assert_eq!(ports.connect(8000).unwrap_err().kind(), ErrorKind::Gone);
+}
+
+/// Ports in proxy mode: the sandbox's loopback is reached as in mode `none` (the proxy's
+/// rules redirect only what leaves it).
+#[test]
+fn ports_in_a_proxy_mode_micro_vm() {
+    let mut vm = session(NetworkPolicy::Proxy(Default::default()));
+    let ports = vm.ports().expect("ports");
+    assert_eq!(ports.connect(8080).unwrap_err().kind(), ErrorKind::NotFound);
+    let server = vm
+        .spawn(
+            &sh("echo proxied > page.txt && exec python3 -m http.server 8080"),
+            Stdio::Pipes,
+        )
+        .expect("spawn a server");
+    let conn = (0..60)
+        .find_map(|_| {
+            ports.connect(8080).ok().or_else(|| {
+                std::thread::sleep(Duration::from_secs(1));
+                None
+            })
+        })
+        .expect("the server listens");
+    write(&conn, b"GET /page.txt HTTP/1.0\r\n\r\n");
+    let answer = read_until(&conn, "proxied", Duration::from_secs(30));
+    assert!(answer.contains("proxied"), "{answer:?}");
+    server.handle.signal(libc::SIGKILL).unwrap();
+    assert_eq!(server.handle.wait(&[]).unwrap(), Exit::Signal(libc::SIGKILL));
+    // What the server started died with it: nothing listens any more.
+    assert_eq!(ports.connect(8080).unwrap_err().kind(), ErrorKind::NotFound);
 }

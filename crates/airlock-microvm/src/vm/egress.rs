@@ -31,8 +31,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use crate::VmError;
 use airlock_backend::Exit;
 use airlock_vmwire::mux::{
-    ExitStatus, HOST_IDS, MAX_CONNECTIONS, MAX_DNS, MAX_DNS_QUERIES, MUX_CHUNK, MuxDecoder, MuxFrame,
-    WINDOW,
+    ExitStatus, HOST_IDS, MAX_CONNECTIONS, MAX_DNS, MAX_DNS_QUERIES, MUX_CHUNK, MuxDecoder, MuxFrame, WINDOW,
 };
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Mutex;
@@ -87,7 +86,11 @@ pub(crate) struct EgressRelay {
 
 impl EgressRelay {
     /// Serves the proxy's connections and queries of `mux` with `proxy` from now on.
-    pub(crate) fn start(proxy: Arc<Proxy>, network: airlock_spec::NetworkPolicy, mux: &MuxRelay) -> EgressRelay {
+    pub(crate) fn start(
+        proxy: Arc<Proxy>,
+        network: airlock_spec::NetworkPolicy,
+        mux: &MuxRelay,
+    ) -> EgressRelay {
         let _ = mux.proxy.send(Some(Arc::clone(&proxy)));
         EgressRelay {
             proxy,
@@ -146,7 +149,8 @@ impl ExitSlot {
         if writer.is_none() {
             return;
         }
-        *self.exit.lock().unwrap_or_else(|e| e.into_inner()) = Some(exit.unwrap_or(Exit::Signal(libc::SIGKILL)));
+        *self.exit.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(exit.unwrap_or(Exit::Signal(libc::SIGKILL)));
         writer.take();
     }
 
@@ -318,7 +322,8 @@ impl airlock_backend::PortConnector for Ports {
     fn connect(&self, port: u16) -> Result<OwnedFd, airlock_backend::Error> {
         let gone = || airlock_backend::Error::Gone("the VM is gone".into());
         let id = HOST_IDS | PORT_IDS | (self.next.fetch_add(1, Ordering::Relaxed) & !(HOST_IDS | PORT_IDS));
-        let (caller, relayed) = UnixStream::pair().map_err(|e| airlock_backend::Error::host("a socketpair", e))?;
+        let (caller, relayed) =
+            UnixStream::pair().map_err(|e| airlock_backend::Error::host("a socketpair", e))?;
         let (answer, answered) = std::sync::mpsc::channel();
         self.cmds
             .send(Cmd::Connect {
@@ -383,7 +388,10 @@ impl airlock_backend::ProcessHandle for VmProcess {
 
     fn signal(&self, signal: i32) -> Result<(), airlock_backend::Error> {
         if !(1..=64).contains(&signal) {
-            return Err(airlock_backend::Error::invalid("signal", format!("{signal} is no signal")));
+            return Err(airlock_backend::Error::invalid(
+                "signal",
+                format!("{signal} is no signal"),
+            ));
         }
         if self.slot.exit().is_none() {
             // A VM that is gone took the program with it: nothing to signal.
@@ -394,7 +402,10 @@ impl airlock_backend::ProcessHandle for VmProcess {
 
     fn resize(&self, rows: u16, cols: u16) -> Result<(), airlock_backend::Error> {
         if !self.terminal {
-            return Err(airlock_backend::Error::invalid("rows", "the program has no terminal"));
+            return Err(airlock_backend::Error::invalid(
+                "rows",
+                "the program has no terminal",
+            ));
         }
         if self.slot.exit().is_none() {
             let _ = self.out.send(MuxFrame::Resize(self.id, rows, cols).encode());
@@ -775,6 +786,88 @@ mod tests {
     use airlock_egress::{Policy, ProxyLimits, SystemResolver};
     use airlock_vmwire::mux::read_frame;
     use std::io::Write;
+
+    /// What the host opens (version 3): a connection to a port where nothing listens is
+    /// `NotFound` naming the port, one the guest answers carries bytes both ways to the
+    /// caller's fd, and a spawned program's end reaches its waiter; once the relay stops,
+    /// a program still running ends as killed and connections are refused as gone.
+    #[test]
+    fn connections_to_ports_and_the_ends_of_spawned_programs_cross_the_port() {
+        use airlock_backend::{ErrorKind, PortConnector, ProcessHandle};
+        use std::io::Read;
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        let mux = MuxRelay::start(host, "vm-test").unwrap();
+        let ports = mux.ports();
+
+        // Nothing listens on 8000: the guest resets the stream.
+        let refused = std::thread::spawn({
+            let ports = ports.clone();
+            move || ports.connect(8000)
+        });
+        let Some(MuxFrame::Connect(id, 8000)) = read_frame(&mut guest).unwrap() else {
+            panic!("no connect frame")
+        };
+        assert_ne!(id & HOST_IDS, 0);
+        guest.write_all(&MuxFrame::Reset(id).encode()).unwrap();
+        let err = refused.join().unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
+        assert!(err.to_string().contains("8000"), "{err}");
+
+        // Something listens on 8001: bytes both ways.
+        let accepted = std::thread::spawn({
+            let ports = ports.clone();
+            move || ports.connect(8001)
+        });
+        let Some(MuxFrame::Connect(id, 8001)) = read_frame(&mut guest).unwrap() else {
+            panic!("no connect frame")
+        };
+        guest.write_all(&MuxFrame::Connected(id).encode()).unwrap();
+        let fd = accepted.join().unwrap().expect("connected");
+        let mut caller = std::fs::File::from(fd);
+        caller.write_all(b"ping").unwrap();
+        assert_eq!(
+            read_frame(&mut guest).unwrap(),
+            Some(MuxFrame::Data(id, b"ping".to_vec()))
+        );
+        guest
+            .write_all(&MuxFrame::Data(id, b"pong".to_vec()).encode())
+            .unwrap();
+        guest.write_all(&MuxFrame::Eof(id).encode()).unwrap();
+        let mut answer = String::new();
+        caller.read_to_string(&mut answer).unwrap();
+        assert_eq!(answer, "pong");
+
+        // Two spawned programs: one ends, the other is running when the relay stops.
+        let (a, b) = (mux.next_id(), mux.next_id());
+        let ended = VmProcess::new(a, 2, false, mux.sender(), mux.process(a).unwrap());
+        let running = VmProcess::new(b, 2, true, mux.sender(), mux.process(b).unwrap());
+        assert_eq!(ended.resize(1, 1).unwrap_err().kind(), ErrorKind::Invalid);
+        running.resize(30, 100).unwrap();
+        running.signal(libc::SIGTERM).unwrap();
+        // The connection's acknowledgement and end may come first.
+        let mut next = || loop {
+            match read_frame(&mut guest).unwrap() {
+                Some(MuxFrame::Ack(..) | MuxFrame::Eof(_)) => continue,
+                other => return other,
+            }
+        };
+        assert_eq!(next(), Some(MuxFrame::Resize(b, 30, 100)));
+        assert_eq!(next(), Some(MuxFrame::Signal(b, libc::SIGTERM as u32)));
+        guest
+            .write_all(&MuxFrame::Exited(a, ExitStatus::Code(7)).encode())
+            .unwrap();
+        assert_eq!(ended.wait(&[]).unwrap(), Exit::Code(7));
+        assert_eq!(ended.wait(&[]).unwrap(), Exit::Code(7));
+        let (cancel_r, cancel_w) = nix::unistd::pipe().unwrap();
+        nix::unistd::write(&cancel_w, b"x").unwrap();
+        assert_eq!(
+            running.wait(&[cancel_r.as_fd()]).unwrap_err().kind(),
+            ErrorKind::Cancelled
+        );
+        drop(mux);
+        assert_eq!(running.wait(&[]).unwrap(), Exit::Signal(libc::SIGKILL));
+        assert_eq!(ports.connect(8001).unwrap_err().kind(), ErrorKind::Gone);
+    }
 
     /// The host's end of the egress port, version 2: every DNS query is answered exactly
     /// once (an answer or `DnsNone`), also past [`MAX_DNS_QUERIES`] at once, and a
