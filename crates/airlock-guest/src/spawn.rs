@@ -293,12 +293,16 @@ fn start_in(shared: &Arc<Shared>, sandbox: &SandboxRef, cgroup: &Path, spawn: &S
     let _ = control.shutdown(std::net::Shutdown::Write);
     let _ = control.set_read_timeout(Some(START_TIMEOUT));
     let mut reports = BufReader::new(control);
-    let mut init = None;
-    loop {
+    // The helper says its init's pid, the init that the program started: two processes
+    // writing, in either order.
+    // A program that ends at once may be reported ended before its init's pid comes.
+    let (mut init, mut started, mut early_end) = (None, false, None);
+    while init.is_none() || !started {
         match next_report(&mut reports) {
             Some(Report::Init(pid)) => init = Some(pid as i32),
-            Some(Report::Started) => break,
+            Some(Report::Started) => started = true,
             Some(Report::Failed(e)) => return Err(fail(&mut helper, e)),
+            Some(end @ Report::Exited { .. }) if started => early_end = Some(end),
             Some(Report::Exited { .. }) | None => {
                 return Err(fail(
                     &mut helper,
@@ -332,8 +336,9 @@ fn start_in(shared: &Arc<Shared>, sandbox: &SandboxRef, cgroup: &Path, spawn: &S
     std::thread::Builder::new()
         .name(format!("spawned-{process:x}"))
         .spawn(move || {
+            let mut early_end = early_end;
             let status = loop {
-                match next_report(&mut reports) {
+                match early_end.take().or_else(|| next_report(&mut reports)) {
                     Some(Report::Exited { code, signal }) => {
                         break match (code, signal) {
                             (Some(c), _) => ExitStatus::Code(c as u8),
