@@ -175,6 +175,21 @@ fn spawned_programs_terminals_and_ports_in_a_micro_vm() {
     );
     assert_eq!(sleeper.resize(10, 10).unwrap_err().kind(), ErrorKind::Invalid);
 
+    // Programs that end at once, or cannot start (as a shell says: 127).
+    for (command, exit) in [
+        (vec!["true"], Exit::Code(0)),
+        (vec!["sh", "-c", "exit 5"], Exit::Code(5)),
+        (vec!["no-such-program"], Exit::Code(127)),
+    ] {
+        let spec = Spec::new(command.iter().map(|s| s.to_string()).collect());
+        let p = vm.spawn(&spec, Stdio::Pipes).expect("spawn");
+        assert_eq!(p.handle.wait(&[]).unwrap(), exit, "{command:?}");
+        if exit == Exit::Code(127) {
+            let err = read_to_end(&p.stderr.unwrap(), Duration::from_secs(30)).unwrap();
+            assert!(err.contains("no-such-program"), "{err}");
+        }
+    }
+
     // Pipes: `cat` echoes; end of file on stdin ends it with 0.
     let cat = vm
         .spawn(&Spec::new(vec!["cat".into()]), Stdio::Pipes)
