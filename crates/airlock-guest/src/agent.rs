@@ -528,7 +528,7 @@ impl State {
                 };
                 match spawn::start(mux, sandbox, request) {
                     Ok(pid) => port.send(&ToHost::Spawned { pid }, &[]),
-                    Err(e) => port.error(format!("spawning the program: {e}")),
+                    Err(e) => port.error(e),
                 }
             }
         }

@@ -669,8 +669,7 @@ pub struct BootedVm {
     sandbox_disk: Option<u64>,
     /// How long building the guest's sandbox took.
     sandbox_setup: Duration,
-    /// Owned: the host's end of the egress port, until a proxy-mode exec hands it to
-    /// the relay.
+    /// Owned: the host's end of the egress port, until the relay (`mux`) takes it.
     egress_port: Option<UnixStream>,
     /// Owned: in proxy mode, the proxy serving the program's connections (on `mux`).
     egress: Option<egress::EgressRelay>,
