@@ -145,17 +145,24 @@ export async function openPty(transport: Transport, sandboxId: string, opts: Pty
         void (d as { arrayBuffer(): Promise<ArrayBuffer> }).arrayBuffer().then((b) => opts.onData?.(new Uint8Array(b)));
       }
     });
+    const refused = () => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      // The upgrade was refused (or the connection failed): a plain request to the same
+      // route gives the typed error (404, 401, 410...).
+      diagnose(transport, path, query).then(reject, reject);
+    };
     ws.addEventListener("close", (ev: { code?: number; reason?: string }) => {
-      if (!gotExit) rejectExit(new AirlockConnectionError(`the terminal closed without an exit (code ${ev.code ?? "?"}${ev.reason ? ": " + ev.reason : ""})`));
-      if (!done) {
-        done = true;
-        clearTimeout(timer);
-        // The upgrade was refused: ask the route with a plain request for the typed error.
-        diagnose(transport, path, query).then(reject, reject);
+      if (!gotExit) {
+        rejectExit(new AirlockConnectionError(`the terminal closed without an exit (code ${ev.code ?? "?"}${ev.reason ? ": " + ev.reason : ""})`));
       }
+      refused();
     });
+    // Node 20's WebSocket fires only `error` (no `close`) when the upgrade is refused.
     ws.addEventListener("error", () => {
-      /* a close event follows */
+      if (!done) refused();
+      else if (!gotExit) rejectExit(new AirlockConnectionError("the terminal's connection failed"));
     });
   });
   return new Pty(ws, started, exited);

@@ -78,8 +78,8 @@ export class Processes {
   start(cmd: string[], opts: StartOptions = {}): Promise<Process> {
     const extra: Record<string, unknown> = { background: true };
     if (opts.workdir !== undefined) extra["workdir"] = opts.workdir;
-    if (opts.timeoutMs !== undefined) extra["timeout_ms"] = opts.timeoutMs;
-    const body = execBody({ cmd, env: opts.env, stdin: opts.stdin }, extra);
+    // The deadline is the exec's own `limits.timeout_ms` (the server reads it there).
+    const body = execBody({ cmd, env: opts.env, stdin: opts.stdin, timeoutMs: opts.timeoutMs }, extra);
     return this.sb.transport.json<Process>("POST", sandboxPath(this.sb.id, "/exec"), { json: body });
   }
 
