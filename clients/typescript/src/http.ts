@@ -219,6 +219,7 @@ export class Transport {
     headers["accept"] = opts.stream ? "text/event-stream" : "application/json";
     const timeoutMs = opts.timeoutMs === undefined ? this.timeoutMs : opts.timeoutMs;
     for (let attempt = 0; ; attempt++) {
+      if (opts.signal?.aborted) throw opts.signal.reason;
       const ctl = new AbortController();
       let timedOut = false;
       const timer =
@@ -229,7 +230,6 @@ export class Transport {
               ctl.abort(new AirlockTimeout(`${method} ${url}: timed out after ${timeoutMs} ms`));
             }, timeoutMs);
       const onAbort = () => ctl.abort(opts.signal?.reason);
-      if (opts.signal?.aborted) throw opts.signal.reason;
       opts.signal?.addEventListener("abort", onAbort, { once: true });
       let released = false;
       const release = () => {
