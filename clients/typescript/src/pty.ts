@@ -13,8 +13,10 @@ export interface PtyOptions {
   rows?: number;
   /** Default 80. */
   cols?: number;
-  /** What runs on it (a command line for the shell's `-c`... as the service takes it); default bash, else sh. */
+  /** A command line to run on it (`sh -c 'exec CMD'`); default: bash where the sandbox has it, else sh. */
   cmd?: string;
+  /** Called with the service's complaint about a frame it could not use (a bad resize). */
+  onError?: (message: string) => void;
   /** Called with the terminal's output bytes as they arrive. */
   onData?: (data: Uint8Array) => void;
   /** How long to wait for the terminal to start (ms, default the client's timeout). */
@@ -132,6 +134,8 @@ export async function openPty(transport: Transport, sandboxId: string, opts: Pty
           done = true;
           clearTimeout(timer);
           resolve(msg as unknown as { process_id: string; pid: number });
+        } else if (msg.type === "error") {
+          opts.onError?.(String(msg["message"]));
         } else if (msg.type === "exit") {
           gotExit = true;
           resolveExit({ exit_code: (msg["exit_code"] as number | null) ?? null, signal: (msg["signal"] as number | null) ?? null });

@@ -280,7 +280,9 @@ export class Sandbox {
     const body: Record<string, unknown> = { code };
     if (opts.language !== undefined) body["language"] = opts.language;
     if (opts.timeoutMs !== undefined) body["timeout_ms"] = opts.timeoutMs;
-    const timeoutMs = (opts.timeoutMs ?? 30_000) + this.transport.execMarginMs;
+    // The service's default is the session's `limits.timeout_ms`; the first call also
+    // starts the kernel (within the margin).
+    const timeoutMs = (opts.timeoutMs ?? this.defaultTimeoutMs ?? 30_000) + this.transport.execMarginMs;
     const path = sandboxPath(this.id, "/code");
     if (!opts.onStdout && !opts.onStderr && !opts.onResult && !opts.onError) {
       return new Execution(await this.transport.json<ExecutionData>("POST", path, { json: body, timeoutMs, signal: opts.signal }));
@@ -294,7 +296,8 @@ export class Sandbox {
         if (name === "stdout") opts.onStdout?.(d["text"] as string);
         else if (name === "stderr") opts.onStderr?.(d["text"] as string);
         else if (name === "result") opts.onResult?.(d as unknown as ExecutionResult);
-        else if (name === "error" && "error" in d) throw errorFromEvent(data);
+        // `failed` (or an `error` carrying the API's envelope): the call itself failed.
+        else if (name === "failed" || (name === "error" && typeof d["error"] === "object")) throw errorFromEvent(data);
         else if (name === "error") opts.onError?.(d as unknown as ExecutionError);
         else if (name === "done") {
           done = d as unknown as ExecutionData;
