@@ -8,6 +8,7 @@ import { after, before, describe, test } from "node:test";
 import {
   Airlock,
   BadGateway,
+  Conflict,
   InvalidRequest,
   PortNotFound,
   ProcessNotFound,
@@ -53,6 +54,7 @@ describe("background processes", () => {
     assert.equal((await sb.processes.get(p.process_id)).state, "running");
     await sb.processes.writeStdin(p.process_id, "b\n");
     await sb.processes.writeStdin(p.process_id, new TextEncoder().encode("c\n"), { eof: true });
+    await assert.rejects(sb.processes.writeStdin(p.process_id, "late\n"), (e: unknown) => e instanceof Conflict && e.status === 409);
     const done = await sb.processes.wait(p.process_id, { timeoutMs: 10_000 });
     assert.equal(done.state, "exited");
     assert.equal(done.exit_code, 5);
