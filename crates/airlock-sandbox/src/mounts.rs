@@ -64,8 +64,15 @@ const PARK: &str = "/.image/.airlock";
 /// read-only, symlinks (merged-/usr hosts) are recreated as symlinks.
 pub const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
-/// Device nodes bound from the host's /dev. No tty, no pts: the program gets no terminal.
+/// Device nodes bound from the host's /dev. Terminals come from the sandbox's own devpts
+/// instance at /dev/pts (with /dev/ptmx pointing at its multiplexer), never the host's:
+/// an exec's program gets none; a spawned program may get one (see `keeper`).
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+
+/// Device nodes bound when the host has them. `tty` opens the opener's own controlling
+/// terminal (a spawned program's, in the sandbox's devpts; `ENXIO` for an exec's, which
+/// has none), never a terminal of the host's: `less`, `getpass` and editors read it.
+const OPTIONAL_DEVICES: &[&str] = &["tty"];
 
 /// /proc files replaced by an empty, unreadable view (/dev/null bound over them):
 /// kernel memory, keys, timers and triggers a sandbox has no business reading or poking.
@@ -369,7 +376,10 @@ fn build_dev(root: &Path) -> Result<(), MountError> {
             Some("mode=0755,size=64k,nr_inodes=64"),
         ),
     )?;
-    for name in DEVICES {
+    let optional = OPTIONAL_DEVICES
+        .iter()
+        .filter(|name| Path::new(OLD).join("dev").join(name).exists());
+    for name in DEVICES.iter().chain(optional) {
         let dst = dev.join(name);
         io_op("create", &dst, fs::File::create(&dst))?;
         let src = Path::new(OLD).join("dev").join(name);
@@ -398,6 +408,23 @@ fn build_dev(root: &Path) -> Result<(), MountError> {
         let dst = dev.join(link);
         io_op("symlink", &dst, symlink(target, &dst))?;
     }
+    // A devpts instance of the sandbox's own: its terminals are numbered and visible
+    // only here, and /dev/ptmx makes new ones in it, for any sandbox user.
+    let pts = dev.join("pts");
+    mkdir_p(&pts, 0o755)?;
+    sys(
+        "mount devpts",
+        &pts,
+        mount(
+            Some("devpts"),
+            &pts,
+            Some("devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620"),
+        ),
+    )?;
+    let ptmx = dev.join("ptmx");
+    io_op("symlink", &ptmx, symlink("pts/ptmx", &ptmx))?;
     let shm = dev.join("shm");
     mkdir_p(&shm, 0o1777)?;
     bind(&Path::new(SCRATCH).join("shm"), &shm)?;
