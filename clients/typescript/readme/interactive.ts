@@ -30,7 +30,7 @@ console.log((await sb.processes.wait(server.process_id, { timeoutMs: 5_000 })).s
 await sb.runCode("import math\nx = 21");
 const exec = await sb.runCode("print('doubling')\nx * 2", { onStdout: (t) => process.stdout.write(t) });
 console.log(exec.text); // 42
-const fig = await sb.runCode("import matplotlib; matplotlib.use('agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 3, 2]); plt.show()");
+const fig = await sb.runCode("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()");
 console.log(fig.png?.length! > 0); // true: the PNG's bytes (a Uint8Array)
 console.log((await sb.runCode("1/0")).error?.name); // ZeroDivisionError
 await sb.restartCode(); // a fresh kernel

@@ -54,10 +54,16 @@ export interface RunCodeOptions {
   signal?: AbortSignal;
 }
 
+/** The longest wait the service takes in one request (`POST …/wait`). */
+const MAX_WAIT_MS = 60_000;
+
 /** Options of `sandbox.processes.start()`. */
 export interface StartOptions {
   env?: Record<string, string>;
-  /** Where it runs (default /workspace). */
+  /**
+   * Where it runs (default /workspace). Sent as `workdir`, which interactive-api.md names
+   * but the service does not take yet (a 400 on `workdir`).
+   */
   workdir?: string;
   /** Written to its stdin at start; stdin stays open (`writeStdin`). */
   stdin?: string;
@@ -145,21 +151,29 @@ export class Processes {
     });
   }
 
-  /** Waits at most `timeoutMs` (default 30 000, at most 600 000) for it to end; `state` says whether it did. */
-  wait(id: string, opts: { timeoutMs?: number } = {}): Promise<Process> {
-    const ms = opts.timeoutMs ?? 30_000;
-    return this.sb.transport.json<Process>("POST", this.path(id, "/wait"), {
-      json: { timeout_ms: ms },
-      timeoutMs: ms + this.sb.transport.timeoutMs,
-      notFound: ProcessNotFound,
-    });
+  /**
+   * Waits at most `timeoutMs` (default 30 000) for it to end; `state` says whether it did.
+   * The service waits at most 60 s per request: a longer wait is several requests.
+   */
+  async wait(id: string, opts: { timeoutMs?: number } = {}): Promise<Process> {
+    let remaining = Math.max(1, Math.round(opts.timeoutMs ?? 30_000));
+    for (;;) {
+      const chunk = Math.min(remaining, MAX_WAIT_MS);
+      const p = await this.sb.transport.json<Process>("POST", this.path(id, "/wait"), {
+        json: { timeout_ms: chunk },
+        timeoutMs: chunk + this.sb.transport.timeoutMs,
+        notFound: ProcessNotFound,
+      });
+      remaining -= chunk;
+      if (p.state !== "running" || remaining <= 0) return p;
+    }
   }
 
   /** Writes to its stdin (a string as UTF-8, bytes as base64); `eof` closes it after. */
   writeStdin(id: string, data: string | Uint8Array, opts: { eof?: boolean } = {}): Promise<Process> {
     const body =
       typeof data === "string"
-        ? { data, encoding: "utf-8", eof: opts.eof ?? false }
+        ? { data, eof: opts.eof ?? false } // the default encoding: UTF-8 text
         : { data: toBase64(data), encoding: "base64", eof: opts.eof ?? false };
     return this.sb.transport.json<Process>("POST", this.path(id, "/stdin"), { json: body, notFound: ProcessNotFound });
   }

@@ -245,7 +245,7 @@ describe("code interpreter", () => {
     assert.equal(err.error?.value, "division by zero");
     assert.ok(!err.error?.traceback.join("\n").includes("\x1b["), "no ANSI colours");
     const fig = await sb.runCode(
-      "import matplotlib\nmatplotlib.use('agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
+      "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
     );
     const png = fig.png;
     assert.ok(png, JSON.stringify(fig.raw).slice(0, 500));

@@ -36,7 +36,7 @@ console.log(isOk(r), r.stdout.trim(), field);
 test("packed, installed, type-checked and run by a consumer project", () => {
   const npm = (args: string[], cwd: string) =>
     execFileSync("npm", [...args, "--no-audit", "--no-fund", "--loglevel=error"], { cwd, encoding: "utf8" });
-  const packed = JSON.parse(npm(["pack", "--json", "--pack-destination", dir], PKG)) as { filename: string; files: { path: string }[] }[];
+  const packed = JSON.parse(npm(["pack", "--json", "--ignore-scripts", "--pack-destination", dir], PKG)) as { filename: string; files: { path: string }[] }[];
   const files = packed[0]!.files.map((f) => f.path).sort();
   assert.ok(files.includes("dist/index.js") && files.includes("dist/index.d.ts"), files.join(" "));
   assert.ok(!files.some((f) => f.startsWith("src/") || f.startsWith("test/") || f.startsWith("build/")), files.join(" "));
