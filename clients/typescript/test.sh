@@ -12,5 +12,7 @@ npm run --silent build:test
 if [ "$#" -eq 0 ]; then
     set -- build/clients/typescript/test/*.test.js
 fi
-# Node 20 and 21: the global WebSocket (sandbox.pty()) is behind this flag.
-exec node --experimental-websocket --test --test-concurrency=1 "$@"
+# Node 20 and 21: the global WebSocket (sandbox.pty()) is behind a flag; later Nodes have it.
+ws=
+node -e 'process.exit(typeof WebSocket === "function" ? 0 : 1)' || ws=--experimental-websocket
+exec node $ws --test --test-concurrency=1 "$@"

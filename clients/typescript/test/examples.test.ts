@@ -30,7 +30,9 @@ function runJs(file: string, url: string): Promise<Ran> {
   return new Promise((resolve, reject) => {
     const env: Record<string, string | undefined> = { ...process.env, AIRLOCK_URL: url };
     delete env["AIRLOCK_API_KEY"];
-    const p = spawn(process.execPath, ["--experimental-websocket", "--no-warnings", file], { env, cwd: PKG });
+    // the runner's own --experimental-websocket (Node 20 and 21), if it has it
+    const flags = process.execArgv.filter((a) => a === "--experimental-websocket");
+    const p = spawn(process.execPath, [...flags, "--no-warnings", file], { env, cwd: PKG });
     let stdout = "";
     let stderr = "";
     p.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
