@@ -497,7 +497,7 @@ impl State {
                     return port.fail(e);
                 }
                 // As an exec's: the defaults, the proxy's, the request's (which win).
-                let mut all = spawn::base_env();
+                let mut all = airlock_sandbox::base_env();
                 if let Some(dir) = &workdir {
                     all.retain(|(k, _)| k != "PWD");
                     all.push(("PWD".into(), dir.clone()));

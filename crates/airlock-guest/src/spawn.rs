@@ -27,15 +27,13 @@
 //! comes on it, and the helper and the init send back lines of [`Report`].
 
 use nix::sys::resource::{Resource, setrlimit};
-use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
 use nix::sys::wait::{WaitStatus, waitpid};
-use nix::unistd::{ForkResult, Gid, Pid, Uid, fork, setgroups, setresgid, setresuid};
+use nix::unistd::{ForkResult, Gid, Pid, Uid, fork, setresgid, setresuid};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -43,14 +41,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::egress::{self, Shared, Sock};
+use airlock_sandbox::NotRunnable;
+use airlock_sandbox::privileges::{self, Kernel};
 use airlock_vmwire::mux::{ExitStatus, MuxFrame};
 
 /// The argument (argv[1]) that turns this binary into the spawn helper.
 pub const HELPER_ARG: &str = "__airlock_spawn__";
-/// The sandbox user (uid and gid), as airlock-sandbox's programs run.
-const SANDBOX_ID: u32 = 1000;
-/// Open files per process, as an exec's program.
-const MAX_OPEN_FILES: u64 = 4096;
 /// The helper's socket to the agent.
 const CONTROL_FD: i32 = 3;
 /// How long the helper may take to start the program (under emulation, joining the
@@ -493,8 +489,9 @@ fn helper(control: &mut UnixStream) -> Result<(), String> {
 }
 
 /// Pid 1 of the program's namespace: drops every privilege as an exec's program does
-/// (airlock-sandbox's `payload`), forks the program, reaps, and reports its end. When it
-/// exits, the kernel kills what is left in the namespace.
+/// (airlock-sandbox's [`privileges::drop_to_sandbox_user`], then landlock, the fixed
+/// layout when asked for, seccomp, close-on-exec), forks the program, reaps, and reports
+/// its end. When it exits, the kernel kills what is left in the namespace.
 fn init(
     req: &Request,
     landlock: landlock::RulesetCreated,
@@ -502,44 +499,7 @@ fn init(
     cap_last_cap: u32,
     control: &mut UnixStream,
 ) -> Result<std::convert::Infallible, String> {
-    for sig in Signal::iterator() {
-        if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
-            // SAFETY: installing SIG_DFL runs no handler code.
-            let _ = unsafe { signal(sig, SigHandler::SigDfl) };
-        }
-    }
-    step(
-        "sigprocmask",
-        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None),
-    )?;
-    step("RLIMIT_CORE", setrlimit(Resource::RLIMIT_CORE, 0, 0))?;
-    step(
-        "RLIMIT_NOFILE",
-        setrlimit(Resource::RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES),
-    )?;
-    let gid = Gid::from_raw(SANDBOX_ID);
-    step("setgroups", setgroups(&[gid]))?;
-    step("setresgid", setresgid(gid, gid, gid))?;
-    for cap in 0..=cap_last_cap {
-        step(
-            "drop bounding capability",
-            airlock_sandbox::sys::prctl(libc::PR_CAPBSET_DROP, cap.into()),
-        )?;
-    }
-    let uid = Uid::from_raw(SANDBOX_ID);
-    step("setresuid", setresuid(uid, uid, uid))?;
-    step("capset", airlock_sandbox::sys::clear_capabilities())?;
-    step(
-        "clear ambient capabilities",
-        airlock_sandbox::sys::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-        ),
-    )?;
-    step(
-        "no_new_privs",
-        airlock_sandbox::sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1),
-    )?;
+    privileges::drop_to_sandbox_user(Kernel::Linux { cap_last_cap })?;
     step("landlock", airlock_sandbox::landlock::restrict(landlock))?;
     if req.fixed_layout {
         step("personality", airlock_sandbox::sys::fix_layout())?;
@@ -599,9 +559,9 @@ fn program(req: &Request) -> ! {
     let Some(first) = req.command.first() else {
         fail_like_a_shell(127, "empty command")
     };
-    let path = match resolve(first, &req.env, Path::new(&workdir)) {
+    let path = match airlock_sandbox::resolve(first, &req.env, Path::new(&workdir)) {
         Ok(p) => p,
-        Err((status, message)) => fail_like_a_shell(status, &message),
+        Err(NotRunnable { status, message }) => fail_like_a_shell(status, &message),
     };
     let cstring = |s: &str| CString::new(s).unwrap_or_default();
     let argv: Vec<CString> = req.command.iter().map(|a| cstring(a)).collect();
@@ -619,59 +579,4 @@ fn fail_like_a_shell(status: i32, message: &str) -> ! {
     let _ = writeln!(io::stderr(), "airlock: {message}");
     // SAFETY: _exit ends this single-threaded child at once.
     unsafe { libc::_exit(status) }
-}
-
-/// Finds the program as a shell would (airlock-sandbox's `payload::resolve`).
-fn resolve(program: &str, env: &[(String, String)], workdir: &Path) -> Result<PathBuf, (i32, String)> {
-    let executable = |p: &Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let path = workdir.join(program);
-        return if executable(&path) {
-            Ok(path)
-        } else if path.exists() {
-            Err((126, format!("{program}: not an executable file")))
-        } else {
-            Err((127, format!("{program}: no such file in the sandbox")))
-        };
-    }
-    let search = env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("/usr/bin:/bin");
-    search
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .map(|d| Path::new(d).join(program))
-        .find(|p| executable(p))
-        .ok_or_else(|| {
-            (
-                127,
-                format!("{program}: command not found in the sandbox (searched PATH={search})"),
-            )
-        })
-}
-
-/// The environment every program starts with (airlock-sandbox's `base_env`).
-pub fn base_env() -> Vec<(String, String)> {
-    [
-        (
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        ),
-        ("HOME", "/workspace"),
-        ("PWD", "/workspace"),
-        ("TMPDIR", "/tmp"),
-        ("USER", "sandbox"),
-        ("LOGNAME", "sandbox"),
-        ("LANG", "C.UTF-8"),
-        ("HOSTNAME", "airlock"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect()
 }

@@ -31,6 +31,7 @@ mod netns;
 mod nftables;
 mod payload;
 mod ports;
+pub mod privileges;
 mod procs;
 mod protocol;
 mod sandbox;
@@ -50,8 +51,9 @@ pub use etc::{BOUND_DIRS as HOST_ETC_DIRS, BOUND_FILES as HOST_ETC_FILES, GENERA
 pub use init::{INIT_ARG, maybe_run_init};
 pub use mounts::SYSTEM_DIRS;
 pub use netns::route_to_proxy_here;
+pub use payload::{NotRunnable, resolve};
 pub use sandbox::{HOST_UID_BASE, HOST_UID_SLOTS, Sandbox, SandboxConfig};
-pub use supervisor::{Capture, OutputSink};
+pub use supervisor::{Capture, OutputSink, base_env};
 pub use workspace::{DiskFull, list as list_workspace};
 pub use zygote::ZYGOTE_ARG;
 

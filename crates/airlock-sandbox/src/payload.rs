@@ -21,24 +21,23 @@
 //!     if it cannot be found or run, say so on its stderr and exit 127 or 126 as a shell
 //!     does.
 //!
+//! Steps 2-6 are [`crate::privileges`], shared with the other tiers' program processes;
+//! so is step 11's lookup ([`resolve`]).
+//!
 //! A keeper (see `keeper`) forks its program the same way, with a terminal's slave side
 //! as stdio when it has one: the program then makes it its controlling terminal.
 
 use nix::sys::resource::{Resource, setrlimit};
-use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
-use nix::unistd::{Gid, Uid, setgroups, setresgid, setresuid, setsid};
+use nix::unistd::setsid;
 use std::ffi::CString;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::mounts::SANDBOX_ID;
+use crate::privileges::{self, Kernel};
 use crate::protocol::{self, Request};
 use crate::{sys, workspace};
-
-/// Open files per process inside the sandbox.
-const MAX_OPEN_FILES: u64 = 4096;
 
 /// What the ready child takes from init at its fork.
 #[derive(Debug)]
@@ -68,50 +67,14 @@ fn step<T, E: std::fmt::Display>(what: &str, r: Result<T, E>) -> Result<T, Strin
     r.map_err(|e| format!("{what}: {e}"))
 }
 
+/// Steps 1-8; 2-6 are [`privileges::drop_to_sandbox_user`].
 fn drop_privileges(p: Privileges) -> Result<(), String> {
     // 1.
     step("setsid", setsid())?;
-    // 2.
-    for sig in Signal::iterator() {
-        if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
-            // SAFETY: installing SIG_DFL runs no handler code; nothing else in this
-            // single-threaded child depends on the old dispositions.
-            let _ = unsafe { signal(sig, SigHandler::SigDfl) };
-        }
-    }
-    step(
-        "sigprocmask",
-        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None),
-    )?;
-    // 3.
-    step("RLIMIT_CORE", setrlimit(Resource::RLIMIT_CORE, 0, 0))?;
-    step(
-        "RLIMIT_NOFILE",
-        setrlimit(Resource::RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES),
-    )?;
-    // 4.
-    let gid = Gid::from_raw(SANDBOX_ID);
-    step("setgroups", setgroups(&[gid]))?;
-    step("setresgid", setresgid(gid, gid, gid))?;
-    for cap in 0..=p.cap_last_cap {
-        step(
-            "drop bounding capability",
-            sys::prctl(libc::PR_CAPBSET_DROP, cap.into()),
-        )?;
-    }
-    // 5.
-    let uid = Uid::from_raw(SANDBOX_ID);
-    step("setresuid", setresuid(uid, uid, uid))?;
-    // 6.
-    step("capset", sys::clear_capabilities())?;
-    step(
-        "clear ambient capabilities",
-        sys::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-        ),
-    )?;
-    step("no_new_privs", sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1))?;
+    // 2-6.
+    privileges::drop_to_sandbox_user(Kernel::Linux {
+        cap_last_cap: p.cap_last_cap,
+    })?;
     // 7.
     step("landlock", crate::landlock::restrict(p.landlock))?;
     // 8.
@@ -218,10 +181,13 @@ fn refuse(field: &str, message: &str) -> String {
     format!("{field}\0{message}")
 }
 
-/// Why the command cannot be run: the shell's exit status for it and what to print.
-struct NotRunnable {
-    status: i32,
-    message: String,
+/// Why a command cannot be run: the shell's exit status for it and what to print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotRunnable {
+    /// 127: not found; 126: found, but not an executable file.
+    pub status: i32,
+    /// What to print after `airlock: ` on the program's stderr.
+    pub message: String,
 }
 
 /// Writes `airlock: <message>` to the program's stderr (already in place) and exits with
@@ -234,10 +200,15 @@ fn fail_like_a_shell(status: i32, message: &str) -> ! {
     unsafe { libc::_exit(status) }
 }
 
-/// Finds the program the way a shell would: a name with a slash is taken as a path
-/// (relative to `workdir`), otherwise each PATH entry is tried. Not found is status 127;
-/// found but not an executable file is 126.
-fn resolve(program: &str, env: &[(String, String)], workdir: &Path) -> Result<PathBuf, NotRunnable> {
+/// Finds the program the way a shell would, as the calling process sees the filesystem:
+/// a name with a slash is taken as a path (relative to `workdir`), otherwise each entry
+/// of `env`'s PATH (its last one; `/usr/bin:/bin` without one) is tried. Not found is
+/// status 127; found but not an executable file is 126.
+///
+/// Used by every tier's program process just before its execve, after the privilege
+/// drop: the namespace tier's ready child, a micro-VM's spawned program (airlock-guest's
+/// `spawn`) and the gVisor agent's ready child.
+pub fn resolve(program: &str, env: &[(String, String)], workdir: &Path) -> Result<PathBuf, NotRunnable> {
     let executable = |p: &Path| {
         p.metadata()
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)

@@ -107,8 +107,11 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
-/// The environment every program starts with; the caller's own is never inherited.
-fn base_env() -> Vec<(String, String)> {
+/// The environment every program starts with, on every tier; the caller's own is never
+/// inherited. Each tier adds the proxy's variables (in proxy mode) and the request's own
+/// on top: this tier's `environment`, the micro-VM guest agent (airlock-guest) and the
+/// gVisor agent (airlock-gvisor).
+pub fn base_env() -> Vec<(String, String)> {
     [
         (
             "PATH",

@@ -509,22 +509,7 @@ impl State {
 /// The environment every program starts with (as in the other tiers), then `extra`
 /// (the proxy's), then the request's own (a later variable wins).
 fn environment(extra: &[(String, String)], request: Vec<(String, String)>) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = [
-        (
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        ),
-        ("HOME", "/workspace"),
-        ("PWD", "/workspace"),
-        ("TMPDIR", "/tmp"),
-        ("USER", "sandbox"),
-        ("LOGNAME", "sandbox"),
-        ("LANG", "C.UTF-8"),
-        ("HOSTNAME", "airlock"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
+    let mut env = airlock_sandbox::base_env();
     for (k, v) in extra.iter().cloned().chain(request) {
         env.retain(|(key, _)| *key != k);
         env.push((k, v));

@@ -20,27 +20,30 @@
 //!
 //! landlock is not applied: this gVisor release does not implement it.
 //!
+//! Steps 1 (but for the session and the terminal) to 5 are airlock-sandbox's
+//! [`privileges::drop_to_sandbox_user`], shared with the other tiers; so is the program
+//! lookup of step 9 ([`airlock_sandbox::resolve`]).
+//!
 //! The ready child is moved into the execs' cgroup (see `jobs`) as soon as it is
 //! forked. A program spawned alongside execs (see `procs`) is forked the same way
 //! ([`child`]), by a small parent of its own ([`program_init`]) that kills its cgroup
 //! when it ends.
 
 use nix::sys::resource::{Resource, setrlimit};
-use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
-use nix::unistd::{ForkResult, Gid, Pid, Uid, fork, setgroups, setresgid, setresuid, setsid};
+use nix::sys::signal::Signal;
+use nix::unistd::{ForkResult, Pid, fork, setsid};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-/// uid and gid of the sandbox user.
-pub const SANDBOX_ID: u32 = 1000;
+use airlock_sandbox::NotRunnable;
+use airlock_sandbox::privileges::{self, Kernel};
 
-/// Open files per process inside the sandbox (as in the other tiers).
-const MAX_OPEN_FILES: u64 = 4096;
+/// uid and gid of the sandbox user (as in the other tiers).
+pub use airlock_sandbox::privileges::SANDBOX_ID;
 
 /// Largest request the child reads: the spec bounds argv+env to 1 MiB.
 const MAX_REQUEST: usize = 2 << 20;
@@ -221,46 +224,8 @@ fn drop_privileges(
             return Err(format!("TIOCSCTTY: {}", std::io::Error::last_os_error()));
         }
     }
-    for sig in Signal::iterator() {
-        if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
-            // SAFETY: installing SIG_DFL runs no handler code; nothing else in this
-            // single-threaded child depends on the old dispositions.
-            let _ = unsafe { signal(sig, SigHandler::SigDfl) };
-        }
-    }
-    step(
-        "sigprocmask",
-        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None),
-    )?;
-    // 2.
-    step("RLIMIT_CORE", setrlimit(Resource::RLIMIT_CORE, 0, 0))?;
-    step(
-        "RLIMIT_NOFILE",
-        setrlimit(Resource::RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES),
-    )?;
-    // 3.
-    let gid = Gid::from_raw(SANDBOX_ID);
-    step("setgroups", setgroups(&[gid]))?;
-    step("setresgid", setresgid(gid, gid, gid))?;
-    // Every capability up to the first the kernel (the Sentry) does not know.
-    for cap in 0..64 {
-        if airlock_sandbox::sys::prctl(libc::PR_CAPBSET_DROP, cap).is_err() {
-            break;
-        }
-    }
-    // 4.
-    let uid = Uid::from_raw(SANDBOX_ID);
-    step("setresuid", setresuid(uid, uid, uid))?;
-    // 5.
-    step("capset", airlock_sandbox::sys::clear_capabilities())?;
-    let _ = airlock_sandbox::sys::prctl(
-        libc::PR_CAP_AMBIENT,
-        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-    );
-    step(
-        "no_new_privs",
-        airlock_sandbox::sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1),
-    )?;
+    // The rest of 1, and 2-5.
+    privileges::drop_to_sandbox_user(Kernel::Gvisor)?;
     // 6.
     step("seccomp", airlock_seccomp::apply(seccomp))?;
     Ok(())
@@ -316,9 +281,9 @@ fn exec_request(request: OwnedFd, stdio: [OwnedFd; 3]) -> Result<std::convert::I
         &format!("chdir {}", req.workdir),
         std::env::set_current_dir(&req.workdir),
     )?;
-    let path = match resolve(first, &req.env, Path::new(&req.workdir)) {
+    let path = match airlock_sandbox::resolve(first, &req.env, Path::new(&req.workdir)) {
         Ok(path) => cstring(&path.to_string_lossy())?,
-        Err((status, message)) => fail_like_a_shell(status, &message),
+        Err(NotRunnable { status, message }) => fail_like_a_shell(status, &message),
     };
     let argv: Vec<*const libc::c_char> = argv
         .iter()
@@ -348,40 +313,4 @@ fn fail_like_a_shell(status: i32, message: &str) -> ! {
     let _ = writeln!(std::io::stderr(), "airlock: {message}");
     // SAFETY: _exit ends this single-threaded child at once.
     unsafe { libc::_exit(status) }
-}
-
-/// Finds the program the way a shell would: a name with a slash is a path (relative to
-/// `workdir`), otherwise each PATH entry is tried.
-fn resolve(program: &str, env: &[(String, String)], workdir: &Path) -> Result<PathBuf, (i32, String)> {
-    let executable = |p: &Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let path = workdir.join(program);
-        if executable(&path) {
-            return Ok(path);
-        }
-        return Err(if path.exists() {
-            (126, format!("{program}: not an executable file"))
-        } else {
-            (127, format!("{program}: no such file in the sandbox"))
-        });
-    }
-    let search = env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("/usr/bin:/bin");
-    for dir in search.split(':').filter(|d| !d.is_empty()) {
-        let path = Path::new(dir).join(program);
-        if executable(&path) {
-            return Ok(path);
-        }
-    }
-    Err((
-        127,
-        format!("{program}: command not found in the sandbox (searched PATH={search})"),
-    ))
 }
