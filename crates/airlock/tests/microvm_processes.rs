@@ -190,6 +190,20 @@ fn spawned_programs_terminals_and_ports_in_a_micro_vm() {
         }
     }
 
+    // It runs as an exec's program does (airlock-sandbox's privilege drop): the sandbox
+    // user, its only group, no core dumps, bounded open files.
+    let who = vm
+        .spawn(
+            &sh("echo $(id -u) $(id -g) $(id -G) $(ulimit -c) $(ulimit -n) $(ulimit -H -n)"),
+            Stdio::Pipes,
+        )
+        .expect("spawn id");
+    assert_eq!(who.handle.wait(&[]).unwrap(), Exit::Code(0));
+    assert_eq!(
+        read_to_end(&who.stdout, Duration::from_secs(30)).as_deref(),
+        Some("1000 1000 1000 0 4096 4096\n")
+    );
+
     // Pipes: `cat` echoes; end of file on stdin ends it with 0.
     let cat = vm
         .spawn(&Spec::new(vec!["cat".into()]), Stdio::Pipes)
