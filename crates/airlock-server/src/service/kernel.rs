@@ -45,6 +45,49 @@ const ANSWER_GRACE: Duration = Duration::from_secs(20);
 /// Bytes of the driver's stderr kept for an error message.
 const STDERR_TAIL: usize = 8 << 10;
 
+/// The least a session needs to run a kernel (IPython and ipykernel take about 110 MiB
+/// and 20 threads, and a few seconds of a quarter core to start): below, a call is
+/// refused at once, naming the limit, rather than left to fail or crawl.
+pub const MIN_MEMORY: u64 = 128 << 20;
+/// See [`MIN_MEMORY`].
+pub const MIN_PIDS: u32 = 32;
+/// See [`MIN_MEMORY`].
+pub const MIN_CPUS: f64 = 0.25;
+
+/// Refuses a session whose limits cannot run a kernel, naming the limit.
+fn check_limits(limits: &airlock_spec::Limits) -> Result<(), ApiError> {
+    let refuse = |field: &str, need: String, has: String| {
+        Err(ApiError::invalid(
+            field,
+            format!(
+                "the code interpreter needs at least {need} (a Jupyter kernel); this sandbox has {has}: create one with more"
+            ),
+        ))
+    };
+    if limits.memory_bytes < MIN_MEMORY {
+        return refuse(
+            "limits.memory_bytes",
+            airlock_spec::format_size(MIN_MEMORY),
+            airlock_spec::format_size(limits.memory_bytes),
+        );
+    }
+    if limits.pids < MIN_PIDS {
+        return refuse(
+            "limits.pids",
+            format!("{MIN_PIDS} processes"),
+            limits.pids.to_string(),
+        );
+    }
+    if limits.cpus < MIN_CPUS {
+        return refuse(
+            "limits.cpus",
+            format!("{MIN_CPUS} cores"),
+            format!("{} cores", limits.cpus),
+        );
+    }
+    Ok(())
+}
+
 /// A session's running kernel.
 #[derive(Debug)]
 pub struct Kernel {
@@ -131,6 +174,7 @@ pub async fn run(
     let mut slot = session.kernel.lock().await;
     let mut kernel_start_ms = 0.0;
     if slot.as_ref().is_none_or(|k| k.ended()) {
+        check_limits(&session.limits)?;
         let t0 = Instant::now();
         *slot = Some(start(state, session).await?);
         kernel_start_ms = ms(t0.elapsed());
@@ -160,6 +204,14 @@ pub async fn run(
     exec.duration_ms = ms(t0.elapsed());
     match answered {
         Ok(Ok(())) => Ok(exec),
+        // The session ended meanwhile: that is the answer.
+        _ if session.deleted() => {
+            *slot = None;
+            Err(ApiError::gone(format!(
+                "sandbox {} was deleted or expired",
+                session.id
+            )))
+        }
         // The driver died or stopped answering: it goes, with the kernel's state; the next
         // call starts a new one.
         failed => {
@@ -212,6 +264,7 @@ pub async fn restart(state: &Arc<AppState>, session: &Arc<Session>) -> Result<()
         kernel.kill().await;
     }
     *slot = None;
+    check_limits(&session.limits)?;
     *slot = Some(start(state, session).await?);
     Ok(())
 }
@@ -226,10 +279,11 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
     let spec = session_spec(state, session, &req)?;
     let spawned = processes::spawn(session, spec, Stdio::Pipes).await?;
     let stderr = Arc::new(Mutex::new(VecDeque::new()));
+    let mut stderr_done = None;
     if let Some(fd) = spawned.stderr {
         let mut pipe = FdStream::new(fd).map_err(|e| ApiError::internal(format!("kernel: {e}")))?;
         let tail = Arc::clone(&stderr);
-        tokio::spawn(async move {
+        stderr_done = Some(tokio::spawn(async move {
             let mut buf = vec![0u8; 8 << 10];
             while let Ok(n @ 1..) = pipe.read(&mut buf).await {
                 if let Ok(mut t) = tail.lock() {
@@ -238,7 +292,7 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
                     t.drain(..over);
                 }
             }
-        });
+        }));
     }
     let mut kernel = Kernel {
         stdin: FdStream::new(spawned.stdin).map_err(|e| ApiError::internal(format!("kernel: {e}")))?,
@@ -262,6 +316,13 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
         });
     }
     let first = tokio::time::timeout(START_TIMEOUT, kernel.line()).await;
+    if session.deleted() {
+        kernel.kill().await;
+        return Err(ApiError::gone(format!(
+            "sandbox {} was deleted or expired",
+            session.id
+        )));
+    }
     let refused = |message: String| ApiError::invalid("image", message);
     match first {
         Ok(Ok(Some(event))) => match event.get("event").and_then(Value::as_str) {
@@ -291,9 +352,26 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
         },
         // Nothing at all: python3 itself is missing (the shell says so), or died.
         Ok(Ok(None)) => {
-            kernel.handle_wait().await;
+            let exit = kernel.handle_wait().await;
+            // What it said on stderr is all read only once that pipe closed too.
+            if let Some(done) = stderr_done {
+                let _ = tokio::time::timeout(Duration::from_secs(2), done).await;
+            }
             let tail = kernel.stderr_tail();
-            if tail.contains("not found") || tail.contains("No such file") {
+            if session.deleted() {
+                Err(ApiError::gone(format!(
+                    "sandbox {} was deleted or expired",
+                    session.id
+                )))
+            } else if exit == Some(airlock_backend::Exit::Signal(libc::SIGKILL)) {
+                Err(ApiError::invalid(
+                    "limits.memory_bytes",
+                    format!(
+                        "the code interpreter was killed while it started: this sandbox's memory limit ({}) is likely too small for a Jupyter kernel with what already runs in it",
+                        airlock_spec::format_size(session.limits.memory_bytes)
+                    ),
+                ))
+            } else if tail.contains("not found") || tail.contains("No such file") {
                 Err(refused(format!(
                     "this sandbox has no python3, which the code interpreter needs (with ipykernel): {tail}"
                 )))
@@ -325,13 +403,17 @@ impl Kernel {
         self.ended.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    async fn handle_wait(&self) {
+    /// Its exit, waited for a few seconds at most.
+    async fn handle_wait(&self) -> Option<airlock_backend::Exit> {
         let handle = Arc::clone(&self.handle);
-        let _ = tokio::time::timeout(
+        tokio::time::timeout(
             Duration::from_secs(5),
             tokio::task::spawn_blocking(move || handle.wait(&[])),
         )
-        .await;
+        .await
+        .ok()?
+        .ok()?
+        .ok()
     }
 
     async fn kill(&self) {

@@ -117,7 +117,8 @@ fn bad_port() -> ApiError {
 }
 
 /// The session id and port of a host name `{port}-{id}.<anything>` (a port's own host),
-/// where `port` is 1..=65535 without leading zeros and `id` is 16 lowercase hex digits.
+/// where `port` is 1..=65535 without leading zeros and `id` is a session's id: 16
+/// lowercase hex digits, after `gv-` or `vm-` for the gVisor and micro-VM tiers.
 pub fn port_host(host: &str) -> Option<(String, u16)> {
     let (label, rest) = host.split_once('.')?;
     if rest.is_empty() {
@@ -125,7 +126,11 @@ pub fn port_host(host: &str) -> Option<(String, u16)> {
     }
     let (port, id) = label.split_once('-')?;
     let port_ok = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !port.starts_with('0');
-    let id_ok = id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let hex = id
+        .strip_prefix("gv-")
+        .or_else(|| id.strip_prefix("vm-"))
+        .unwrap_or(id);
+    let id_ok = hex.len() == 16 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if !port_ok || !id_ok {
         return None;
     }
@@ -615,7 +620,13 @@ mod tests {
         );
         assert_eq!(port_host(&format!("1-{id}.a.b.example")), Some((id.into(), 1)));
         assert_eq!(port_host(&format!("65535-{id}.x")), Some((id.into(), 65535)));
+        for tier in ["gv", "vm"] {
+            let tiered = format!("{tier}-{id}");
+            assert_eq!(port_host(&format!("8000-{tiered}.x")), Some((tiered, 8000)));
+        }
         for bad in [
+            format!("80-xx-{id}.x"),
+            format!("80-gv-{}.x", &id[..15]),
             format!("0-{id}.x"),
             format!("08000-{id}.x"),
             format!("65536-{id}.x"),
