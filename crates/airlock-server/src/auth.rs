@@ -66,7 +66,9 @@ pub async fn require_key(State(state): State<Arc<AppState>>, mut req: Request, n
 /// A WebSocket route's key from its `access_token` query parameter: browsers cannot set
 /// headers on a WebSocket. Only the terminal route takes it there (a URL may be logged).
 fn websocket_token(req: &Request) -> Option<String> {
-    if !req.uri().path().ends_with("/pty") {
+    // Exactly /v1/sandboxes/{id}/pty: never a forwarded port's path that ends alike.
+    let segments: Vec<&str> = req.uri().path().split('/').collect();
+    if !matches!(segments.as_slice(), ["", "v1", "sandboxes", id, "pty"] if !id.is_empty()) {
         return None;
     }
     let query = req.uri().query()?;

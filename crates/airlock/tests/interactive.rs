@@ -648,10 +648,8 @@ fn airlock_shell_attaches_a_real_terminal() {
         ws_ypixel: 0,
     };
     // SAFETY: TIOCSWINSZ reads one winsize, which lives through the call.
-    assert_eq!(
-        unsafe { libc::ioctl(term.as_raw_fd(), libc::TIOCSWINSZ, &size) },
-        0
-    );
+    let resized = unsafe { libc::ioctl(term.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    assert_eq!(resized, 0);
     std::thread::sleep(Duration::from_millis(800));
     term.write_all(b"stty size\n").unwrap();
     expect("33 101");

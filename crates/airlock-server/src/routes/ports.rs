@@ -135,7 +135,9 @@ mod tests {
             ("/v1/sandboxes/{id}/ports/{port}", &["delete"]),
             (
                 "/v1/sandboxes/{id}/ports/{port}/{path}",
-                &["get", "post", "put", "patch", "delete", "head", "options"],
+                &[
+                    "get", "post", "put", "patch", "delete", "head", "options", "trace",
+                ],
             ),
         ] {
             for m in methods {
