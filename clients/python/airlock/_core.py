@@ -428,7 +428,9 @@ def process_body(
         body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
     t = ms("timeout", timeout)
     if t is not None:
-        body["timeout_ms"] = t
+        # The exec's own deadline: a background process without one runs until it ends or
+        # the session does (the session's default timeout does not apply to it).
+        body["limits"] = {"timeout_ms": t}
     return body
 
 

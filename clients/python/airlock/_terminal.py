@@ -31,7 +31,7 @@ def _connect_error(exc: BaseException, url: str) -> errors.AirlockError:
 
     if isinstance(exc, InvalidStatus):
         resp = exc.response
-        return errors.from_response(resp.status_code, resp.body or b"", resp.headers)
+        return errors.from_response(resp.status_code, bytes(resp.body or b""), resp.headers)
     if isinstance(exc, TimeoutError):
         return errors.AirlockTimeout(f"GET {url}: timed out opening the terminal ({exc})")
     return errors.AirlockConnectionError(f"GET {url}: {type(exc).__name__}: {exc}")

@@ -519,8 +519,8 @@ class Process:
     process_id: str
     """``proc-1``, unique within the session."""
     command: list[str]
-    pid: int
-    """Its pid inside the sandbox."""
+    pid: int | None
+    """Its pid as the sandbox's programs see it (``None`` when the tier cannot tell)."""
     tty: bool
     state: str
     """``"running"`` or ``"exited"``."""

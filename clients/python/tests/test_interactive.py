@@ -346,10 +346,18 @@ def test_process_stream_follows_then_exits(sb: Sandbox) -> None:
     assert out == "1\n2\n3\n" and err == "oops\n"
     assert last is not None and last.kind == "exit" and last.process.exit_code == 3
     assert s.process == last.process
-    # without follow: what is kept, then `end`
+    # without follow, an ended process: what is kept, then `exit`
     events = list(sb.processes.stream(p, follow=False))
     assert "".join(e.data for e in events if isinstance(e, StdoutEvent)) == "1\n2\n3\n"
-    assert isinstance(events[-1], ExitEvent) and events[-1].kind == "end"
+    assert isinstance(events[-1], ExitEvent) and events[-1].kind == "exit"
+    # without follow, a running one: what is kept, then `end` (it still runs)
+    cat = sb.processes.start(["cat"], stdin="kept\n")
+    deadline = time.monotonic() + 10
+    while sb.processes.get(cat).stdout_bytes < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    events = list(sb.processes.stream(cat, follow=False))
+    assert [e.data for e in events if isinstance(e, StdoutEvent)] == ["kept\n"]
+    assert isinstance(events[-1], ExitEvent) and events[-1].kind == "end" and events[-1].process.running
 
 
 # --- ports -----------------------------------------------------------------------------------
