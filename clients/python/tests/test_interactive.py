@@ -505,8 +505,8 @@ def test_pty_needs_the_key(keyed: Daemon) -> None:
         with _pty(sb, cmd="sh") as term:
             term.write(b"exit\n")
             term.wait(timeout=10)
-        with pytest.raises(Unauthorized):
-            Sandbox(Airlock(keyed.url, api_key="wrong-key-0000000000000000"), sb.id, None, None).pty(cmd="sh")
+        with Airlock(keyed.url, api_key="wrong-key-0000000000000000") as wrong, pytest.raises(Unauthorized):
+            Sandbox(wrong, sb.id, None, None).pty(cmd="sh")
 
 
 # --- async -------------------------------------------------------------------------------------
