@@ -272,7 +272,9 @@ pub trait Sandbox: Send + std::fmt::Debug {
     fn spawn(&mut self, _spec: &Spec, _stdio: Stdio) -> Result<Spawned, Error> {
         Err(Error::Unavailable {
             tier: self.isolation(),
-            reason: "background processes, terminals and the code interpreter are not available on this tier yet".into(),
+            reason:
+                "background processes, terminals and the code interpreter are not available on this tier yet"
+                    .into(),
         })
     }
 

@@ -126,4 +126,21 @@ impl airlock_backend::Sandbox for Sandbox {
     fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
         Sandbox::egress(self)
     }
+
+    /// A program under a keeper of its own (see `keeper`): it survives the session's
+    /// execs and counts against the sandbox's limits. Refused while an exec runs.
+    fn spawn(
+        &mut self,
+        spec: &Spec,
+        stdio: airlock_backend::Stdio,
+    ) -> Result<airlock_backend::Spawned, Error> {
+        Ok(Sandbox::spawn(self, spec, stdio)?)
+    }
+
+    /// Connections made from the host in the sandbox's own network namespace (see
+    /// `ports`); in every network mode.
+    fn ports(&self) -> Option<std::sync::Arc<dyn airlock_backend::PortConnector>> {
+        let ports: std::sync::Arc<dyn airlock_backend::PortConnector> = self.ports_connector().ok()?;
+        Some(ports)
+    }
 }

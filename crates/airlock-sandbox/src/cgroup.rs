@@ -1294,13 +1294,18 @@ impl Cgroup {
     /// `signal_all_except`). The CPU quota is lifted as in [`Cgroup::kill`], for
     /// `keep` too (it only reaps and reports): put it back with
     /// [`Cgroup::restore_cpu_quota`] once `keep` reports the killed processes gone.
-    pub fn kill_except(&self, keep: i32) -> Result<(), CgroupError> {
-        let killed = self.signal_all_except(keep);
+    ///
+    /// With `keepers` (the host uid of the sandbox's root), the subtrees of `keep`'s
+    /// children running as that uid are spared too: the keepers of spawned programs and
+    /// everything beneath them (see `keeper`). A sandbox's programs never run as its
+    /// root, so none of an exec's processes can pass for one.
+    pub fn kill_except(&self, keep: i32, keepers: Option<u32>) -> Result<(), CgroupError> {
+        let killed = self.signal_all_except(keep, keepers);
         let _ = self.lift_cpu_quota();
         killed
     }
 
-    fn signal_all_except(&self, keep: i32) -> Result<(), CgroupError> {
+    fn signal_all_except(&self, keep: i32, keepers: Option<u32>) -> Result<(), CgroupError> {
         let freeze = self
             .cgroup2_dir()
             .map(|d| (d.join("cgroup.freeze"), "1", "0"))
@@ -1324,6 +1329,9 @@ impl Cgroup {
         let deadline = Instant::now() + KILL_LOOP_WAIT;
         let mut seen: HashSet<i32> = [keep].into();
         let swept = loop {
+            if let Some(uid) = keepers {
+                seen.extend(spared_subtrees(keep, uid));
+            }
             match self.signal_members(&seen) {
                 Ok(fresh) if fresh.is_empty() || Instant::now() >= deadline => break Ok(()),
                 Ok(fresh) => seen.extend(fresh),
@@ -1367,7 +1375,7 @@ impl Cgroup {
     }
 
     /// Every pid listed in any directory of this cgroup.
-    fn members(&self) -> Result<BTreeSet<i32>, CgroupError> {
+    pub(crate) fn members(&self) -> Result<BTreeSet<i32>, CgroupError> {
         let mut pids = BTreeSet::new();
         for dir in &self.dirs {
             pids.extend(read_pids(&dir.path.join("cgroup.procs"))?);
@@ -1522,6 +1530,35 @@ impl Drop for Cgroup {
     fn drop(&mut self) {
         let _ = self.teardown();
     }
+}
+
+/// The host pids of every process beneath a child of `init` that runs as host uid `uid`
+/// (a keeper), the keepers included (see [`Cgroup::kill_except`]). A process whose
+/// ancestry cannot be told (an ancestor ended meanwhile) is spared: init's own sweep,
+/// after the exec's program ends, is the backstop for those.
+fn spared_subtrees(init: i32, uid: u32) -> Vec<i32> {
+    let table = crate::procs::table("/proc");
+    let keepers: Vec<i32> = table
+        .iter()
+        .filter(|(_, e)| e.ppid == init)
+        .map(|(pid, _)| *pid)
+        .filter(|pid| real_uid(*pid) == Some(uid))
+        .collect();
+    if keepers.is_empty() {
+        return Vec::new();
+    }
+    table
+        .keys()
+        .copied()
+        .filter(|pid| *pid != init && crate::procs::under(&table, *pid, &keepers, init) != Some(false))
+        .collect()
+}
+
+/// The real uid of host process `pid`.
+fn real_uid(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -39,12 +39,12 @@ pub fn maybe_run_init() {
 }
 
 /// A forked child waiting for its exec request (see `payload`).
-struct ReadyChild {
-    pid: Pid,
+pub(crate) struct ReadyChild {
+    pub pid: Pid,
     /// Where the request goes.
-    requests: OwnedFd,
+    pub requests: OwnedFd,
     /// Read end of its close-on-exec error pipe: EOF once it has exec'd.
-    errors: File,
+    pub errors: File,
 }
 
 /// What init keeps between requests.
@@ -64,6 +64,9 @@ struct Init {
     /// The answer to the file write under way, once one of its chunks failed: its other
     /// chunks are read and dropped, and this is sent once, after the last.
     failed_write: Option<Reply>,
+    /// The keepers of spawned programs (see `keeper`) still running: their subtrees
+    /// survive every exec's end.
+    keepers: Vec<Pid>,
 }
 
 /// Runs init on the control socket at fd 3; never returns. Called in a fresh exec of
@@ -229,6 +232,7 @@ fn setup(control: OwnedFd) -> Result<Init, SetupError> {
         cap_last_cap,
         sigchld,
         failed_write: None,
+        keepers: Vec::new(),
     })
 }
 
@@ -245,6 +249,12 @@ impl Init {
             if self.ready.is_none() && !self.done {
                 // If this fails, the exec forks again and reports why.
                 self.ready = self.fork_ready().ok();
+            }
+            // Idle: keepers (and what an exec's sweep left as zombies) are reaped as they
+            // end.
+            while poll_two(self.control.as_fd(), self.sigchld.as_fd()) {
+                let _ = self.sigchld.read_signal();
+                self.reap_idle();
             }
             let frame = match protocol::recv::<Request>(self.control.as_fd()) {
                 Ok(Some(frame)) => frame,
@@ -271,6 +281,23 @@ impl Init {
                 request @ Request::Exec { last, .. } => {
                     self.done = last;
                     let reply = self.exec(&request, frame.fds);
+                    self.reply(&reply, &[]);
+                }
+                Request::Spawn {
+                    command,
+                    env,
+                    max_file_bytes,
+                    workdir,
+                    terminal,
+                } => {
+                    let order = crate::keeper::Order {
+                        command,
+                        env,
+                        max_file_bytes,
+                        workdir,
+                        terminal,
+                    };
+                    let reply = self.spawn(order, frame.fds);
                     self.reply(&reply, &[]);
                 }
                 Request::Kill => self.reply(
@@ -353,42 +380,85 @@ impl Init {
 
     /// Forks a ready child (see `payload`).
     fn fork_ready(&self) -> Result<ReadyChild, String> {
-        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-        let (requests, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(|e| format!("socketpair: {e}"))?;
-        let (errors, errors_w) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-        let privileges = payload::Privileges {
+        fork_ready(self.privileges()?, &[CONTROL_FD, self.sigchld.as_raw_fd()])
+    }
+
+    fn privileges(&self) -> Result<payload::Privileges, String> {
+        Ok(payload::Privileges {
             landlock: self.landlock.try_clone().map_err(|e| format!("landlock: {e}"))?,
             cap_last_cap: self.cap_last_cap,
-        };
-        // SAFETY: init is single-threaded (a fresh exec, or a child of the single-threaded
-        // zygote, that started no threads), so the child may do anything a normal process
-        // does.
-        match unsafe { fork() } {
-            Err(e) => Err(format!("fork: {e}")),
-            Ok(ForkResult::Child) => {
-                // Of init's descriptors it keeps none but its own two ends.
-                drop((requests, errors));
-                // SAFETY: closing fds of init's this child will never use (it never
-                // returns to code that uses them); the parent's stay open.
-                unsafe {
-                    libc::close(CONTROL_FD);
-                    libc::close(std::os::fd::AsRawFd::as_raw_fd(&self.sigchld));
-                }
-                payload::ready_child(privileges, theirs, File::from(errors_w))
-            }
-            Ok(ForkResult::Parent { child }) => Ok(ReadyChild {
-                pid: child,
-                requests,
-                errors: File::from(errors),
-            }),
+        })
+    }
+
+    /// Forks a keeper for a spawned program (see `keeper`) and answers at once: the
+    /// keeper reports on the program's own channel (the first of `fds`).
+    fn spawn(&mut self, order: crate::keeper::Order, fds: Vec<OwnedFd>) -> Reply {
+        let want = if order.terminal.is_some() { 1 } else { 4 };
+        if fds.len() != want {
+            return Reply::Failed {
+                message: format!("a spawn needs {want} fds, got {}", fds.len()),
+            };
         }
+        let privileges = match self.privileges() {
+            Ok(p) => p,
+            Err(message) => return Reply::Failed { message },
+        };
+        let mut fds = fds.into_iter();
+        let Some(channel) = fds.next() else {
+            return Reply::Failed {
+                message: "no channel".into(),
+            };
+        };
+        // SAFETY: init is single-threaded (see `fork_ready`).
+        match unsafe { fork() } {
+            Err(e) => Reply::Failed {
+                message: format!("fork: {e}"),
+            },
+            Ok(ForkResult::Child) => {
+                // Of init's descriptors the keeper keeps none it does not use: the ready
+                // child's ends and the control socket go.
+                drop(self.ready.take());
+                // SAFETY: closing init's control socket in this child, which never
+                // returns to code that uses it; the parent's stays open.
+                unsafe { libc::close(CONTROL_FD) };
+                crate::keeper::run(
+                    privileges,
+                    self.sigchld.as_raw_fd(),
+                    channel,
+                    order,
+                    fds.collect(),
+                )
+            }
+            Ok(ForkResult::Parent { child }) => {
+                self.keepers.push(child);
+                Reply::Ok
+            }
+        }
+    }
+
+    /// Reaps what ended while init was idle. A keeper that ended is forgotten; if one
+    /// ended without its program's report (killed itself), what it left is swept.
+    fn reap_idle(&mut self) {
+        let mut keeper_ended = false;
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)) => {
+                    keeper_ended |= self.forget_keeper(pid);
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        if keeper_ended {
+            self.sweep();
+        }
+    }
+
+    /// Drops `pid` from the keepers; true if it was one.
+    fn forget_keeper(&mut self, pid: Pid) -> bool {
+        let before = self.keepers.len();
+        self.keepers.retain(|k| *k != pid);
+        self.keepers.len() != before
     }
 
     /// Runs one program to its end; returns the final reply (after `Started`, sent here).
@@ -454,6 +524,9 @@ impl Init {
                         return Reply::Signaled { signal: sig as i32 };
                     }
                     Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)) => {
+                        self.forget_keeper(pid);
+                    }
                     Ok(_) => {}
                 }
             }
@@ -482,8 +555,12 @@ impl Init {
         }
     }
 
-    /// Kills every process in the namespace but init, and reaps them all.
-    fn kill_all(&self) {
+    /// Kills every process in the namespace but init and the keepers' subtrees, and
+    /// reaps them all. Without keepers, kill(-1) and reaping until no child is left.
+    fn kill_all(&mut self) {
+        if !self.keepers.is_empty() {
+            return self.sweep();
+        }
         loop {
             // From PID 1, kill(-1) reaches every other process of the namespace.
             let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
@@ -495,9 +572,92 @@ impl Init {
     }
 }
 
+impl Init {
+    /// Kills every process of the namespace that is neither init, nor a keeper or beneath
+    /// one, nor the ready child, and reaps them: sweeps over /proc until one finds none
+    /// left. A process a fork under way adds is beneath one found alive, so it is found
+    /// by the next sweep (or its fork fails: its parent has SIGKILL pending).
+    fn sweep(&mut self) {
+        loop {
+            let mut spared = self.keepers.iter().map(|p| p.as_raw()).collect::<Vec<_>>();
+            spared.extend(self.ready.as_ref().map(|r| r.pid.as_raw()));
+            let table = crate::procs::table("/proc");
+            let mut found = false;
+            for (&pid, entry) in &table {
+                if pid == 1 || entry.zombie {
+                    continue;
+                }
+                match crate::procs::under(&table, pid, &spared, 1) {
+                    Some(true) => {}
+                    Some(false) => {
+                        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+                        found = true;
+                    }
+                    None => found = true,
+                }
+            }
+            let mut reaped = false;
+            loop {
+                match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)) => {
+                        self.forget_keeper(pid);
+                        reaped = true;
+                    }
+                    Ok(_) => reaped = true,
+                }
+            }
+            if !found {
+                return;
+            }
+            if !reaped {
+                // Killed, not dead yet: SIGKILL lands at their next return to user space.
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+    }
+}
+
+/// Forks a ready child (see `payload`) with `privileges`; `close` are fds of the caller's
+/// that the child closes at once (they are close-on-exec anyway; the child must not hold
+/// them while it waits).
+pub(crate) fn fork_ready(privileges: payload::Privileges, close: &[i32]) -> Result<ReadyChild, String> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let (requests, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| format!("socketpair: {e}"))?;
+    let (errors, errors_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    // SAFETY: init and keepers are single-threaded (a fresh exec, or a child of the
+    // single-threaded zygote, that started no threads), so the child may do anything a
+    // normal process does.
+    match unsafe { fork() } {
+        Err(e) => Err(format!("fork: {e}")),
+        Ok(ForkResult::Child) => {
+            // Of the parent's descriptors it keeps none but its own two ends.
+            drop((requests, errors));
+            for fd in close {
+                // SAFETY: closing fds of the parent's this child will never use (it
+                // never returns to code that uses them); the parent's stay open.
+                unsafe { libc::close(*fd) };
+            }
+            payload::ready_child(privileges, theirs, File::from(errors_w))
+        }
+        Ok(ForkResult::Parent { child }) => Ok(ReadyChild {
+            pid: child,
+            requests,
+            errors: File::from(errors),
+        }),
+    }
+}
+
 /// The reply for what the ready child wrote on its error pipe: a failure of a request's
 /// field (`field` NUL `message`, see `payload::refuse`) is refused on that field.
-fn failed(failure: String) -> Reply {
+pub(crate) fn failed(failure: String) -> Reply {
     match failure.split_once('\0') {
         Some((field, message)) => Reply::Refused {
             field: field.to_owned(),

@@ -1,12 +1,19 @@
 //! Landlock, the second wall behind the mount namespace: even if a path of the host were
 //! reachable, the program could only read and execute system directories (with an image's
 //! root: the whole image, which is all there is) and write its scratch space. Newer ABIs
-//! add TCP rules (no TCP bind at all; no TCP connect at all while the network policy is
-//! "none") and scoping (no signals to, and no abstract sockets of, processes outside the
+//! add TCP rules (no TCP connect at all while the network policy is "none") and scoping (no signals to, and no abstract sockets of, processes outside the
 //! sandbox's domain). In proxy mode a program may connect to any TCP port: every
 //! connection to an address but loopback's is redirected to the proxy (see `nftables`),
 //! which polices it, and loopback holds nothing but the proxy's sockets and the
 //! program's own.
+//!
+//! TCP bind is allowed in every mode: a server in a session (`python3 -m http.server
+//! 8000`) must listen. That opens nothing to the outside: the listener lives in the
+//! sandbox's own network namespace, whose only interfaces are its loopback and (proxy
+//! mode) a TUN device that carries nothing inbound; the one way in is airlock's port
+//! connector (see `ports`), which the service reaches only for the session's owner.
+//! Binding cannot take a port away from the proxy either: its sockets are bound before
+//! any program runs.
 //!
 //! ABI 1 is required (fail closed); later ABIs are applied when the kernel has them.
 
@@ -59,7 +66,8 @@ const SYSTEM_PATHS: &[&str] = &[
 /// and executed (an image puts programs anywhere: /opt, /app, /usr/local...); with
 /// `image_writable` too (an image build's step), all of it may be written as well (the
 /// tree is that step's own copy). With `connect_tcp` (proxy mode), TCP connections are
-/// left to the network namespace's rules; without, none is allowed.
+/// left to the network namespace's rules; without, none is allowed. TCP bind is always
+/// allowed (see the module docs).
 pub fn prepare(
     connect_tcp: bool,
     image_root: bool,
@@ -72,19 +80,25 @@ pub fn prepare(
     let devices: BitFlags<AccessFs> =
         AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev | AccessFs::Truncate;
 
+    // Network rights the ruleset restricts (and grants none of): TCP connect, unless
+    // proxy mode leaves it to the namespace's rules. Never TCP bind (see the module docs).
+    let net: BitFlags<AccessNet> = if connect_tcp {
+        BitFlags::empty()
+    } else {
+        AccessNet::from_all(POLICY_ABI) & AccessNet::ConnectTcp
+    };
     let ruleset = Ruleset::default()
         // The filesystem rules are the baseline: without them, refuse.
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(AccessFs::from_all(ABI::V1))?
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(AccessFs::from_all(POLICY_ABI))?
-        .handle_access(if connect_tcp {
-            AccessNet::from_all(POLICY_ABI) & !AccessNet::ConnectTcp
-        } else {
-            AccessNet::from_all(POLICY_ABI)
-        })?
-        .scope(Scope::from_all(POLICY_ABI))?
-        .create()?;
+        .handle_access(AccessFs::from_all(POLICY_ABI))?;
+    let ruleset = if net.is_empty() {
+        ruleset
+    } else {
+        ruleset.handle_access(net)?
+    };
+    let ruleset = ruleset.scope(Scope::from_all(POLICY_ABI))?.create()?;
     let ruleset = ruleset
         .add_rules(path_beneath_rules(["/"], AccessFs::ReadDir))?
         .add_rules(path_beneath_rules(

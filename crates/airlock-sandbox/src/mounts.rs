@@ -64,7 +64,9 @@ const PARK: &str = "/.image/.airlock";
 /// read-only, symlinks (merged-/usr hosts) are recreated as symlinks.
 pub const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
-/// Device nodes bound from the host's /dev. No tty, no pts: the program gets no terminal.
+/// Device nodes bound from the host's /dev. Terminals come from the sandbox's own devpts
+/// instance at /dev/pts (with /dev/ptmx pointing at its multiplexer), never the host's:
+/// an exec's program gets none; a spawned program may get one (see `keeper`).
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
 
 /// /proc files replaced by an empty, unreadable view (/dev/null bound over them):
@@ -398,6 +400,23 @@ fn build_dev(root: &Path) -> Result<(), MountError> {
         let dst = dev.join(link);
         io_op("symlink", &dst, symlink(target, &dst))?;
     }
+    // A devpts instance of the sandbox's own: its terminals are numbered and visible
+    // only here, and /dev/ptmx makes new ones in it, for any sandbox user.
+    let pts = dev.join("pts");
+    mkdir_p(&pts, 0o755)?;
+    sys(
+        "mount devpts",
+        &pts,
+        mount(
+            Some("devpts"),
+            &pts,
+            Some("devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620"),
+        ),
+    )?;
+    let ptmx = dev.join("ptmx");
+    io_op("symlink", &ptmx, symlink("pts/ptmx", &ptmx))?;
     let shm = dev.join("shm");
     mkdir_p(&shm, 0o1777)?;
     bind(&Path::new(SCRATCH).join("shm"), &shm)?;

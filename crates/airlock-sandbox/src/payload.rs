@@ -20,6 +20,9 @@
 //! 11. find the program the way a shell would, as the sandbox user sees it, and execve;
 //!     if it cannot be found or run, say so on its stderr and exit 127 or 126 as a shell
 //!     does.
+//!
+//! A keeper (see `keeper`) forks its program the same way, with a terminal's slave side
+//! as stdio when it has one: the program then makes it its controlling terminal.
 
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
@@ -129,6 +132,7 @@ fn exec_request(requests: &OwnedFd) -> Result<std::convert::Infallible, String> 
         env,
         max_file_bytes,
         workdir,
+        terminal,
         ..
     } = frame.msg
     else {
@@ -155,6 +159,15 @@ fn exec_request(requests: &OwnedFd) -> Result<std::convert::Infallible, String> 
         }
     }
     drop(stdio);
+    if terminal {
+        // A keeper's terminal: this process leads its own session (step 1), so the slave
+        // side on its stdin becomes its controlling terminal.
+        // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal it from another
+        // session); fd 0 is open.
+        if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
+            return Err(format!("TIOCSCTTY: {}", std::io::Error::last_os_error()));
+        }
+    }
     step(
         "RLIMIT_FSIZE",
         setrlimit(Resource::RLIMIT_FSIZE, max_file_bytes, max_file_bytes),

@@ -28,8 +28,8 @@ pub const CHUNK: usize = 48 * 1024;
 /// 8 bytes), plus its JSON header.
 const MAX_FRAME: usize = 96 * 1024;
 
-/// Most fds one message carries (an exec's three stdio pipes).
-const MAX_FDS: usize = 3;
+/// Most fds one message carries (a spawn's control channel and three stdio pipes).
+const MAX_FDS: usize = 4;
 
 /// The byte of the "go" message that also asks the cloned child to open the TUN device
 /// (see `sandbox::become_namespace_root`); any other byte is a plain "go".
@@ -122,9 +122,78 @@ pub enum Request {
         /// after it.
         #[serde(default)]
         last: bool,
+        /// Its stdio is a terminal's slave side: the program (a session leader) makes it
+        /// its controlling terminal (`TIOCSCTTY`). Set by a keeper only (see `keeper`).
+        #[serde(default)]
+        terminal: bool,
     },
     /// Kill every process of the running exec.
     Kill,
+    /// Start a program alongside execs, under a keeper of its own (see `keeper`).
+    /// Fds: the keeper's end of the program's control channel (a `SOCK_SEQPACKET`
+    /// socket), then, without `terminal`, its stdin, stdout and stderr. Answered at once
+    /// by `Ok` (the keeper runs; it reports on the channel whether the program started)
+    /// or `Failed`. Refused as busy while an exec runs.
+    Spawn {
+        /// argv.
+        command: Vec<String>,
+        /// The whole environment.
+        env: Vec<(String, String)>,
+        /// Largest file the program may write.
+        max_file_bytes: u64,
+        /// Where the program starts (absolute); `None`: /workspace.
+        #[serde(default)]
+        workdir: Option<String>,
+        /// A terminal of this size (rows, columns) is made for it inside the sandbox;
+        /// its master side travels back on the channel with `Started`.
+        #[serde(default)]
+        terminal: Option<(u16, u16)>,
+    },
+}
+
+/// Host -> a spawned program's keeper, on the program's own channel.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum KeeperRequest {
+    /// Send this signal to the program (`SIGKILL`: to everything it started too).
+    Signal {
+        /// The signal number.
+        signal: i32,
+    },
+}
+
+/// A spawned program's keeper -> host, on the program's own channel: first `Started`
+/// (or `Failed`/`Refused`), then, once, how it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum KeeperReply {
+    /// The program's execve succeeded. Fds: a terminal's master side, when it has one.
+    Started {
+        /// Its pid in the sandbox's pid namespace.
+        pid: i32,
+    },
+    /// Starting it failed.
+    Failed {
+        /// One line a person can act on.
+        message: String,
+    },
+    /// It could not start because of a field of its request (a missing workdir).
+    Refused {
+        /// The request's field.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// It exited with `code`; whatever it started is gone.
+    Exited {
+        /// The exit status.
+        code: i32,
+    },
+    /// A signal ended it; whatever it started is gone.
+    Signaled {
+        /// The signal number.
+        signal: i32,
+    },
 }
 
 /// Init -> supervisor.

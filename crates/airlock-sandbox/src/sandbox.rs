@@ -149,6 +149,11 @@ pub struct Sandbox {
     host_user: u32,
     /// Its root is an image's tree (not the host's system directories).
     image: bool,
+    /// A program was spawned in it (see `keeper`): a session exec's deadline spares the
+    /// keepers' subtrees.
+    spawned: bool,
+    /// What connects to its ports (see `ports`), made at the first ask; closed on drop.
+    ports: std::sync::OnceLock<Arc<crate::ports::Ports>>,
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
@@ -259,6 +264,8 @@ impl Sandbox {
             background: ahead,
             host_user: 0,
             image: config.image.is_some(),
+            spawned: false,
+            ports: std::sync::OnceLock::new(),
         };
 
         // The child waits on the control socket: map its ids, then go.
@@ -623,7 +630,7 @@ impl Sandbox {
     /// Init's answer to a file operation. One that does not come in time (or a closed
     /// socket) kills the sandbox: an answer that came late would be taken for the
     /// answer to the next request.
-    fn file_reply(&mut self) -> Result<Reply, SandboxError> {
+    pub(crate) fn file_reply(&mut self) -> Result<Reply, SandboxError> {
         self.file_frame(Instant::now() + FILE_OP_DEADLINE).map(|f| f.msg)
     }
 
@@ -633,7 +640,7 @@ impl Sandbox {
 
     /// The error for an answer that does not fit the request: the two sides disagree
     /// about where they are, so the sandbox is killed.
-    fn desync(&mut self, reply: &Reply) -> SandboxError {
+    pub(crate) fn desync(&mut self, reply: &Reply) -> SandboxError {
         self.kill();
         SandboxError::Setup(format!(
             "unexpected reply from init: {reply:?} (the sandbox was killed)"
@@ -732,6 +739,31 @@ impl Sandbox {
         self.host_user
     }
 
+    /// The host uid of the sandbox's root (its keepers' uid), once a program was
+    /// spawned in it: what a session exec's deadline spares (see `Cgroup::kill_except`).
+    pub(crate) fn keeper_uid(&self) -> Option<u32> {
+        self.spawned.then(|| self.host_user - crate::mounts::SANDBOX_ID)
+    }
+
+    /// Notes that a program was spawned in it.
+    pub(crate) fn mark_spawned(&mut self) {
+        self.spawned = true;
+    }
+
+    /// Whether its root is an image's tree.
+    pub(crate) fn has_image(&self) -> bool {
+        self.image
+    }
+
+    /// What connects to its ports, made once (see `ports`).
+    pub(crate) fn ports_connector(&self) -> Result<Arc<crate::ports::Ports>, SandboxError> {
+        if let Some(p) = self.ports.get() {
+            return Ok(Arc::clone(p));
+        }
+        let made = Arc::new(crate::ports::Ports::open(self.pid).map_err(SandboxError::Spawn)?);
+        Ok(Arc::clone(self.ports.get_or_init(|| made)))
+    }
+
     /// The CPU limit in force (cores).
     pub(crate) fn cpus(&self) -> f64 {
         self.limits.cpus
@@ -823,6 +855,9 @@ impl Drop for Sandbox {
                     .filter(|_| sys::set_nice(0, sys::BACKGROUND_NICE).is_ok())
             })
             .flatten();
+        if let Some(ports) = self.ports.get() {
+            ports.close();
+        }
         if self.reaped.is_none() {
             self.kill();
             self.reap();

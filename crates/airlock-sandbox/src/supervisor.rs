@@ -130,7 +130,7 @@ fn base_env() -> Vec<(String, String)> {
 /// The final environment: defaults, the proxy's variables in proxy mode (with the
 /// secrets' placeholders), then the spec's
 /// variables (a later one wins).
-fn environment(spec: &Spec, proxy: Option<&airlock_egress::Proxy>) -> Vec<(String, String)> {
+pub(crate) fn environment(spec: &Spec, proxy: Option<&airlock_egress::Proxy>) -> Vec<(String, String)> {
     let mut env = base_env();
     if let Some(dir) = &spec.workdir {
         env.retain(|(key, _)| key != "PWD");
@@ -201,6 +201,7 @@ pub(crate) fn exec(
         max_file_bytes: sb.disk_bytes(),
         workdir: spec.workdir.clone(),
         last: one_shot,
+        terminal: false,
     };
     sb.send_fds(
         &request,
@@ -278,7 +279,7 @@ pub(crate) fn exec(
                     killed_all = true;
                     sb.kill();
                 } else if let Some(cg) = sb.cgroup() {
-                    let _ = cg.kill_except(sb.init_pid());
+                    let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());
                     quota_lifted = true;
                 }
                 deadline = Instant::now() + KILL_GRACE;
@@ -307,7 +308,7 @@ pub(crate) fn exec(
                     killed_all = true;
                     sb.kill();
                 } else {
-                    let _ = cg.kill_except(sb.init_pid());
+                    let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());
                     quota_lifted = true;
                     deadline = Instant::now() + KILL_GRACE;
                 }
@@ -414,7 +415,7 @@ pub(crate) fn exec(
                         init_gone = true;
                     } else {
                         if let Some(cg) = sb.cgroup() {
-                            let _ = cg.kill_except(sb.init_pid());
+                            let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());
                             quota_lifted = true;
                         }
                         deadline = Instant::now() + KILL_GRACE;

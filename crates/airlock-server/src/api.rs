@@ -102,6 +102,11 @@ pub struct ExecRequest {
     /// An image from the service's image store to run in (`python:3.12-slim`,
     /// `sha256:…`); default: the host's system directories. In a session, the session's.
     pub image: Option<String>,
+    /// In a session: start the program as a background process and answer at once (201,
+    /// its process); it runs until it ends, `limits.timeout_ms` passes (only when given),
+    /// or the session ends.
+    #[serde(default)]
+    pub background: bool,
 }
 
 /// `POST /v1/sandboxes`.
@@ -148,7 +153,7 @@ fn exact(show: fn(u64) -> String, n: u64) -> String {
 /// An optional non-negative integer that JSON may spell `2998` or `2998.0`: JSON Schema
 /// (and so the OpenAPI document) counts an integral number as an integer whatever its
 /// spelling, and clients that compute sizes in floating point send them so.
-fn integer<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+pub(crate) fn integer<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
     let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
         return Ok(None);
     };

@@ -24,7 +24,10 @@ pub async fn require_key(State(state): State<Arc<AppState>>, mut req: Request, n
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .map(str::trim)
+        .map(str::to_owned)
+        .or_else(|| websocket_token(&req));
+    let token = token.as_deref();
     match token.and_then(|t| state.key_name(t)) {
         Some(name) => {
             req.extensions_mut().insert(KeyName(Some(name)));
@@ -35,4 +38,18 @@ pub async fn require_key(State(state): State<Arc<AppState>>, mut req: Request, n
             ApiError::unauthorized().into_response()
         }
     }
+}
+
+/// A WebSocket route's key from its `access_token` query parameter: browsers cannot set
+/// headers on a WebSocket. Only the terminal route takes it there (a URL may be logged).
+fn websocket_token(req: &Request) -> Option<String> {
+    if !req.uri().path().ends_with("/pty") {
+        return None;
+    }
+    let query = req.uri().query()?;
+    serde_urlencoded::from_str::<Vec<(String, String)>>(query)
+        .ok()?
+        .into_iter()
+        .find(|(k, _)| k == "access_token")
+        .map(|(_, v)| v)
 }

@@ -34,6 +34,7 @@ mod auth;
 mod body;
 pub mod config;
 mod error;
+mod fdio;
 pub mod images;
 pub mod mcp;
 mod metrics;

@@ -46,6 +46,15 @@ pub struct Session {
     /// Proxy mode's egress proxy (`None` in mode none): its policy changes and approvals
     /// happen while an exec holds `inner`, so it is kept apart.
     pub egress: Option<Arc<airlock_egress::Proxy>>,
+    /// Opens connections to its programs' TCP ports (`None`: the tier cannot): kept apart
+    /// like `egress`, so forwarded traffic flows while an exec holds `inner`.
+    pub ports: Option<Arc<dyn airlock_backend::PortConnector>>,
+    /// The ports exposed through airlock (`POST …/ports`), each with its token.
+    pub exposed: Mutex<std::collections::BTreeMap<u16, String>>,
+    /// Its background processes and terminals.
+    pub processes: crate::service::processes::Processes,
+    /// Its code interpreter's kernel, once started; one call at a time.
+    pub kernel: tokio::sync::Mutex<Option<crate::service::kernel::Kernel>>,
     /// The sandbox and what it has used; locked by one exec or file operation at a time.
     pub inner: tokio::sync::Mutex<SessionInner>,
     /// Readable once the session is deleted or expired: its running exec is cancelled.
@@ -70,6 +79,10 @@ impl Session {
         Ok(Session {
             id: sandbox.id().to_owned(),
             egress: sandbox.egress(),
+            ports: sandbox.ports(),
+            exposed: Mutex::new(std::collections::BTreeMap::new()),
+            processes: Default::default(),
+            kernel: tokio::sync::Mutex::new(None),
             isolation,
             created: now,
             expires: now + ttl,

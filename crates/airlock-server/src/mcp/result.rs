@@ -88,6 +88,87 @@ pub(crate) fn exec_result(resp: ExecResponse, limits: &Limits) -> Result<CallToo
     structured(&output, error)
 }
 
+/// `run_code`'s result: a one-shot exec's (`ExecOutput`'s fields), or, in a sandbox's code
+/// interpreter, `execution`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub(crate) struct RunCodeOutput {
+    /// Why the call is an error ("exited with code 1", "NameError: name 'x' is not
+    /// defined"); null when it succeeded.
+    pub error: Option<String>,
+    /// A one-shot exec: everything `airlock run --json` reports.
+    #[serde(flatten)]
+    pub result: Option<ExecResult>,
+    /// A one-shot exec: waiting for capacity before the program, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_ms: Option<f64>,
+    /// In a sandbox's code interpreter: logs, rich results (MIME bundles; figures are
+    /// also returned as image content), the exception, and timing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution: Option<crate::service::kernel::Execution>,
+}
+
+/// The tool result of a `run_code` in a sandbox's kernel: the execution structured, its
+/// JSON as text with images left out, and each PNG or JPEG as image content.
+pub(crate) fn code_result(exec: crate::service::kernel::Execution) -> Result<CallToolResult, ErrorData> {
+    let error = match (&exec.error, exec.timed_out) {
+        (Some(e), true) => Some(format!(
+            "timed out and was interrupted ({}: {}); the kernel's state is kept",
+            e.name, e.value
+        )),
+        (Some(e), false) => Some(format!("{}: {}", e.name, e.value)),
+        (None, true) => Some("timed out and was interrupted; the kernel's state is kept".into()),
+        (None, false) => None,
+    };
+    let images: Vec<(String, String)> = exec
+        .results
+        .iter()
+        .flat_map(|r| {
+            ["image/png", "image/jpeg"].into_iter().filter_map(|mime| {
+                r.data
+                    .get(mime)
+                    .and_then(serde_json::Value::as_str)
+                    .map(|b64| (b64.to_owned(), mime.to_owned()))
+            })
+        })
+        .collect();
+    let output = RunCodeOutput {
+        error: error.clone(),
+        result: None,
+        queue_ms: None,
+        execution: Some(exec),
+    };
+    let json = serde_json::to_value(&output)
+        .map_err(|e| ErrorData::internal_error(format!("serializing the result: {e}"), None))?;
+    // The text copy leaves images out: they follow as image content.
+    let mut text = json.clone();
+    if let Some(results) = text
+        .pointer_mut("/execution/results")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for r in results {
+            for mime in ["image/png", "image/jpeg"] {
+                if let Some(v) = r.pointer_mut(&format!("/data/{}", mime.replace('/', "~1"))) {
+                    let len = v.as_str().map_or(0, str::len);
+                    *v = serde_json::Value::String(format!(
+                        "<{mime}, {len} base64 characters: sent as image content>"
+                    ));
+                }
+            }
+        }
+    }
+    let mut r = CallToolResult::structured(json);
+    r.content.clear();
+    if let Some(message) = &error {
+        r.content.push(ContentBlock::text(message.clone()));
+    }
+    r.content.push(ContentBlock::text(text.to_string()));
+    for (data, mime) in images {
+        r.content.push(ContentBlock::image(data, mime));
+    }
+    r.is_error = Some(error.is_some());
+    Ok(r)
+}
+
 /// A tool result carrying `value` as `structuredContent` and the same JSON as text; with
 /// `error`, `isError` is set and the reason comes first.
 pub(crate) fn structured<T: Serialize>(

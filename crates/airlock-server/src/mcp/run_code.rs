@@ -1,5 +1,7 @@
 //! `run_code`: one program in a fresh sandbox without network, purged afterwards (the
-//! REST API's `POST /v1/exec`).
+//! REST API's `POST /v1/exec`); or, with `sandbox_id`, Python in that session's Jupyter
+//! kernel, whose state persists between calls (`POST /v1/sandboxes/{id}/code`), its
+//! figures returned as image content.
 
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
@@ -11,7 +13,7 @@ use serde::Deserialize;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use super::result::{ExecOutput, exec_result, refused};
+use super::result::{RunCodeOutput, code_result, exec_result, no_sandbox, refused};
 use super::{AirlockMcp, FileInput, IsolationInput, caller, timeout_ms, unless_cancelled};
 use crate::api::{ExecRequest, FileRequest, Language, LimitsRequest};
 use crate::service::runner;
@@ -36,6 +38,11 @@ pub(crate) struct RunCodeInput {
     /// An image from the service's image store to run in (`python:3.12-slim`); default:
     /// the host's system directories.
     pub image: Option<String>,
+    /// A sandbox from create_sandbox: run the Python code in its code interpreter (a
+    /// Jupyter kernel): variables, imports and open files persist between calls, and
+    /// figures come back as images. Only with language python; not with stdin, files,
+    /// isolation or image (the sandbox's own apply).
+    pub sandbox_id: Option<String>,
 }
 
 #[tool_router(router = run_code_router, vis = "pub(super)")]
@@ -45,13 +52,16 @@ impl AirlockMcp {
         description = "Run a Python, JavaScript or Bash program in a fresh, isolated sandbox without \
 network, and get its stdout, stderr, exit code and resource use. Nothing is kept afterwards: use \
 create_sandbox and exec for work in several steps. A program that exits non-zero, times out or \
-exceeds its memory limit returns isError with the reason.",
-        output_schema = schema_for_output::<ExecOutput>(),
+exceeds its memory limit returns isError with the reason. With sandbox_id (from create_sandbox), \
+Python runs in that sandbox's code interpreter instead: state persists between calls like a \
+notebook, the last expression's value and displayed tables come back as results, and figures \
+(matplotlib) come back as images.",
+        output_schema = schema_for_output::<RunCodeOutput>(),
         annotations(
-            title = "Run code in a throwaway sandbox",
-            read_only_hint = true,
+            title = "Run code in a throwaway sandbox, or in a sandbox's code interpreter",
+            read_only_hint = false,
             destructive_hint = false,
-            idempotent_hint = true,
+            idempotent_hint = false,
             open_world_hint = false
         )
     )]
@@ -66,6 +76,40 @@ exceeds its memory limit returns isError with the reason.",
             Ok(t) => t,
             Err(e) => return Ok(refused(&e)),
         };
+        if let Some(id) = input.sandbox_id.as_deref() {
+            let session = match state.session(id, &key) {
+                Ok(s) => s,
+                Err(e) => return Ok(no_sandbox(&e)),
+            };
+            let misplaced = [
+                ("stdin", input.stdin.is_some()),
+                ("files", !input.files.is_empty()),
+                ("isolation", input.isolation.is_some()),
+                ("image", input.image.is_some()),
+            ];
+            if let Some((field, _)) = misplaced.iter().find(|(_, given)| *given) {
+                return Ok(refused(&crate::error::ApiError::invalid(
+                    *field,
+                    "is not taken with sandbox_id: the sandbox's own applies (write files with write_file)",
+                )));
+            }
+            if input.language != Language::Python {
+                return Ok(refused(&crate::error::ApiError::invalid(
+                    "language",
+                    "with sandbox_id, the code interpreter runs python; run other languages with exec",
+                )));
+            }
+            let timeout = std::time::Duration::from_millis(timeout_ms.unwrap_or(session.limits.timeout_ms));
+            let ran = unless_cancelled(
+                &ctx,
+                crate::service::kernel::run(&state, &session, &input.code, timeout, None),
+            )
+            .await?;
+            return match ran {
+                Ok(exec) => code_result(exec),
+                Err(e) => Ok(refused(&e)),
+            };
+        }
         let req = ExecRequest {
             language: Some(input.language),
             code: Some(input.code),

@@ -19,6 +19,12 @@ pub async fn handle(
     headers: HeaderMap,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Response, ApiError> {
+    if req.background {
+        return Err(ApiError::invalid(
+            "background",
+            "needs a session: a one-shot exec's sandbox ends with its program (create one with POST /v1/sandboxes)",
+        ));
+    }
     let spec = req.to_spec(&state.config, &state.config.defaults)?;
     if spec
         .network

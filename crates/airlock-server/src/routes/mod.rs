@@ -1,5 +1,6 @@
 //! One file per route; `router` wires them with the auth layer.
 
+mod code;
 mod exec;
 pub(crate) mod files;
 mod health;
@@ -7,6 +8,8 @@ mod mcp;
 mod metrics;
 mod network;
 mod openapi;
+mod processes;
+mod pty;
 pub(crate) mod sandbox_exec;
 pub(crate) mod sandboxes;
 
@@ -38,6 +41,27 @@ pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
         .route(
             "/v1/sandboxes/{id}/network",
             get(network::show).patch(network::update),
+        )
+        .route("/v1/sandboxes/{id}/code", post(code::run))
+        .route("/v1/sandboxes/{id}/code/restart", post(code::restart))
+        .route("/v1/sandboxes/{id}/pty", get(pty::handle))
+        .route("/v1/sandboxes/{id}/processes", get(processes::list))
+        .route("/v1/sandboxes/{id}/processes/{process}", get(processes::show))
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}/output",
+            get(processes::output),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}/stdin",
+            post(processes::stdin),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}/signal",
+            post(processes::signal),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}/wait",
+            post(processes::wait),
         )
         .route("/v1/sandboxes/{id}/approvals", get(network::approvals))
         .route("/v1/sandboxes/{id}/approvals/{approval}", post(network::decide))

@@ -1,5 +1,6 @@
 //! `POST /v1/sandboxes/{id}/exec`: run in a session; its files persist between execs,
-//! each exec's processes end with it.
+//! each exec's processes end with it. With `background`, the program is started as one
+//! of the session's processes and the answer comes at once (see `processes`).
 
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -24,6 +25,10 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
     let spec = session_spec(&state, &session, &req)?;
+    if req.background {
+        let process = super::processes::start(&state, &session, &req, spec).await?;
+        return Ok((axum::http::StatusCode::CREATED, Json(process)).into_response());
+    }
     if super::wants_stream(&headers) {
         return Ok(stream::respond(move |tx| {
             runner::in_session(state, key, session, spec, Some(tx))

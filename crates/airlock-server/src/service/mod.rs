@@ -4,6 +4,8 @@
 //! tool only turns its request into these calls and their answers into its response.
 
 pub mod files;
+pub mod kernel;
 pub mod network;
+pub mod processes;
 pub mod runner;
 pub mod sessions;
