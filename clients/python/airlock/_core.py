@@ -479,19 +479,22 @@ def follow_timeout(config: Config, timeout: float | None) -> httpx.Timeout:
     return httpx.Timeout(timeout, connect=config.connect_timeout)
 
 
-DEFAULT_CODE_TIMEOUT_MS = 30_000
-"""The service's default ``timeout_ms`` of a code cell."""
 
 KERNEL_START_MARGIN_S = 60.0
 """Added to a code call's client timeout: the session's first call starts the kernel."""
 
 
-def code_request(config: Config, code: str, timeout: float | None) -> tuple[dict[str, Any], httpx.Timeout]:
+def code_request(
+    config: Config, code: str, timeout: float | None, default_ms: int | None
+) -> tuple[dict[str, Any], httpx.Timeout]:
+    """The body and client timeout of ``POST …/code``: a cell without ``timeout`` gets the
+    session's ``limits.timeout_ms`` (``default_ms`` when the SDK knows it; else the
+    server's default of 10 s)."""
     body: dict[str, Any] = {"code": code, "language": "python"}
     t = ms("timeout", timeout)
     if t is not None:
         body["timeout_ms"] = t
-    read = (t or DEFAULT_CODE_TIMEOUT_MS) / 1000.0 + config.timeout_margin + KERNEL_START_MARGIN_S
+    read = (t or default_ms or DEFAULT_EXEC_TIMEOUT_MS) / 1000.0 + config.timeout_margin + KERNEL_START_MARGIN_S
     return body, httpx.Timeout(read, connect=config.connect_timeout)
 
 
@@ -527,8 +530,8 @@ CodeEvent = tuple[str, Any]
 
 def to_code_event(name: str, data: str) -> CodeEvent | None:
     """An event of a streamed code cell. An ``error`` event is the cell's exception
-    (``{"name", "value", "traceback"}``); one in the API's error envelope
-    (``{"error": {"code", …}}``) is a failure of the request, raised."""
+    (``{"name", "value", "traceback"}``); a ``failed`` event (or an ``error`` one in the
+    API's envelope, ``{"error": {"code", …}}``) is a failure of the request, raised."""
     if name in ("stdout", "stderr"):
         d = json.loads(data)
         return name, d.get("text", d.get("data", ""))
@@ -539,6 +542,8 @@ def to_code_event(name: str, data: str) -> CodeEvent | None:
         if isinstance(d, Mapping) and isinstance(d.get("error"), Mapping):
             raise errors.from_event(data)
         return name, ExecutionError.from_dict(d)
+    if name == "failed":  # the request failed after the stream began (the envelope)
+        raise errors.from_event(data)
     if name == "done":
         return name, Execution.from_dict(json.loads(data))
     return None
@@ -566,16 +571,23 @@ def terminal_request(
     the client's extra headers)."""
     from urllib.parse import urlencode
 
-    q: list[tuple[str, str]] = [("rows", str(int(rows))), ("cols", str(int(cols)))]
+    import shlex
+
+    q: list[tuple[str, str]] = []
+    # The service's defaults are 24x80: sent only when they differ.
+    if (int(rows), int(cols)) != (24, 80):
+        q += [("rows", str(int(rows))), ("cols", str(int(cols)))]
     if isinstance(cmd, str):
-        q.append(("cmd", cmd))
+        q.append(("cmd", cmd))  # a shell command line (the service runs `sh -c "exec CMD"`)
     elif cmd is not None:
-        q.extend(("cmd", str(a)) for a in cmd)
+        if not cmd:
+            raise ValueError("cmd is an empty argv")
+        q.append(("cmd", shlex.join(str(a) for a in cmd)))
     base = config.base_url
     if base.startswith("https://"):
         base = "wss://" + base[len("https://"):]
     elif base.startswith("http://"):
         base = "ws://" + base[len("http://"):]
-    url = base + sandbox_path(sandbox_id, "/pty") + "?" + urlencode(q)
+    url = base + sandbox_path(sandbox_id, "/pty") + ("?" + urlencode(q) if q else "")
     headers = {k: v for k, v in config.headers.items() if k not in ("user-agent", "accept", "content-type")}
     return url, headers

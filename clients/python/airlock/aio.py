@@ -593,7 +593,7 @@ class AsyncSandbox:
         """Runs a Python cell in the session's kernel (see :meth:`Sandbox.run_code
         <airlock.Sandbox.run_code>`); callbacks may be functions or coroutine functions,
         awaited in order as events arrive."""
-        body, timeout_ = _core.code_request(self._client._config, code, timeout)
+        body, timeout_ = _core.code_request(self._client._config, code, timeout, self._default_ms)
         path = _core.sandbox_path(self.id, "/code")
         callbacks = {"stdout": on_stdout, "stderr": on_stderr, "result": on_result, "error": on_error}
         if all(c is None for c in callbacks.values()):

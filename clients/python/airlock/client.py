@@ -599,12 +599,13 @@ class Sandbox:
         results (the last expression's value, figures, DataFrames as HTML), and the
         exception it raised as :attr:`~airlock.Execution.error` (not raised here).
 
-        ``timeout`` (seconds, service default 30): past it the kernel is interrupted
+        ``timeout`` (seconds; default: the session's ``limits.timeout_ms``, 10 s unless
+        set): past it the kernel is interrupted
         (``error.name == "KeyboardInterrupt"``, ``timed_out``) and keeps its state. With
         callbacks, output is streamed: each is called in this thread as its event arrives,
         in order. :class:`~airlock.InvalidRequest` on ``image`` when the session's image
         has no ipykernel."""
-        body, timeout_ = _core.code_request(self._client._config, code, timeout)
+        body, timeout_ = _core.code_request(self._client._config, code, timeout, self._default_ms)
         path = _core.sandbox_path(self.id, "/code")
         callbacks = (on_stdout, on_stderr, on_result, on_error)
         if all(c is None for c in callbacks):
@@ -645,10 +646,12 @@ class Sandbox:
     # --- terminal ------------------------------------------------------------------------
 
     def pty(self, rows: int = 24, cols: int = 80, cmd: str | Sequence[str] | None = None) -> Terminal:
-        """Starts ``cmd`` (default: ``/bin/bash``, else ``/bin/sh``) on a terminal of
-        ``rows`` x ``cols`` in the session and connects to it over a WebSocket (the API
-        key goes in the ``Authorization`` header; the client's ``http_client`` is not
-        used). Use it in a ``with`` block: leaving it hangs the terminal up."""
+        """Starts ``cmd`` on a terminal of ``rows`` x ``cols`` in the session and connects
+        to it over a WebSocket (the API key goes in the ``Authorization`` header; the
+        client's ``http_client`` is not used). ``cmd`` is a shell command line
+        (``"python3 -q"``; the service runs ``sh -c "exec CMD"``) or an argv list (quoted
+        into one); default: ``bash``, else ``sh``. Use it in a ``with`` block: leaving it
+        hangs the terminal up."""
         return Terminal._open(self._client._config, self.id, rows, cols, cmd)
 
     # --- ports ---------------------------------------------------------------------------
