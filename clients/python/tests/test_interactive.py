@@ -509,22 +509,28 @@ def test_bad_input_raises_typed_errors(al: Airlock, sb: Sandbox) -> None:
     with pytest.raises(InvalidRequest) as e:
         sb.processes.wait(p, timeout=0)
     assert e.value.field == "timeout_ms"
+    with pytest.raises(SandboxNotFound):
+        Sandbox(al, "0" * 16, None, None).processes.list()
+    with pytest.raises(InvalidRequest) as e:
+        sb.run_code("1", timeout=0)
+    assert e.value.field == "timeout_ms"
+
+    gone = al.sandbox(ttl_s=60)
+    gone.delete()
+    with pytest.raises(SandboxNotFound):
+        gone.pty(cmd="sh")
+    with pytest.raises(SandboxNotFound):
+        gone.run_code("1")
+    with pytest.raises(SandboxNotFound):
+        gone.processes.start(["true"])
+
     with needs("ports"):
         for bad in (0, 70000):
             with pytest.raises(InvalidRequest) as e:
                 sb.expose(bad)
             assert e.value.field == "port", e.value
     with pytest.raises(SandboxNotFound):
-        Sandbox(al, "0" * 16, None, None).processes.list()
-
-    gone = al.sandbox(ttl_s=60)
-    gone.delete()
-    with pytest.raises((SandboxNotFound, SandboxExpired)):
-        gone.pty(cmd="sh")
-    with pytest.raises((SandboxNotFound, SandboxExpired)):
         gone.expose(8000)
-    with pytest.raises((SandboxNotFound, SandboxExpired)):
-        gone.run_code("1")
 
 
 def test_pty_needs_the_key(keyed: Daemon) -> None:
