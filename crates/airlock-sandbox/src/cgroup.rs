@@ -1330,7 +1330,7 @@ impl Cgroup {
         let mut seen: HashSet<i32> = [keep].into();
         let swept = loop {
             if let Some(uid) = keepers {
-                seen.extend(spared_subtrees(keep, uid));
+                seen.extend(spared_subtrees(keep, uid, self.members().unwrap_or_default()));
             }
             match self.signal_members(&seen) {
                 Ok(fresh) if fresh.is_empty() || Instant::now() >= deadline => break Ok(()),
@@ -1532,12 +1532,13 @@ impl Drop for Cgroup {
     }
 }
 
-/// The host pids of every process beneath a child of `init` that runs as host uid `uid`
-/// (a keeper), the keepers included (see [`Cgroup::kill_except`]). A process whose
-/// ancestry cannot be told (an ancestor ended meanwhile) is spared: init's own sweep,
-/// after the exec's program ends, is the backstop for those.
-fn spared_subtrees(init: i32, uid: u32) -> Vec<i32> {
-    let table = crate::procs::table("/proc");
+/// The host pids of every process of `members` (the sandbox's processes: all beneath its
+/// `init`) beneath a child of `init` that runs as host uid `uid` (a keeper), the keepers
+/// included (see [`Cgroup::kill_except`]). A process whose ancestry cannot be told (an
+/// ancestor ended meanwhile) is spared: init's own sweep, after the exec's program ends,
+/// is the backstop for those.
+fn spared_subtrees(init: i32, uid: u32, members: BTreeSet<i32>) -> Vec<i32> {
+    let table = crate::procs::table_of("/proc", members);
     let keepers: Vec<i32> = table
         .iter()
         .filter(|(_, e)| e.ppid == init)

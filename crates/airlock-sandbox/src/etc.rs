@@ -60,7 +60,8 @@ pub const GENERATED: &[(&str, &str)] = &[
 ];
 
 /// Host files bound read-only when present: the dynamic loader's cache, protocol and
-/// service names, MIME types, time zone.
+/// service names, MIME types, time zone, and Debian's matplotlib configuration (its
+/// matplotlib reads /etc/matplotlibrc and refuses to import without it).
 pub const BOUND_FILES: &[&str] = &[
     "ld.so.cache",
     "ld.so.conf",
@@ -68,6 +69,7 @@ pub const BOUND_FILES: &[&str] = &[
     "services",
     "mime.types",
     "localtime",
+    "matplotlibrc",
 ];
 
 /// Host directories bound read-only when present: TLS trust, `alternatives` links that

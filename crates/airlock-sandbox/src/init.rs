@@ -12,6 +12,13 @@
 //! ends kills whatever else it left behind before reporting, so each exec's processes end
 //! with it. If the supervisor goes away, init exits, and the kernel
 //! kills everything in the namespace.
+//!
+//! A spawn request forks a keeper (see `keeper`) that runs one program alongside execs
+//! and answers for it on a channel of its own; init answers at once and goes on serving.
+//! While keepers run, the kill after an exec is a sweep over /proc that spares their
+//! subtrees (without any, it stays one kill(-1)), and init reaps keepers that end while
+//! it is idle. While an exec runs, init refuses every request but `Kill`, a spawn too
+//! (the server serializes a session's requests).
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};

@@ -69,6 +69,11 @@ pub const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64"
 /// an exec's program gets none; a spawned program may get one (see `keeper`).
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
 
+/// Device nodes bound when the host has them. `tty` opens the opener's own controlling
+/// terminal (a spawned program's, in the sandbox's devpts; `ENXIO` for an exec's, which
+/// has none), never a terminal of the host's: `less`, `getpass` and editors read it.
+const OPTIONAL_DEVICES: &[&str] = &["tty"];
+
 /// /proc files replaced by an empty, unreadable view (/dev/null bound over them):
 /// kernel memory, keys, timers and triggers a sandbox has no business reading or poking.
 const PROC_MASKED_FILES: &[&str] = &[
@@ -371,7 +376,10 @@ fn build_dev(root: &Path) -> Result<(), MountError> {
             Some("mode=0755,size=64k,nr_inodes=64"),
         ),
     )?;
-    for name in DEVICES {
+    let optional = OPTIONAL_DEVICES
+        .iter()
+        .filter(|name| Path::new(OLD).join("dev").join(name).exists());
+    for name in DEVICES.iter().chain(optional) {
         let dst = dev.join(name);
         io_op("create", &dst, fs::File::create(&dst))?;
         let src = Path::new(OLD).join("dev").join(name);

@@ -30,23 +30,23 @@ pub(crate) fn parse_stat(stat: &str) -> Option<Entry> {
 /// Every process of `/proc` (under `proc`), by pid. Processes that end while it is read
 /// are left out.
 pub(crate) fn table(proc: &str) -> HashMap<i32, Entry> {
-    let mut table = HashMap::new();
     let Ok(dir) = std::fs::read_dir(proc) else {
-        return table;
+        return HashMap::new();
     };
-    for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        if let Some(e) = std::fs::read_to_string(format!("{proc}/{pid}/stat"))
-            .ok()
-            .as_deref()
-            .and_then(parse_stat)
-        {
-            table.insert(pid, e);
-        }
-    }
-    table
+    let pids = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()));
+    table_of(proc, pids)
+}
+
+/// The processes `pids` of `/proc` (under `proc`), by pid; those that ended are left out.
+pub(crate) fn table_of(proc: &str, pids: impl IntoIterator<Item = i32>) -> HashMap<i32, Entry> {
+    pids.into_iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("{proc}/{pid}/stat")).ok()?;
+            Some((pid, parse_stat(&stat)?))
+        })
+        .collect()
 }
 
 /// Whether `pid` is one of `roots` or descends from one: `Some(true)`; `Some(false)`

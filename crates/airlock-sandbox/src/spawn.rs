@@ -2,6 +2,10 @@
 //! for a keeper (see `keeper`), waits until the program started, and returns its stdio
 //! and a [`ProcessHandle`] that talks to the keeper on the program's own channel.
 //!
+//! With a terminal, `stdout` and `stdin` are the master side (two fds of it): once no
+//! process holds the slave side any more, reading it fails with `EIO` rather than
+//! returning end of file; a reader takes that for end of file.
+//!
 //! Init serves one request at a time: while an exec runs, a spawn is refused as busy (the
 //! server serializes a session's requests, so it never asks for one then). Once
 //! started, the program is independent of init's requests: execs come and go, and their

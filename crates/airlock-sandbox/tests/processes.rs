@@ -215,6 +215,13 @@ fn a_terminal_has_its_size_and_a_pts_name(engine: &Engine) {
     write_all(&p.stdin, b"tty; echo =do''ne3\n");
     let out = read_until(&p.stdout, "=done3\r\n");
     assert!(out.contains("/dev/pts/"), "{out:?}");
+    // /dev/tty is the program's own terminal.
+    write_all(&p.stdin, b"echo via-/dev/t''ty > /dev/tty\n");
+    read_until(&p.stdout, "via-/dev/tty");
+    // An exec has no terminal: its /dev/tty is no device (it never hangs on one).
+    let r = exec(&mut sb, "echo x > /dev/tty");
+    assert_ne!(r.exit_code, Some(0), "{r:#?}");
+    assert!(r.stderr.contains("No such device"), "{r:#?}");
     // Typing into one's own terminal stays refused (seccomp: TIOCSTI).
     write_all(
         &p.stdin,

@@ -28,6 +28,9 @@ enum Command {
     Doctor(cmd::doctor::DoctorArgs),
     /// Manage the image store: pull, import, ls, rm, prune.
     Image(cmd::image::ImageArgs),
+    /// Attach this terminal to a shell in a session of `airlock serve` (a new one,
+    /// deleted afterwards, when no ID is given).
+    Shell(cmd::shell::ShellArgs),
 }
 
 /// Exit status for bad flags and hosts that cannot provide a required isolation.
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Mcp(args) => cmd::mcp::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Image(args) => cmd::image::run(args),
+        Command::Shell(args) => cmd::shell::run(args),
     };
     match result {
         Ok(code) => code,

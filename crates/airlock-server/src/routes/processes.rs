@@ -22,7 +22,7 @@ use crate::service::processes::{self, Follow, ProcessInfo};
 use crate::state::{AppState, KeyName, Session};
 
 /// Longest `wait` a request may ask for.
-const MAX_WAIT_MS: u64 = 600_000;
+const MAX_WAIT_MS: u64 = 60_000;
 
 /// Starts `req`'s program (its spec `spec`) as a background process of `session`.
 pub(crate) async fn start(

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::api::{ExecRequest, integer};
+use crate::api::ExecRequest;
 use crate::body::ApiQuery;
 use crate::error::ApiError;
 use crate::fdio::FdStream;
@@ -39,10 +39,8 @@ const DEFAULT_SHELL: &str = "command -v bash >/dev/null 2>&1 && exec bash || exe
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PtyQuery {
-    #[serde(default, deserialize_with = "integer")]
-    rows: Option<u16>,
-    #[serde(default, deserialize_with = "integer")]
-    cols: Option<u16>,
+    rows: Option<String>,
+    cols: Option<String>,
     cmd: Option<String>,
     /// Read by the auth layer.
     #[allow(dead_code)]
@@ -60,6 +58,18 @@ fn side(field: &str, value: Option<u16>, default: u16) -> Result<u16, ApiError> 
     }
 }
 
+/// A side given in the query.
+fn side_param(field: &str, value: Option<&str>, default: u16) -> Result<u16, ApiError> {
+    let parsed = value
+        .map(|v| {
+            v.parse::<u16>().map_err(|_| {
+                ApiError::invalid(field, format!("must be an integer between 1 and {MAX_SIDE}, got {v:?}"))
+            })
+        })
+        .transpose()?;
+    side(field, parsed, default)
+}
+
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     Extension(key): Extension<KeyName>,
@@ -68,8 +78,8 @@ pub async fn handle(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
-    let rows = side("rows", query.rows, 24)?;
-    let cols = side("cols", query.cols, 80)?;
+    let rows = side_param("rows", query.rows.as_deref(), 24)?;
+    let cols = side_param("cols", query.cols.as_deref(), 80)?;
     let upgrade = upgrade.map_err(|e| {
         ApiError::invalid(
             "upgrade",

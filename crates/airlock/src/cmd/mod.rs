@@ -5,3 +5,4 @@ pub mod image;
 pub mod mcp;
 pub mod run;
 pub mod serve;
+pub mod shell;
