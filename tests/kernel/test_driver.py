@@ -53,12 +53,15 @@ class Driver:
 
     def __init__(self, argv=None, env=None):
         argv = argv or [PYTHON, "-u", "-c", SOURCE]
+        if env is None:
+            # ipykernel stops capturing fd 1/2 when it sees pytest's variable.
+            env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=env if env is not None else dict(os.environ),
+            env=env,
             cwd="/tmp",
         )
         self.events = queue.Queue()
@@ -196,7 +199,7 @@ def test_matplotlib_figure_is_a_png_of_the_right_size(driver):
         "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
         "import matplotlib.pyplot as plt\n"
         "fig, ax = plt.subplots(figsize=(5, 2), dpi=80)\n"
-        "ax.plot([1, 3, 2])\n"
+        "ax.plot([1, 3, 2]);\n"
     )
     events = driver.run(code)
     assert not of(events, "error"), events
@@ -326,6 +329,19 @@ def test_fd_level_output_is_an_event_not_protocol_noise(driver):
                         "subprocess.run(['echo', 'child'])\nos.write(2, b'err\\n')\nNone")
     assert "raw\n" in stdout(events) and "child\n" in stdout(events)
     assert "err" in "".join(e["text"] for e in of(events, "stderr"))
+    # Output a child writes just before the cell ends belongs to that cell, every time.
+    for n in range(25):
+        events = driver.run("import subprocess; subprocess.run(['echo', 'n%d']); None" % n, "e%d" % n)
+        assert stdout(events) == "n%d\n" % n, events
+
+
+def test_fd_redirected_by_the_user_gets_nothing_of_ours(driver, tmp_path):
+    target = tmp_path / "captured"
+    driver.run("import os\nf = open(%r, 'wb')\nsaved = os.dup(1)\nos.dup2(f.fileno(), 1)" % str(target))
+    driver.run("os.write(1, b'hello')")
+    driver.run("os.dup2(saved, 1)\nf.close()")
+    assert target.read_bytes() == b"hello"
+    assert stdout(driver.run("import subprocess; subprocess.run(['echo', 'back']); None")) == "back\n"
 
 
 def test_protocol_errors_do_not_stop_the_driver(driver):
@@ -342,8 +358,10 @@ def test_shutdown_and_eof_end_the_driver_and_the_kernel():
     for how in ("shutdown", "eof"):
         d = Driver()
         d.ready()
-        pid = int(of(d.run("import os; os.getpid()"), "result")[0]["data"]["text/plain"])
-        assert os.path.exists("/proc/%d" % pid)
+        pid, home = json.loads(stdout(d.run(
+            "import json, os; print(json.dumps([os.getpid(), os.environ['AIRLOCK_KERNEL_DIR']]))")))
+        assert os.path.exists("/proc/%d" % pid) and os.path.isdir(home)
+        assert (os.stat(home).st_mode & 0o777) == 0o700
         if how == "shutdown":
             d.send({"op": "shutdown"})
         else:
@@ -353,6 +371,7 @@ def test_shutdown_and_eof_end_the_driver_and_the_kernel():
         while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not os.path.exists("/proc/%d" % pid), "the kernel outlived the driver"
+        assert not os.path.exists(home), "the private directory outlived the driver"
 
 
 def test_no_ipykernel_is_fatal_no_kernel():
@@ -391,48 +410,75 @@ def test_kernel_that_cannot_start_is_fatal_start_failed(tmp_path):
 # -- inside an airlock sandbox ----------------------------------------------------------------
 
 
-def sandbox_driver():
-    return Driver(argv=[AIRLOCK, "run", "--timeout", "120s", "--memory", "1g", "--cpus", "1",
-                        "--stdin", "-", "--", "python3", "-u", "-c", SOURCE])
+def run_in_sandbox(requests, timeout=240):
+    """Runs the driver in a fresh sandbox with `requests` as its whole stdin (`airlock run`
+    hands the program its stdin only once airlock's own stdin ends; the server's sessions use
+    pipes instead) and returns ({id: [events]}, other events, the exit code)."""
+    proc = subprocess.run(
+        [AIRLOCK, "run", "--timeout", "%ds" % (timeout - 10), "--memory", "1g", "--cpus", "1",
+         "--stdin", "-", "--", "python3", "-u", "-c", SOURCE],
+        input="".join(json.dumps(r) + "\n" for r in requests).encode(),
+        capture_output=True,
+        timeout=timeout,
+    )
+    by_id, other = {}, []
+    for line in proc.stdout.decode().splitlines():
+        event = json.loads(line)  # every line of the protocol channel is JSON
+        if "id" in event:
+            by_id.setdefault(event["id"], []).append(event)
+        else:
+            other.append(event)
+    return by_id, other, proc
 
 
 @needs_airlock
 def test_in_sandbox_kernel_runs_without_tcp():
-    d = sandbox_driver()
-    try:
-        ready = d.ready(timeout=120)
-        assert ready["ipykernel"]
-        d.run("x = 41")
-        assert stdout(d.run("print(x + 1)")) == "42\n"
-        # No TCP: the kernel's sockets are unix sockets only, and landlock refuses a TCP bind.
-        events = d.run(
-            "import socket\n"
-            "s = socket.socket()\n"
-            "try:\n"
-            "    s.bind(('127.0.0.1', 0)); print('bound')\n"
-            "except OSError as e:\n"
-            "    print('refused', e.errno)\n"
-            "import os\n"
-            "print(sorted({l.split()[0] for l in open('/proc/net/tcp').readlines()[1:]}))"
-        )
-        out = stdout(events)
-        assert out.startswith("refused"), out
-        assert out.splitlines()[1] == "[]", out
-        figure = d.run(
-            "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
-            "import matplotlib.pyplot as plt\n"
-            "fig = plt.figure(figsize=(3, 2), dpi=100); plt.plot([1, 2])"
-        )
-        [png] = [e for e in of(figure, "result") if "image/png" in e["data"]]
-        assert png_size(png["data"]["image/png"]) == (300, 200)
-        child = "import os\nif os.fork() == 0:\n    print('child'); os._exit(0)\nos.wait(); None"
-        assert "child\n" in stdout(d.run(child))
-        events = d.run("import time; time.sleep(30)", timeout_ms=1000)
-        assert of(events, "error")[0]["name"] == "KeyboardInterrupt"
-        assert done(events)["timed_out"] is True
-        assert stdout(d.run("print(x)")) == "41\n"
-        events = d.run("import os; os._exit(3)")
-        assert of(events, "error")[0]["name"] == "KernelDied"
-        assert stdout(d.run("print('again')")) == "again\n"
-    finally:
-        d.close()
+    run = lambda rid, code, timeout_ms=30000: {  # noqa: E731
+        "op": "run", "id": rid, "code": code, "timeout_ms": timeout_ms}
+    requests = [
+        run("set", "x = 41"),
+        run("get", "print(x + 1)"),
+        # No TCP (nor netlink): every socket of every process in the sandbox is a unix socket.
+        run("tcp", "import glob, os\n"
+                   "inodes = set()\n"
+                   "for fd in glob.glob('/proc/[0-9]*/fd/*'):\n"
+                   "    try:\n"
+                   "        target = os.readlink(fd)\n"
+                   "    except OSError:\n"
+                   "        continue\n"
+                   "    if target.startswith('socket:['):\n"
+                   "        inodes.add(target[8:-1])\n"
+                   "unix = {l.split()[6] for l in open('/proc/net/unix').readlines()[1:]}\n"
+                   "print(len(inodes) > 5, sorted(inodes - unix))"),
+        run("png", "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
+                   "import matplotlib.pyplot as plt\n"
+                   "fig = plt.figure(figsize=(3, 2), dpi=100); plt.plot([1, 2]);"),
+        run("df", "import pandas as pd; pd.DataFrame({'a': [1]})"),
+        run("fork", "import os\nif os.fork() == 0:\n    print('child'); os._exit(0)\nos.wait(); None"),
+        run("sub", "import subprocess; subprocess.run(['echo', 'from echo']); None"),
+        run("slow", "import time; time.sleep(30)", 1000),
+        run("kept", "print(x)"),
+        run("die", "import os; os._exit(3)"),
+        run("again", "print('again', 'x' in globals())"),
+        {"op": "restart", "id": "rs"},
+        {"op": "shutdown"},
+    ]
+    by_id, other, proc = run_in_sandbox(requests)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr.decode()[-3000:])
+    assert [e["event"] for e in other] == ["ready"], other
+    for rid in ("set", "get", "tcp", "png", "df", "fork", "sub", "slow", "kept", "die", "again"):
+        assert rid in by_id and by_id[rid][-1]["event"] == "done", (rid, by_id.get(rid))
+    assert stdout(by_id["get"]) == "42\n"
+    assert stdout(by_id["tcp"]) == "True []\n", by_id["tcp"]
+    [png] = of(by_id["png"], "result")
+    assert png_size(png["data"]["image/png"]) == (300, 200)
+    assert not of(by_id["png"], "stderr"), by_id["png"]  # no matplotlibrc/fontconfig complaints
+    assert "<table" in of(by_id["df"], "result")[0]["data"]["text/html"]
+    assert stdout(by_id["fork"]) == "child\n"
+    assert stdout(by_id["sub"]) == "from echo\n"
+    assert of(by_id["slow"], "error")[0]["name"] == "KeyboardInterrupt"
+    assert by_id["slow"][-1]["timed_out"] is True
+    assert stdout(by_id["kept"]) == "41\n"
+    assert of(by_id["die"], "error")[0]["name"] == "KernelDied"
+    assert stdout(by_id["again"]) == "again False\n"
+    assert by_id["rs"][-1]["event"] == "restarted"

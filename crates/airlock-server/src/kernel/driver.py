@@ -132,11 +132,91 @@ def _pipe_over_ipc():
     thread_class._setup_pipe_out = setup_pipe_out
 
 
+def _sync_fd_output(shell):
+    """Output written to fd 1/2 (subprocess.run, os.system, C extensions) reaches ipykernel
+    through a pipe that a thread reads; at the end of a cell that thread may not have caught up,
+    and the text would arrive after the run's "idle" (lost to the driver, or shown under the next
+    run). After each cell, write a token into each pipe and wait until the thread has handed it
+    over: everything written before it has then been handed over too. The token is removed."""
+    import re
+    import threading
+
+    streams = []
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+        watcher = getattr(stream, "watch_fd_thread", None)
+        if getattr(stream, "_fid", None) is None or watcher is None:
+            continue
+        state = {"token": None, "carry": "", "event": None}
+        original_write = stream.write
+
+        def write(text, _state=state, _watcher=watcher, _write=original_write):
+            token = _state["token"]
+            if threading.current_thread() is not _watcher:
+                return _write(text)
+            if token is None:
+                text, _state["carry"] = _state["carry"] + text, ""
+                if "\x1b]airlock-sync-" in text:  # a token whose wait gave up
+                    text = re.sub("\x1b\\]airlock-sync-[0-9]+\x07", "", text)
+                return _write(text) if text else 0
+            text = _state["carry"] + text
+            _state["carry"] = ""
+            if token in text:
+                before, _, after = text.partition(token)
+                text = before + after
+                _state["token"] = None
+                _state["event"].set()
+            else:
+                for keep in range(min(len(token) - 1, len(text)), 0, -1):
+                    if token.startswith(text[-keep:]):
+                        _state["carry"] = text[-keep:]
+                        text = text[:-keep]
+                        break
+            return _write(text) if text else 0
+
+        stream.write = write
+        streams.append((fd, watcher, state))
+
+    counter = [0]
+    stream_fid = {1: getattr(sys.stdout, "_fid", None), 2: getattr(sys.stderr, "_fid", None)}
+
+    def same_pipe(fd, read_fd):
+        try:
+            a, b = os.fstat(fd), os.fstat(read_fd)
+        except (OSError, TypeError):
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+    def after_cell(*_args):
+        for fd, watcher, state in streams:
+            if not watcher.is_alive() or not same_pipe(fd, stream_fid[fd]):
+                continue  # the thread is gone, or the cell pointed fd 1/2 elsewhere
+            counter[0] += 1
+            event = threading.Event()
+            state["event"] = event
+            state["token"] = "\x1b]airlock-sync-%d\x07" % counter[0]
+            try:
+                os.write(fd, state["token"].encode())
+            except OSError:
+                state["token"] = None
+                continue
+            if not event.wait(2.0):
+                state["token"] = None
+
+    if streams:
+        shell.events.register("post_run_cell", after_cell)
+
+
 _pipe_over_ipc()
 
-from ipykernel import kernelapp  # noqa: E402
+from ipykernel.kernelapp import IPKernelApp  # noqa: E402
 
-kernelapp.launch_new_instance()
+_app = IPKernelApp.instance()
+_app.initialize()
+try:
+    _sync_fd_output(_app.shell)
+except Exception as _error:
+    print("airlock: no fd-output sync: %r" % (_error,), file=sys.__stderr__)
+_app.start()
 '''
 
 
@@ -542,26 +622,37 @@ class Driver:
             event["id"] = rid
         emit(event)
 
+    def renew(self, rid, name, value, execution_count, timed_out, why):
+        """Ends a run whose kernel is dead or hung: the old kernel goes, the run gets its error
+        and its done at once, then a new kernel starts (before the next request is read)."""
+        tail = self.replace_kernel()
+        if tail:
+            log("%s; the kernel's stderr:\n%s" % (why, tail))
+        emit({"id": rid, "event": "error", "name": name, "value": value, "traceback": []})
+        emit(
+            {
+                "id": rid,
+                "event": "done",
+                "execution_count": execution_count or 0,
+                "timed_out": timed_out,
+                "restarted": True,
+            }
+        )
+        self.start_kernel()
+
     def run(self, rid, code, timeout_s):
         kernel = self.kernel
         if not kernel.alive():
             # Died between runs (a background thread's os._exit, the OOM killer...).
-            why = kernel.exit_text()
-            tail = self.replace_kernel()
-            if tail:
-                log("the kernel died; its stderr:\n" + tail)
-            self.start_kernel()
-            emit(
-                {
-                    "id": rid,
-                    "event": "error",
-                    "name": "KernelDied",
-                    "value": "the kernel died since the last run (%s); its state is lost; a new "
-                    "kernel was started and this code was not run" % why,
-                    "traceback": [],
-                }
+            self.renew(
+                rid,
+                "KernelDied",
+                "the kernel died since the last run (%s); its state is lost; a new kernel was "
+                "started and this code was not run" % kernel.exit_text(),
+                0,
+                False,
+                "the kernel died between runs",
             )
-            emit({"id": rid, "event": "done", "execution_count": 0, "timed_out": False, "restarted": True})
             return
 
         msg_id = kernel.execute(code)
@@ -590,10 +681,8 @@ class Driver:
                             execution_count = state["execution_count"]
                     if reply is not None and idle:
                         break
-                if reply is not None and idle:
-                    break
                 if reply is not None:
-                    break  # the reply came, the idle did not within IDLE_GRACE_S: done anyway
+                    break  # with its idle, or without it after IDLE_GRACE_S
                 if not timed_out:
                     # The deadline passed: interrupt (SIGINT to the kernel's process group) and
                     # give the code a moment to unwind.
@@ -602,54 +691,25 @@ class Driver:
                     until[0] = time.monotonic() + INTERRUPT_GRACE_S
                     continue
                 # Interrupted, and still running: the kernel is hung (or ignores SIGINT).
-                tail = self.replace_kernel()
-                if tail:
-                    log("the kernel did not stop after an interrupt; its stderr:\n" + tail)
-                self.start_kernel()
-                emit(
-                    {
-                        "id": rid,
-                        "event": "error",
-                        "name": "KernelRestarted",
-                        "value": "the code ran past its timeout and the kernel did not stop within "
-                        "%d s of an interrupt; its state is lost; a new kernel was started"
-                        % INTERRUPT_GRACE_S,
-                        "traceback": [],
-                    }
-                )
-                emit(
-                    {
-                        "id": rid,
-                        "event": "done",
-                        "execution_count": execution_count or 0,
-                        "timed_out": True,
-                        "restarted": True,
-                    }
+                self.renew(
+                    rid,
+                    "KernelRestarted",
+                    "the code ran past its timeout and the kernel did not stop within %d s of an "
+                    "interrupt; its state is lost; a new kernel was started" % INTERRUPT_GRACE_S,
+                    execution_count,
+                    True,
+                    "the kernel did not stop after an interrupt",
                 )
                 return
         except KernelGone as gone:
-            tail = self.replace_kernel()
-            if tail:
-                log("the kernel died; its stderr:\n" + tail)
-            self.start_kernel()
-            emit(
-                {
-                    "id": rid,
-                    "event": "error",
-                    "name": "KernelDied",
-                    "value": "the kernel died while running this code (%s); its state is lost; a "
-                    "new kernel was started" % gone,
-                    "traceback": [],
-                }
-            )
-            emit(
-                {
-                    "id": rid,
-                    "event": "done",
-                    "execution_count": execution_count or 0,
-                    "timed_out": timed_out,
-                    "restarted": True,
-                }
+            self.renew(
+                rid,
+                "KernelDied",
+                "the kernel died while running this code (%s); its state is lost; a new kernel "
+                "was started" % gone,
+                execution_count,
+                timed_out,
+                "the kernel died during a run",
             )
             return
 
@@ -757,6 +817,35 @@ def kernel_environment(home):
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     if "MPLBACKEND" not in os.environ and importlib.util.find_spec("matplotlib_inline") is not None:
         os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    # Matplotlib's config and font cache in the private directory, not in HOME (/workspace, the
+    # user's files).
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(home, "matplotlib"))
+    # Debian's matplotlib reads its defaults only from /etc/matplotlibrc, which a sandbox's
+    # synthesized /etc lacks ("Could not find matplotlibrc file; your Matplotlib install is
+    # broken"); Debian ships the same file in its data directory.
+    debian_rc = "/usr/share/matplotlib/mpl-data/matplotlibrc"
+    if (
+        "MATPLOTLIBRC" not in os.environ
+        and not os.path.exists("/etc/matplotlibrc")
+        and os.path.isfile(debian_rc)
+    ):
+        os.environ["MATPLOTLIBRC"] = debian_rc
+    # Likewise fontconfig (which matplotlib asks for fonts through fc-list) without
+    # /etc/fonts/fonts.conf prints "Fontconfig error: Cannot load default config file" into the
+    # user's first plot's stderr: give it a minimal config of the system's font directories.
+    if (
+        "FONTCONFIG_FILE" not in os.environ
+        and "FONTCONFIG_PATH" not in os.environ
+        and not os.path.exists("/etc/fonts/fonts.conf")
+    ):
+        conf = os.path.join(home, "fonts.conf")
+        with open(conf, "w") as f:
+            f.write(
+                '<?xml version="1.0"?>\n<fontconfig>\n'
+                "<dir>/usr/share/fonts</dir>\n<dir>/usr/local/share/fonts</dir>\n"
+                "<cachedir>%s</cachedir>\n</fontconfig>\n" % os.path.join(home, "fontconfig")
+            )
+        os.environ["FONTCONFIG_FILE"] = conf
 
 
 def import_jupyter():
