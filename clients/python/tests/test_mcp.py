@@ -52,7 +52,8 @@ KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdef0
 TOOLS = {"run_code", "create_sandbox", "exec", "write_file", "read_file", "close_sandbox", "update_network"}
 # (readOnlyHint, destructiveHint, idempotentHint, openWorldHint) as each tool declares them.
 ANNOTATIONS = {
-    "run_code": (True, False, True, False),
+    # with sandbox_id it runs in a session's kernel, whose state it changes
+    "run_code": (False, False, False, False),
     "create_sandbox": (False, False, False, False),
     "exec": (False, True, False, True),
     "write_file": (False, True, True, False),
@@ -280,7 +281,7 @@ def test_tools_are_listed_with_schemas_and_annotations(connect: Callable[[], Any
                 hints = (a["readOnlyHint"], a["destructiveHint"], a["idempotentHint"], a["openWorldHint"])
                 assert hints == ANNOTATIONS[name], (name, a)
             run_code = tools["run_code"]["inputSchema"]
-            assert {"language", "code", "stdin", "files", "timeout_s", "isolation", "image"} == set(run_code["properties"])
+            assert {"language", "code", "stdin", "files", "timeout_s", "isolation", "image", "sandbox_id"} == set(run_code["properties"])
             assert {"python", "javascript", "bash"} <= set(re.findall(r'"const": "(\w+)"', json.dumps(run_code)))
             ec = tools["run_code"]["outputSchema"]["properties"]
             for field in ["outcome", "exit_code", "signal", "stdout", "stderr", "stdout_truncated",
@@ -781,7 +782,7 @@ def test_inspector_cli_over_stdio() -> None:
     listed = inspector(airlock_bin(), "mcp", "--pool", "1", "--method", "tools/list")
     assert {t["name"] for t in listed["tools"]} == TOOLS
     run_code = next(t for t in listed["tools"] if t["name"] == "run_code")
-    assert run_code["annotations"]["readOnlyHint"] is True
+    assert run_code["annotations"]["readOnlyHint"] is False  # with sandbox_id it changes a kernel's state
     result = inspector(
         airlock_bin(), "mcp", "--pool", "1",
         "--method", "tools/call", "--tool-name", "run_code",
