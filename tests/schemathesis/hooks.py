@@ -23,8 +23,9 @@ generated, in every mode (but for `image`, below):
   made distinct (`S<i>_NAME`, still schema-valid) rather than the bodies dropped.
 
 Waiting is bounded here, not by the schema: `GET .../approvals?wait_ms=N` may wait up to
-a minute for a held connection, more than a request of this run may take; it is cut to
-100 ms (what is tested is the answer, not the waiting).
+a minute for a held connection, and `POST .../processes/{process_id}/wait` up to a minute
+for a process, more than a request of this run may take; both are cut to 100 ms (what is
+tested is the answer, not the waiting).
 
 And one fact no schema states: which images the service's store holds. A generated
 `image` that the schema allows (1 to 512 printable ASCII characters, no spaces) is
@@ -142,6 +143,15 @@ def before_call(context, case, **kwargs):
         # one-shot exec that would ask is made one that refuses.
         if _one_shot_asks(case, body):
             case.body["network"]["on_denied"] = "deny"
+    # A process wait may last a minute; cut to 100 ms (the answer is tested, not the wait).
+    if (
+        isinstance(case.body, dict)
+        and case.path.endswith("/wait")
+        and isinstance(case.body.get("timeout_ms"), int)
+        and not isinstance(case.body.get("timeout_ms"), bool)
+        and case.body["timeout_ms"] > 100
+    ):
+        case.body = {**case.body, "timeout_ms": 100}
     query = case.query
     if isinstance(query, dict) and "wait_ms" in query:
         wait = query["wait_ms"]

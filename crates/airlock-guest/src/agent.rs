@@ -92,7 +92,7 @@ fn net_devices() -> Vec<String> {
     names
 }
 
-/// Landlock ABI 4 brought TCP rules, which the namespace backend applies (no TCP bind or
+/// Landlock ABI 4 brought TCP rules, which the namespace backend applies (no TCP
 /// connect while the network policy is `none`). A guest kernel without them runs the
 /// sandbox without those rules only because the VM has no network device at all; if
 /// one is present, refuse to serve rather than run weaker than the host would.

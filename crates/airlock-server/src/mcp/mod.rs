@@ -600,11 +600,14 @@ mod tests {
             "cpu_ms",
             "memory_peak_bytes",
             "error",
+            "execution",
         ] {
             assert!(out.get(f).is_some(), "{f} not in the output schema");
         }
         assert_eq!(input["properties"]["timeout_s"]["minimum"], 1, "{input:#}");
-        assert_eq!(t["annotations"]["readOnlyHint"], true);
+        assert!(input["properties"].get("sandbox_id").is_some(), "{input:#}");
+        // With sandbox_id it changes the sandbox's kernel state.
+        assert_eq!(t["annotations"]["readOnlyHint"], false);
         assert_eq!(t["annotations"]["openWorldHint"], false);
     }
 

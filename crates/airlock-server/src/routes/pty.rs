@@ -63,7 +63,10 @@ fn side_param(field: &str, value: Option<&str>, default: u16) -> Result<u16, Api
     let parsed = value
         .map(|v| {
             v.parse::<u16>().map_err(|_| {
-                ApiError::invalid(field, format!("must be an integer between 1 and {MAX_SIDE}, got {v:?}"))
+                ApiError::invalid(
+                    field,
+                    format!("must be an integer between 1 and {MAX_SIDE}, got {v:?}"),
+                )
             })
         })
         .transpose()?;

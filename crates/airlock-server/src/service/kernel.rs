@@ -45,6 +45,41 @@ const ANSWER_GRACE: Duration = Duration::from_secs(20);
 /// Bytes of the driver's stderr kept for an error message.
 const STDERR_TAIL: usize = 8 << 10;
 
+/// The least a session needs to run a kernel (IPython and ipykernel take about 110 MiB
+/// and 20 threads, and a few seconds of a quarter core to start): below, a call is
+/// refused at once, naming the limit, rather than left to fail or crawl.
+pub const MIN_MEMORY: u64 = 128 << 20;
+/// See [`MIN_MEMORY`].
+pub const MIN_PIDS: u32 = 32;
+/// See [`MIN_MEMORY`].
+pub const MIN_CPUS: f64 = 0.25;
+
+/// Refuses a session whose limits cannot run a kernel, naming the limit.
+fn check_limits(limits: &airlock_spec::Limits) -> Result<(), ApiError> {
+    let refuse = |field: &str, need: String, has: String| {
+        Err(ApiError::invalid(
+            field,
+            format!(
+                "the code interpreter needs at least {need} (a Jupyter kernel); this sandbox has {has}: create one with more"
+            ),
+        ))
+    };
+    if limits.memory_bytes < MIN_MEMORY {
+        return refuse(
+            "limits.memory_bytes",
+            airlock_spec::format_size(MIN_MEMORY),
+            airlock_spec::format_size(limits.memory_bytes),
+        );
+    }
+    if limits.pids < MIN_PIDS {
+        return refuse("limits.pids", format!("{MIN_PIDS} processes"), limits.pids.to_string());
+    }
+    if limits.cpus < MIN_CPUS {
+        return refuse("limits.cpus", format!("{MIN_CPUS} cores"), format!("{} cores", limits.cpus));
+    }
+    Ok(())
+}
+
 /// A session's running kernel.
 #[derive(Debug)]
 pub struct Kernel {
@@ -131,6 +166,7 @@ pub async fn run(
     let mut slot = session.kernel.lock().await;
     let mut kernel_start_ms = 0.0;
     if slot.as_ref().is_none_or(|k| k.ended()) {
+        check_limits(&session.limits)?;
         let t0 = Instant::now();
         *slot = Some(start(state, session).await?);
         kernel_start_ms = ms(t0.elapsed());
@@ -212,6 +248,7 @@ pub async fn restart(state: &Arc<AppState>, session: &Arc<Session>) -> Result<()
         kernel.kill().await;
     }
     *slot = None;
+    check_limits(&session.limits)?;
     *slot = Some(start(state, session).await?);
     Ok(())
 }

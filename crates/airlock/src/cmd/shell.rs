@@ -42,7 +42,9 @@ pub struct ShellArgs {
 pub fn run(args: ShellArgs) -> Result<ExitCode> {
     let base = args.url.trim_end_matches('/').to_owned();
     let Some(authority) = base.strip_prefix("http://") else {
-        bail!("--url: only http:// service addresses are supported by `airlock shell` (got {base:?}); reach a TLS service through a local tunnel");
+        bail!(
+            "--url: only http:// service addresses are supported by `airlock shell` (got {base:?}); reach a TLS service through a local tunnel"
+        );
     };
     let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
     let auth = args.api_key.as_deref().map(|k| format!("Bearer {k}"));
@@ -77,7 +79,9 @@ fn create(agent: &ureq::Agent, base: &str, auth: Option<&str>, args: &ShellArgs)
     let answer: serde_json::Value = match req.send_json(serde_json::Value::Object(body)) {
         Ok(r) => r.into_json().context("reading the new session")?,
         Err(ureq::Error::Status(code, r)) => bail!("creating a session: {code}: {}", error_text(r)),
-        Err(e) => bail!("creating a session at {base}: {e} (is `airlock serve` running there? --url sets where)"),
+        Err(e) => {
+            bail!("creating a session at {base}: {e} (is `airlock serve` running there? --url sets where)")
+        }
     };
     answer["id"]
         .as_str()
@@ -153,12 +157,19 @@ fn attach(authority: &str, id: &str, auth: Option<&str>, cmd: Option<&str>) -> R
     let (mut ws, _) = match tungstenite::client(request, stream) {
         Ok(ok) => ok,
         Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(resp))) => {
-            let body = resp.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+            let body = resp
+                .body()
+                .as_deref()
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default();
             let message = serde_json::from_str::<serde_json::Value>(&body)
                 .ok()
                 .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
                 .unwrap_or_else(|| body.into_owned());
-            bail!("opening the terminal of sandbox {id}: {}: {message}", resp.status());
+            bail!(
+                "opening the terminal of sandbox {id}: {}: {message}",
+                resp.status()
+            );
         }
         Err(e) => bail!("opening the terminal of sandbox {id}: {e}"),
     };

@@ -521,6 +521,17 @@ impl Client {
                 ],
             )
             .send_bytes(body.to_string().as_bytes());
+        Self::event_stream(r)
+    }
+
+    /// GET `path` with `Accept: text/event-stream`; the open event stream.
+    #[allow(dead_code)]
+    pub fn sse_get(&self, path: &str) -> SseStream {
+        let r = self.build("GET", path, &[("Accept", "text/event-stream")]).call();
+        Self::event_stream(r)
+    }
+
+    fn event_stream(r: Result<ureq::Response, ureq::Error>) -> SseStream {
         match r {
             Ok(r) => {
                 let ct = r.header("content-type").unwrap_or("").to_owned();
