@@ -127,7 +127,8 @@ class PortNotFound(NotFound):
 
 class SandboxConflict(AirlockError):
     """409: the sandbox's init is gone (e.g. killed by the OOM killer; create a new one),
-    or the session already runs as many background processes as it may (16)."""
+    the session already runs as many background processes as it may (16), or a
+    process's stdin is closed (it was sent eof, or it is a terminal's)."""
 
     status = 409
 
