@@ -119,6 +119,17 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
     }
 
+    /// 502: what a session's program should have answered could not be had (nothing
+    /// listens on an exposed port, its connection failed).
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "bad_gateway", message)
+    }
+
+    /// 504: a session's program did not answer in time.
+    pub fn gateway_timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, "gateway_timeout", message)
+    }
+
     /// Any other error status (405 from the router, a rejection of a framework
     /// extractor), in the envelope: `message` is what the framework said.
     pub fn from_status(status: StatusCode, message: impl Into<String>) -> Self {

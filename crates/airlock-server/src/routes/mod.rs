@@ -8,6 +8,7 @@ mod mcp;
 mod metrics;
 mod network;
 mod openapi;
+mod ports;
 mod processes;
 mod pty;
 pub(crate) mod sandbox_exec;
@@ -65,6 +66,19 @@ pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
         )
         .route("/v1/sandboxes/{id}/approvals", get(network::approvals))
         .route("/v1/sandboxes/{id}/approvals/{approval}", post(network::decide))
+        .route("/v1/sandboxes/{id}/ports", post(ports::expose).get(ports::list))
+        .route(
+            "/v1/sandboxes/{id}/ports/{port}",
+            axum::routing::delete(ports::unexpose),
+        )
+        .route(
+            "/v1/sandboxes/{id}/ports/{port}/",
+            axum::routing::any(ports::forward),
+        )
+        .route(
+            "/v1/sandboxes/{id}/ports/{port}/{*rest}",
+            axum::routing::any(ports::forward),
+        )
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::handle))
@@ -79,6 +93,11 @@ pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
                 .layer(axum::middleware::from_fn_with_state(addr, mcp::loopback_only)),
         )
         .fallback(|| async { crate::error::ApiError::not_found("no such route") })
+        // A port's own host ({port}-{id}.…) is forwarded whole, ahead of every route.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            ports::by_host,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             auth::require_key,
@@ -94,6 +113,14 @@ async fn envelope(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let resp = next.run(req).await;
+    // A program's own answer, forwarded from a session's port, is left as it is.
+    if resp
+        .extensions()
+        .get::<crate::service::ports::Forwarded>()
+        .is_some()
+    {
+        return resp;
+    }
     let status = resp.status();
     if path == "/mcp" || !(status.is_client_error() || status.is_server_error()) {
         return resp;

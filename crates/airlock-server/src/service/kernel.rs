@@ -72,10 +72,18 @@ fn check_limits(limits: &airlock_spec::Limits) -> Result<(), ApiError> {
         );
     }
     if limits.pids < MIN_PIDS {
-        return refuse("limits.pids", format!("{MIN_PIDS} processes"), limits.pids.to_string());
+        return refuse(
+            "limits.pids",
+            format!("{MIN_PIDS} processes"),
+            limits.pids.to_string(),
+        );
     }
     if limits.cpus < MIN_CPUS {
-        return refuse("limits.cpus", format!("{MIN_CPUS} cores"), format!("{} cores", limits.cpus));
+        return refuse(
+            "limits.cpus",
+            format!("{MIN_CPUS} cores"),
+            format!("{} cores", limits.cpus),
+        );
     }
     Ok(())
 }
@@ -196,6 +204,14 @@ pub async fn run(
     exec.duration_ms = ms(t0.elapsed());
     match answered {
         Ok(Ok(())) => Ok(exec),
+        // The session ended meanwhile: that is the answer.
+        _ if session.deleted() => {
+            *slot = None;
+            Err(ApiError::gone(format!(
+                "sandbox {} was deleted or expired",
+                session.id
+            )))
+        }
         // The driver died or stopped answering: it goes, with the kernel's state; the next
         // call starts a new one.
         failed => {
@@ -299,6 +315,13 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
         });
     }
     let first = tokio::time::timeout(START_TIMEOUT, kernel.line()).await;
+    if session.deleted() {
+        kernel.kill().await;
+        return Err(ApiError::gone(format!(
+            "sandbox {} was deleted or expired",
+            session.id
+        )));
+    }
     let refused = |message: String| ApiError::invalid("image", message);
     match first {
         Ok(Ok(Some(event))) => match event.get("event").and_then(Value::as_str) {
@@ -328,9 +351,22 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
         },
         // Nothing at all: python3 itself is missing (the shell says so), or died.
         Ok(Ok(None)) => {
-            kernel.handle_wait().await;
+            let exit = kernel.handle_wait().await;
             let tail = kernel.stderr_tail();
-            if tail.contains("not found") || tail.contains("No such file") {
+            if session.deleted() {
+                Err(ApiError::gone(format!(
+                    "sandbox {} was deleted or expired",
+                    session.id
+                )))
+            } else if exit == Some(airlock_backend::Exit::Signal(libc::SIGKILL)) {
+                Err(ApiError::invalid(
+                    "limits.memory_bytes",
+                    format!(
+                        "the code interpreter was killed while it started: this sandbox's memory limit ({}) is likely too small for a Jupyter kernel with what already runs in it",
+                        airlock_spec::format_size(session.limits.memory_bytes)
+                    ),
+                ))
+            } else if tail.contains("not found") || tail.contains("No such file") {
                 Err(refused(format!(
                     "this sandbox has no python3, which the code interpreter needs (with ipykernel): {tail}"
                 )))
@@ -362,13 +398,17 @@ impl Kernel {
         self.ended.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    async fn handle_wait(&self) {
+    /// Its exit, waited for a few seconds at most.
+    async fn handle_wait(&self) -> Option<airlock_backend::Exit> {
         let handle = Arc::clone(&self.handle);
-        let _ = tokio::time::timeout(
+        tokio::time::timeout(
             Duration::from_secs(5),
             tokio::task::spawn_blocking(move || handle.wait(&[])),
         )
-        .await;
+        .await
+        .ok()?
+        .ok()?
+        .ok()
     }
 
     async fn kill(&self) {

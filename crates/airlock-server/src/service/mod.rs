@@ -6,6 +6,7 @@
 pub mod files;
 pub mod kernel;
 pub mod network;
+pub mod ports;
 pub mod processes;
 pub mod runner;
 pub mod sessions;
