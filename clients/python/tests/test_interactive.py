@@ -34,7 +34,6 @@ from airlock import (
     ProcessNotFound,
     Result,
     Sandbox,
-    SandboxExpired,
     SandboxNotFound,
     StderrEvent,
     StdoutEvent,
