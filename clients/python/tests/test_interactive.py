@@ -215,6 +215,23 @@ def test_code_exception_gives_name_value_traceback(sb: Sandbox) -> None:
     assert ex.results == [] and not ex.timed_out
 
 
+def test_code_cell_right_after_an_error_runs(sb: Sandbox) -> None:
+    """Each call is a cell of its own: the one after a failed cell runs. (A kernel asked
+    with ``stop_on_error: true`` aborts the requests that reach it while it handles the
+    error: the call then answered at once, execution_count 0, nothing run, no error.)"""
+    with needs("code"):
+        sb.run_code("n = 0")
+    for i in range(8):
+        failed = sb.run_code("1 / 0")
+        assert failed.error is not None and failed.error.name == "ZeroDivisionError"
+        ex = sb.run_code("n += 1\nn")
+        assert ex.error is None and ex.text == str(i + 1), (
+            f"round {i}: the cell after an error did not run: {ex} (the kernel driver sends "
+            "execute requests with stop_on_error true, and the kernel aborts the next one)"
+        )
+        assert ex.execution_count == failed.execution_count + 1
+
+
 def test_code_timeout_interrupts_and_keeps_state(sb: Sandbox) -> None:
     with needs("code"):
         sb.run_code("y = 5")
