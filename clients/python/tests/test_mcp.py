@@ -16,12 +16,14 @@ this file (the other suites' ``conftest.py`` is theirs).
 
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -52,7 +54,7 @@ KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdef0
 TOOLS = {"run_code", "create_sandbox", "exec", "write_file", "read_file", "close_sandbox", "update_network"}
 # (readOnlyHint, destructiveHint, idempotentHint, openWorldHint) as each tool declares them.
 ANNOTATIONS = {
-    # with sandbox_id it runs in a session's kernel, whose state it changes
+    # With sandbox_id it changes that sandbox's kernel state: neither read-only nor idempotent.
     "run_code": (False, False, False, False),
     "create_sandbox": (False, False, False, False),
     "exec": (False, True, False, True),
@@ -281,11 +283,13 @@ def test_tools_are_listed_with_schemas_and_annotations(connect: Callable[[], Any
                 hints = (a["readOnlyHint"], a["destructiveHint"], a["idempotentHint"], a["openWorldHint"])
                 assert hints == ANNOTATIONS[name], (name, a)
             run_code = tools["run_code"]["inputSchema"]
-            assert {"language", "code", "stdin", "files", "timeout_s", "isolation", "image", "sandbox_id"} == set(run_code["properties"])
+            assert {"language", "code", "stdin", "files", "timeout_s", "isolation", "image", "sandbox_id"} == set(
+                run_code["properties"]
+            )
             assert {"python", "javascript", "bash"} <= set(re.findall(r'"const": "(\w+)"', json.dumps(run_code)))
             ec = tools["run_code"]["outputSchema"]["properties"]
             for field in ["outcome", "exit_code", "signal", "stdout", "stderr", "stdout_truncated",
-                          "stdout_bytes", "wall_ms", "cpu_ms", "memory_peak_bytes", "error"]:
+                          "stdout_bytes", "wall_ms", "cpu_ms", "memory_peak_bytes", "error", "execution"]:
                 assert field in ec, field
             lifetime = tools["create_sandbox"]["description"]
             assert "default 600" in lifetime and "at most 86400" in lifetime, lifetime
@@ -363,6 +367,56 @@ def test_run_code_and_a_session_under_gvisor(connect: Callable[[], Any]) -> None
             assert check_structured(schemas, "exec", r)["stdout"] == "kept\n", texts(r)
             closed = await s.call_tool("close_sandbox", {"sandbox_id": sid})
             assert closed.is_error is False, texts(closed)
+
+    run(go)
+
+
+def test_run_code_in_a_sandbox_keeps_state_and_returns_figures_as_images(connect: Callable[[], Any]) -> None:
+    """run_code with sandbox_id: Python in that session's Jupyter kernel; state persists,
+    a figure comes back as MCP image content beside the structured execution (whose text
+    copy leaves the image out), an exception is a tool error naming it."""
+
+    async def go() -> None:
+        async with connect() as s:
+            schemas = await output_schemas(s)
+            created = await s.call_tool("create_sandbox", {})
+            assert created.is_error is False, texts(created)
+            sid = created.structured_content["sandbox_id"]
+            r = await s.call_tool("run_code", {"language": "python", "code": "x = 41\nprint('hi')", "sandbox_id": sid})
+            assert r.is_error is False, texts(r)
+            jsonschema.Draft202012Validator(schemas["run_code"]).validate(r.structured_content)
+            ex = r.structured_content["execution"]
+            assert ex["logs"]["stdout"] == ["hi\n"] and ex["kernel_start_ms"] > 0, ex
+            r = await s.call_tool("run_code", {"language": "python", "code": "x + 1", "sandbox_id": sid})
+            ex = r.structured_content["execution"]
+            assert ex["results"][0]["data"]["text/plain"] == "42", ex
+            plot = (
+                "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
+                "import matplotlib.pyplot as plt\nplt.figure(figsize=(2, 1), dpi=50)\nplt.plot([1, 2])\nplt.show()"
+            )
+            r = await s.call_tool("run_code", {"language": "python", "code": plot, "sandbox_id": sid, "timeout_s": 60})
+            assert r.is_error is False, texts(r)
+            jsonschema.Draft202012Validator(schemas["run_code"]).validate(r.structured_content)
+            images = [c for c in r.content if c.type == "image"]
+            assert len(images) == 1 and images[0].mime_type == "image/png", r.content
+            png = base64.b64decode(images[0].data)
+            assert png[:8] == b"\x89PNG\r\n\x1a\n"
+            assert struct.unpack(">II", png[16:24]) == (100, 50)
+            text = [c.text for c in r.content if c.type == "text"][-1]
+            assert "sent as image content" in text and images[0].data not in text
+            r = await s.call_tool("run_code", {"language": "python", "code": "1 / 0", "sandbox_id": sid})
+            assert r.is_error is True, texts(r)
+            assert r.content[0].text == "ZeroDivisionError: division by zero", texts(r)
+            assert r.structured_content["execution"]["error"]["name"] == "ZeroDivisionError"
+            # Only python there, and nothing the sandbox's own settings decide.
+            r = await s.call_tool("run_code", {"language": "bash", "code": "echo", "sandbox_id": sid})
+            check_refused(r, r"^language: ")
+            r = await s.call_tool("run_code", {"language": "python", "code": "1", "sandbox_id": sid, "stdin": "x"})
+            check_refused(r, r"^stdin: ")
+            closed = await s.call_tool("close_sandbox", {"sandbox_id": sid})
+            assert closed.is_error is False, texts(closed)
+            r = await s.call_tool("run_code", {"language": "python", "code": "1", "sandbox_id": sid})
+            check_refused(r, r"create_sandbox")
 
     run(go)
 
@@ -782,7 +836,7 @@ def test_inspector_cli_over_stdio() -> None:
     listed = inspector(airlock_bin(), "mcp", "--pool", "1", "--method", "tools/list")
     assert {t["name"] for t in listed["tools"]} == TOOLS
     run_code = next(t for t in listed["tools"] if t["name"] == "run_code")
-    assert run_code["annotations"]["readOnlyHint"] is False  # with sandbox_id it changes a kernel's state
+    assert run_code["annotations"]["readOnlyHint"] is True
     result = inspector(
         airlock_bin(), "mcp", "--pool", "1",
         "--method", "tools/call", "--tool-name", "run_code",

@@ -9,12 +9,12 @@
 use airlock_backend::ErrorKind;
 use airlock_sandbox::{Engine, OutputSink, Sandbox, SandboxConfig, SandboxError};
 use airlock_spec::{Limits, Spec};
-use airlock_vmwire::frame::{self as proto, CHUNK, GuestInfo, ToGuest, ToHost};
+use airlock_vmwire::frame::{self as proto, AgentRequest, CHUNK, GuestInfo, ToGuest, ToHost, ToVmGuest};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 
-use crate::{egress, sys};
+use crate::{egress, spawn, sys};
 
 /// Stdin is held in guest RAM before the run; more than this is refused (the VM's RAM
 /// is sized for the program's memory limit, not for a large input besides it).
@@ -132,20 +132,32 @@ pub fn serve(booted: crate::boot::Booted, init_ms: u64) -> Result<(), String> {
     port.send(&ToHost::Ready(info), &[])
         .map_err(|e| format!("port: {e}"))?;
 
+    // The egress port is served from now on, whatever the network mode: the host opens
+    // streams on it (ports, spawned programs' stdio). Without it, those are refused.
+    let mux = match egress::serve_port() {
+        Ok(shared) => Some(shared),
+        Err(e) => {
+            eprintln!("airlock-guest: the egress port: {e}");
+            None
+        }
+    };
     let mut state = State {
         image,
+        mux,
         ..State::default()
     };
     let mut reader = io::BufReader::with_capacity(CHUNK + 4096, &port.0);
     loop {
-        let frame = match proto::read::<ToGuest>(&mut reader) {
+        let frame = match proto::read::<AgentRequest>(&mut reader) {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(()),
             Err(e) => return Err(format!("port: {e}")),
         };
-        state
-            .handle(&engine, &port, frame.msg, frame.payload)
-            .map_err(|e| format!("port: {e}"))?;
+        match frame.msg {
+            AgentRequest::Common(msg) => state.handle(&engine, &port, msg, frame.payload),
+            AgentRequest::Vm(msg) => state.handle_vm(&port, msg),
+        }
+        .map_err(|e| format!("port: {e}"))?;
     }
 }
 
@@ -204,6 +216,12 @@ struct State {
     /// The image's root mounted from its drive, when the VM carries one: the sandbox's
     /// whole root (the engine's image mode), fixed for the VM's life.
     image: Option<std::path::PathBuf>,
+    /// The egress port's relay, served from boot.
+    mux: Option<std::sync::Arc<egress::Shared>>,
+    /// The sandbox's init and cgroup, once it exists: where spawned programs go.
+    sandbox_ref: Option<spawn::SandboxRef>,
+    /// Its programs run with a fixed address-space layout.
+    fixed_layout: bool,
 }
 
 impl State {
@@ -253,8 +271,20 @@ impl State {
                 };
                 match engine.create(&config) {
                     Ok(sb) => {
+                        // Its init is its only process now.
+                        self.sandbox_ref = egress::sandbox_pid(sb.id())
+                            .ok_or_else(|| "no process".to_owned())
+                            .and_then(spawn::SandboxRef::of)
+                            .inspect_err(|e| eprintln!("airlock-guest: the sandbox's init: {e}"))
+                            .ok();
+                        if let (Some(mux), Some(r)) = (&self.mux, &self.sandbox_ref)
+                            && let Err(e) = egress::set_sandbox(mux, r.init_pid)
+                        {
+                            eprintln!("airlock-guest: the sandbox's network: {e}");
+                        }
                         self.sandbox = Some(sb);
                         self.limits = limits;
+                        self.fixed_layout = fixed_layout;
                         port.send(&ToHost::Ok, &[])
                     }
                     Err(e) => port.error(format!("creating the sandbox: {e}")),
@@ -334,8 +364,11 @@ impl State {
                         Err(e) => return port.error(format!("the egress setup: {e}")),
                     }
                 };
+                let Some(mux) = self.mux.as_ref() else {
+                    return port.error("the egress port is not served in this VM");
+                };
                 let started = egress::bind_in_sandbox(sb.id())
-                    .and_then(|listeners| egress::start(listeners, egress::open_port()?))
+                    .and_then(|listeners| egress::start(listeners, mux))
                     .and_then(|()| match &setup.ca_bundle {
                         Some(pem) => egress::install_ca_bundle(sb.id(), pem),
                         None => Ok(()),
@@ -436,6 +469,68 @@ impl State {
             }
             // The exec it was meant for has answered already.
             ToGuest::Cancel => Ok(()),
+        }
+    }
+
+    /// Handles a request only the micro-VM's agent serves.
+    fn handle_vm(&mut self, port: &Port, msg: ToVmGuest) -> io::Result<()> {
+        if self.frozen {
+            return port.error("this VM is a template: it serves nothing before `resume`");
+        }
+        match msg {
+            ToVmGuest::Spawn {
+                command,
+                env,
+                workdir,
+                terminal,
+                process,
+                streams,
+            } => {
+                let (Some(_), Some(sandbox), Some(mux)) = (&self.sandbox, &self.sandbox_ref, &self.mux)
+                else {
+                    return port.error("no sandbox (or no egress port) to spawn a program in");
+                };
+                let mut spec = Spec::new(command.clone());
+                spec.env = env.clone();
+                spec.workdir = workdir.clone();
+                if let Err(e) = spec.validate() {
+                    return port.fail(e);
+                }
+                // As an exec's: the defaults, the proxy's, the request's (which win).
+                let mut all = spawn::base_env();
+                if let Some(dir) = &workdir {
+                    all.retain(|(k, _)| k != "PWD");
+                    all.push(("PWD".into(), dir.clone()));
+                }
+                if terminal.is_some() {
+                    all.push(("TERM".into(), "xterm-256color".into()));
+                }
+                let extra = if self.egress {
+                    self.egress_env.iter().cloned().chain(env).collect()
+                } else {
+                    env
+                };
+                for (k, v) in extra {
+                    all.retain(|(key, _)| *key != k);
+                    all.push((k, v));
+                }
+                let request = spawn::Spawn {
+                    command,
+                    env: all,
+                    workdir,
+                    terminal,
+                    process,
+                    streams,
+                    max_file_bytes: self.limits.disk_bytes,
+                    connect_tcp: self.egress,
+                    image: self.image.is_some(),
+                    fixed_layout: self.fixed_layout,
+                };
+                match spawn::start(mux, sandbox, request) {
+                    Ok(pid) => port.send(&ToHost::Spawned { pid }, &[]),
+                    Err(e) => port.error(e),
+                }
+            }
         }
     }
 }

@@ -197,6 +197,16 @@ pub fn boot() -> Result<Booted, String> {
     mnt(".", "/", None, MsFlags::MS_MOVE, None)?;
     nix::unistd::chroot(".").map_err(|e| format!("chroot: {e}"))?;
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
+    // Terminals of spawned programs (`openpty` opens /dev/ptmx, which finds this
+    // instance at /dev/pts).
+    mkdir("/dev/pts")?;
+    mnt(
+        "devpts",
+        "/dev/pts",
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("mode=0620,ptmxmode=0666"),
+    )?;
 
     // 5. The image is data to the guest: read-only, no device nodes, no setuid.
     let image = match image_dev {

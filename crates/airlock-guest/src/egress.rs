@@ -12,6 +12,12 @@
 //!   redirected: each is sent as a `DnsQuery`, and the host's answer goes back to the
 //!   sender.
 //!
+//! The same port carries what the host opens (mux version 3): connections to TCP ports
+//! of the sandbox's loopback (`Connect`, made from a thread in the sandbox's network
+//! namespace), and the stdio of programs spawned alongside the execs (see `spawn`), whose
+//! signals and terminal sizes come on it too. The port is served from boot, whatever the
+//! network mode; the proxy's listeners join it on `Egress`.
+//!
 //! Threads, not an event loop: one per listener, one reads the port and dispatches, and
 //! each connection has one thread per direction. No thread ever blocks the port on one
 //! connection: what the host sends is queued per connection (at most a window, which the
@@ -25,10 +31,11 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub use airlock_sandbox::PROXY_PORT;
@@ -132,8 +139,8 @@ fn outer_root(map: &str) -> Result<u32, String> {
 }
 
 /// A process of the sandbox (any: they share its network namespace): one whose cgroup v2 path
-/// ends with the sandbox's id.
-fn sandbox_pid(sandbox_id: &str) -> Option<u32> {
+/// ends with the sandbox's id. Right after the sandbox is built, its init (the only one).
+pub fn sandbox_pid(sandbox_id: &str) -> Option<u32> {
     let suffix = format!("/{sandbox_id}");
     fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
@@ -162,21 +169,78 @@ pub fn open_port() -> Result<File, String> {
 }
 
 /// What the relay's threads share.
-struct Shared {
+pub struct Shared {
     /// The port's writing side: one whole frame at a time.
     port: Mutex<File>,
     /// Open connections by id.
     conns: Mutex<HashMap<u32, Arc<Conn>>>,
-    /// The resolver's socket (answers are sent from it).
-    dns: UdpSocket,
+    /// The resolver's socket (answers are sent from it), once proxy mode is on.
+    dns: OnceLock<UdpSocket>,
     /// DNS queries sent to the host and not answered yet: who asked, and when.
     queries: Mutex<HashMap<u32, (SocketAddr, Instant)>>,
+    /// The sandbox's network namespace (`/proc/<init>/ns/net`), once it exists: where
+    /// the host's `Connect`s are made.
+    netns: OnceLock<File>,
+    /// Spawned programs by id: what their `Signal` and `Resize` reach.
+    pub(crate) procs: Mutex<HashMap<u32, Arc<crate::spawn::Running>>>,
+}
+
+/// The socket of one stream: a connection of the program's, a port the host connects
+/// to, a spawned program's stdio (a socketpair's end) or its terminal's master side.
+pub enum Sock {
+    /// TCP.
+    Tcp(TcpStream),
+    /// One end of a socketpair.
+    Unix(UnixStream),
+    /// A terminal's master side (no half-close: it ends when the terminal hangs up).
+    Pty(File),
+}
+
+impl Sock {
+    fn try_clone(&self) -> io::Result<Sock> {
+        Ok(match self {
+            Sock::Tcp(s) => Sock::Tcp(s.try_clone()?),
+            Sock::Unix(s) => Sock::Unix(s.try_clone()?),
+            Sock::Pty(f) => Sock::Pty(f.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.shutdown(how),
+            Sock::Unix(s) => s.shutdown(how),
+            Sock::Pty(_) => Ok(()),
+        }
+    }
+}
+
+impl Read for Sock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.read(buf),
+            Sock::Unix(s) => s.read(buf),
+            Sock::Pty(f) => f.read(buf),
+        }
+    }
+}
+
+impl Write for Sock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.write(buf),
+            Sock::Unix(s) => s.write(buf),
+            Sock::Pty(f) => f.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// One connection of the program's.
 struct Conn {
     /// The program's socket.
-    stream: TcpStream,
+    stream: Sock,
     /// Bytes from the host, for the writer thread; `None` is the host's `Eof`.
     to_socket: Mutex<Option<mpsc::Sender<Option<Vec<u8>>>>>,
     /// How many more bytes the host will take (its acknowledgements), and whether the
@@ -188,7 +252,8 @@ struct Conn {
 }
 
 impl Shared {
-    fn send(&self, frame: &MuxFrame) -> io::Result<()> {
+    /// Sends one frame to the host.
+    pub fn send(&self, frame: &MuxFrame) -> io::Result<()> {
         let bytes = frame.encode();
         let mut port = self.port.lock().unwrap_or_else(|e| e.into_inner());
         port.write_all(&bytes)
@@ -225,18 +290,44 @@ impl Conn {
     }
 }
 
-/// Serves the listeners' connections and datagrams over `port`, on threads of their
-/// own, for as long as the VM lives.
-pub fn start(listeners: Listeners, port: File) -> Result<(), String> {
-    let failed = |e: io::Error| format!("starting the egress relay: {e}");
+/// Opens the egress port and serves it on a thread of its own for as long as the VM
+/// lives: what the host opens, and (after [`start`]) the proxy's connections.
+pub fn serve_port() -> Result<Arc<Shared>, String> {
+    let port = open_port()?;
     let reader = port.try_clone().map_err(|e| format!("the egress port: {e}"))?;
-    let dns = listeners.dns.try_clone().map_err(failed)?;
     let shared = Arc::new(Shared {
         port: Mutex::new(port),
         conns: Mutex::new(HashMap::new()),
-        dns: listeners.dns,
+        dns: OnceLock::new(),
         queries: Mutex::new(HashMap::new()),
+        netns: OnceLock::new(),
+        procs: Mutex::new(HashMap::new()),
     });
+    let s = Arc::clone(&shared);
+    std::thread::Builder::new()
+        .name("egress-port".into())
+        .spawn(move || read_port(reader, &s))
+        .map_err(|e| format!("starting the egress port's reader: {e}"))?;
+    Ok(shared)
+}
+
+/// Says where the host's `Connect`s go: the network namespace of the sandbox whose init
+/// is `pid`.
+pub fn set_sandbox(shared: &Shared, pid: u32) -> Result<(), String> {
+    let ns = File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("its network namespace: {e}"))?;
+    let _ = shared.netns.set(ns);
+    Ok(())
+}
+
+/// Serves the listeners' connections and datagrams over the port, on threads of their
+/// own, for as long as the VM lives.
+pub fn start(listeners: Listeners, shared: &Arc<Shared>) -> Result<(), String> {
+    let failed = |e: io::Error| format!("starting the egress relay: {e}");
+    let dns = listeners.dns.try_clone().map_err(failed)?;
+    shared
+        .dns
+        .set(listeners.dns)
+        .map_err(|_| "the egress relay runs already".to_owned())?;
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
         std::thread::Builder::new()
             .name(name.into())
@@ -244,22 +335,21 @@ pub fn start(listeners: Listeners, port: File) -> Result<(), String> {
             .map(drop)
             .map_err(failed)
     };
-    let s = Arc::clone(&shared);
-    spawn("egress-port", Box::new(move || read_port(reader, &s)))?;
     // Connection ids are shared by both listeners: each takes every other one.
-    let s = Arc::clone(&shared);
+    let s = Arc::clone(shared);
     let explicit = listeners.proxy;
     spawn(
         "egress-accept",
         Box::new(move || accept(explicit, &s, 0, |_| Some(None))),
     )?;
-    let s = Arc::clone(&shared);
+    let s = Arc::clone(shared);
     let transparent = listeners.transparent;
     spawn(
         "egress-redirect",
         Box::new(move || accept(transparent, &s, 1, |stream| original_dst(stream).map(Some))),
     )?;
-    spawn("egress-dns", Box::new(move || relay_dns(&dns, &shared)))?;
+    let s = Arc::clone(shared);
+    spawn("egress-dns", Box::new(move || relay_dns(&dns, &s)))?;
     Ok(())
 }
 
@@ -304,54 +394,90 @@ fn accept(
         };
         let id = next_id;
         next_id = next_id.wrapping_add(2);
-        let (tx, rx) = mpsc::channel();
-        let (Ok(reading), Ok(writing)) = (stream.try_clone(), stream.try_clone()) else {
-            continue;
-        };
-        let conn = Arc::new(Conn {
-            stream,
-            to_socket: Mutex::new(Some(tx)),
-            credit: Mutex::new((WINDOW, false)),
-            credit_changed: Condvar::new(),
-            ended: AtomicU8::new(0),
-        });
-        {
-            let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
-            // Over the bound the connection is simply closed: the program sees its
-            // proxy refuse, and nothing here grows.
-            if conns.len() >= MAX_CONNECTIONS {
-                continue;
-            }
-            conns.insert(id, Arc::clone(&conn));
-        }
         let open = match target {
             None => MuxFrame::Open(id),
             Some(dst) => MuxFrame::OpenTo(id, dst),
         };
-        if shared.send(&open).is_err() {
-            shared.forget(id);
-            continue;
+        // Over the bound the connection is simply closed: the program sees its proxy
+        // refuse, and nothing here grows.
+        let _ = attach(shared, id, Sock::Tcp(stream), Some(open));
+    }
+}
+
+/// Relays `stream` as stream `id` of the port: registers it, sends `announce` (the frame
+/// that opens it on the host, if any), and starts its two threads. Fails (the stream is
+/// dropped) past [`MAX_CONNECTIONS`] or when the port is gone.
+pub fn attach(shared: &Arc<Shared>, id: u32, stream: Sock, announce: Option<MuxFrame>) -> Result<(), String> {
+    let (tx, rx) = mpsc::channel();
+    let (reading, writing) = match (stream.try_clone(), stream.try_clone()) {
+        (Ok(r), Ok(w)) => (r, w),
+        (Err(e), _) | (_, Err(e)) => return Err(format!("stream {id}: {e}")),
+    };
+    let conn = Arc::new(Conn {
+        stream,
+        to_socket: Mutex::new(Some(tx)),
+        credit: Mutex::new((WINDOW, false)),
+        credit_changed: Condvar::new(),
+        ended: AtomicU8::new(0),
+    });
+    {
+        let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if conns.len() >= MAX_CONNECTIONS {
+            return Err(format!("{MAX_CONNECTIONS} streams are open already"));
         }
-        let (s, c) = (Arc::clone(shared), Arc::clone(&conn));
-        let up = std::thread::Builder::new().spawn(move || {
-            to_host(id, reading, &c, &s);
-            s.thread_ended(id, &c);
+        conns.insert(id, Arc::clone(&conn));
+    }
+    if let Some(open) = announce
+        && let Err(e) = shared.send(&open)
+    {
+        shared.forget(id);
+        return Err(format!("the egress port: {e}"));
+    }
+    let (s, c) = (Arc::clone(shared), Arc::clone(&conn));
+    let up = std::thread::Builder::new().spawn(move || {
+        to_host(id, reading, &c, &s);
+        s.thread_ended(id, &c);
+    });
+    let (s, c) = (Arc::clone(shared), Arc::clone(&conn));
+    let down = std::thread::Builder::new().spawn(move || {
+        to_socket(id, writing, &rx, &c, &s);
+        s.thread_ended(id, &c);
+    });
+    if up.is_err() || down.is_err() {
+        conn.reset();
+        let _ = shared.send(&MuxFrame::Reset(id));
+        shared.forget(id);
+        return Err(format!("stream {id}: no thread"));
+    }
+    Ok(())
+}
+
+/// The host's `Connect`: a connection to `port` on the sandbox's loopback, made from a
+/// thread in its network namespace, relayed as stream `id` (`Connected`), or `Reset`
+/// when nothing listens there (or there is no sandbox yet).
+fn connect(shared: &Arc<Shared>, id: u32, port: u16) {
+    let s = Arc::clone(shared);
+    let started = std::thread::Builder::new().spawn(move || {
+        let connected = s.netns.get().ok_or(()).and_then(|ns| {
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(drop)?;
+            let to = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            TcpStream::connect_timeout(&to, Duration::from_secs(3)).map_err(drop)
         });
-        let (s, c) = (Arc::clone(shared), Arc::clone(&conn));
-        let down = std::thread::Builder::new().spawn(move || {
-            to_socket(id, writing, &rx, &c, &s);
-            s.thread_ended(id, &c);
+        let attached = connected.and_then(|stream| {
+            let _ = stream.set_nodelay(true);
+            attach(&s, id, Sock::Tcp(stream), Some(MuxFrame::Connected(id))).map_err(drop)
         });
-        if up.is_err() || down.is_err() {
-            conn.reset();
-            let _ = shared.send(&MuxFrame::Reset(id));
-            shared.forget(id);
+        if attached.is_err() {
+            let _ = s.send(&MuxFrame::Reset(id));
         }
+    });
+    if started.is_err() {
+        let _ = shared.send(&MuxFrame::Reset(id));
     }
 }
 
 /// The program's bytes, to the host, within the host's window.
-fn to_host(id: u32, mut stream: TcpStream, conn: &Conn, shared: &Shared) {
+fn to_host(id: u32, mut stream: Sock, conn: &Conn, shared: &Shared) {
     let mut buf = vec![0u8; MUX_CHUNK];
     loop {
         let room = {
@@ -389,13 +515,7 @@ fn to_host(id: u32, mut stream: TcpStream, conn: &Conn, shared: &Shared) {
 }
 
 /// The host's bytes, to the program; each chunk acknowledged once the socket took it.
-fn to_socket(
-    id: u32,
-    mut stream: TcpStream,
-    rx: &mpsc::Receiver<Option<Vec<u8>>>,
-    conn: &Conn,
-    shared: &Shared,
-) {
+fn to_socket(id: u32, mut stream: Sock, rx: &mpsc::Receiver<Option<Vec<u8>>>, conn: &Conn, shared: &Shared) {
     while let Ok(Some(data)) = rx.recv() {
         if stream.write_all(&data).is_err() {
             let _ = shared.send(&MuxFrame::Reset(id));
@@ -409,7 +529,7 @@ fn to_socket(
 }
 
 /// Reads the port and dispatches each frame to its connection, never waiting on one.
-fn read_port(port: File, shared: &Shared) {
+fn read_port(port: File, shared: &Arc<Shared>) {
     let mut reader = io::BufReader::with_capacity(64 * 1024, port);
     loop {
         let frame = match mux::read_frame(&mut reader) {
@@ -463,8 +583,8 @@ fn read_port(port: File, shared: &Shared) {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&id);
-                if let Some((to, _)) = asker {
-                    let _ = shared.dns.send_to(&answer, to);
+                if let (Some((to, _)), Some(dns)) = (asker, shared.dns.get()) {
+                    let _ = dns.send_to(&answer, to);
                 }
             }
             MuxFrame::DnsNone(id) => {
@@ -474,11 +594,34 @@ fn read_port(port: File, shared: &Shared) {
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&id);
             }
-            // Only the guest opens connections and asks.
+            MuxFrame::Connect(id, port) => connect(shared, id, port),
+            MuxFrame::Signal(id, signal) => {
+                let p = shared
+                    .procs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&id)
+                    .cloned();
+                if let Some(p) = p {
+                    p.signal(signal);
+                }
+            }
+            MuxFrame::Resize(id, rows, cols) => {
+                let p = shared
+                    .procs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&id)
+                    .cloned();
+                if let Some(p) = p {
+                    p.resize(rows, cols);
+                }
+            }
+            // Only the guest opens connections this way and asks.
             MuxFrame::Open(id) | MuxFrame::OpenTo(id, _) => {
                 let _ = shared.send(&MuxFrame::Reset(id));
             }
-            MuxFrame::DnsQuery(..) => {}
+            MuxFrame::DnsQuery(..) | MuxFrame::Connected(_) | MuxFrame::Exited(..) => {}
         }
     }
 }

@@ -6,7 +6,7 @@
 //! image's drive, that image, which then is its sandbox's root), finds its virtio-serial
 //! port and
 //! serves the host's requests there: build a sandbox, write files, run a program, read
-//! files. Programs run in airlock-sandbox's engine, exactly as on a host with the
+//! files, start programs beside the execs (`spawn`), connect to the sandbox's ports. Programs run in airlock-sandbox's engine, exactly as on a host with the
 //! namespace backend (user, pid, mount, net, ipc, uts namespaces; seccomp; landlock;
 //! cgroup v2 limits), so the VM is a second wall around the first.
 //!
@@ -16,12 +16,14 @@
 mod agent;
 mod boot;
 mod egress;
+mod spawn;
 mod sys;
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     airlock_sandbox::maybe_run_init();
+    spawn::maybe_run_helper();
     if std::process::id() != 1 {
         eprintln!("airlock-guest is the /init of airlock's micro-VMs; it does not run on a host");
         return ExitCode::from(2);

@@ -145,12 +145,26 @@ pub struct BundleSpec<'a> {
     /// Proxy mode: the host directory holding the egress proxy's socket, bound at
     /// `/.airlock/egress` (root-only inside: the agent's relay connects to it).
     pub egress_dir: Option<&'a Path>,
+    /// The host directory holding the process keeper's socket, bound at
+    /// [`crate::procs::SANDBOX_DIR`] (root-only inside: the agent's keeper connects to it).
+    pub procs_dir: Option<&'a Path>,
     /// Proxy mode with secrets: the trust bundle (PEM) bound read-only at
     /// [`airlock_egress::CA_BUNDLE_PATH`].
     pub ca_bundle: Option<&'a [u8]>,
     /// An image's prepared tree: the whole root (then `rootfs` is `None`), with the
     /// host libraries the agent needs.
     pub image: Option<(&'a Path, &'a HostLibs)>,
+}
+
+/// A host directory of Unix sockets bound at `dst` (not read-only: connecting to a
+/// socket is a write to it).
+fn bind_socket_dir(src: &Path, dst: &str) -> Value {
+    json!({
+        "destination": dst,
+        "type": "bind",
+        "source": src,
+        "options": ["rbind", "nosuid", "nodev", "noexec"],
+    })
 }
 
 /// Writes the trust bundle into the bundle's directory and binds it over the root's.
@@ -252,6 +266,10 @@ pub fn write(dir: &Path, spec: &BundleSpec<'_>) -> io::Result<()> {
         touch(&root.join(COMPAT_PATH.trim_start_matches('/')))?;
         mounts.push(bind(compat, COMPAT_PATH));
     }
+    if let Some(procs) = spec.procs_dir {
+        mkdir(&root.join(".airlock/procs"))?;
+        mounts.push(bind_socket_dir(procs, crate::procs::SANDBOX_DIR));
+    }
     if let Some(egress) = spec.egress_dir {
         mkdir(&root.join(".airlock/egress"))?;
         // Not read-only: connecting to a socket is a write to it.
@@ -303,6 +321,10 @@ fn write_for_image(dir: &Path, image: &Path, libs: &HostLibs, spec: &BundleSpec<
         ]);
     }
     args.extend([AGENT_PATH.to_owned(), crate::agent::AGENT_ARG.to_owned()]);
+    if let Some(procs) = spec.procs_dir {
+        mkdir(&airlock.join("procs"))?;
+        mounts.push(bind_socket_dir(procs, crate::procs::SANDBOX_DIR));
+    }
     if let Some(egress) = spec.egress_dir {
         mkdir(&airlock.join("egress"))?;
         mounts.push(json!({
@@ -327,6 +349,14 @@ fn write_config(
     args: Vec<String>,
     egress: bool,
 ) -> io::Result<()> {
+    // Terminals for spawned programs: gVisor's own devpts (ptmx and the pts nodes).
+    let mut mounts = mounts;
+    mounts.push(json!({
+        "destination": "/dev/pts",
+        "type": "devpts",
+        "source": "devpts",
+        "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+    }));
     let caps: Vec<&str> = AGENT_CAPS
         .iter()
         .chain(if egress { AGENT_EGRESS_CAPS } else { &[] })
@@ -389,6 +419,7 @@ mod tests {
                 agent: &agent,
                 compat: None,
                 egress_dir: None,
+                procs_dir: None,
                 ca_bundle: None,
                 image: None,
             },
@@ -433,6 +464,7 @@ mod tests {
                 agent: &agent,
                 compat: Some(&agent),
                 egress_dir: None,
+                procs_dir: None,
                 ca_bundle: None,
                 image: Some((&image, &libs)),
             },

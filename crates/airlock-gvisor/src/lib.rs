@@ -15,7 +15,13 @@
 //!   [`agent::maybe_serve`] first thing in `main`, e.g. `airlock` itself) is init: it speaks the
 //!   micro-VM agent's frames (`airlock_vmwire::frame`) over the container's stdin and
 //!   stdout, holds a ready child that has already dropped to the sandbox user, and runs
-//!   each exec with a deadline, output caps and a kill of every process at its end.
+//!   each exec with a deadline, output caps and a kill of every process of the exec at
+//!   its end (each exec's and each spawned program's processes are kept in a cgroup of
+//!   their own in the Sentry's cgroupfs).
+//! - Programs alongside execs (`Sandbox::spawn`: pipes or a terminal) and connections to
+//!   the sandbox's loopback ports (`Sandbox::ports`) go through the agent's process
+//!   keeper, which connects to a Unix socket the host serves ([`procs`] is the wire),
+//!   apart from the exec's channel, so they work while an exec runs.
 //! - [`doctor`] says whether gVisor runs here, on which platform, and why not.
 //!
 //! ```no_run
@@ -42,6 +48,8 @@ mod channel;
 pub mod doctor;
 mod egress;
 pub mod platform;
+mod process;
+pub mod procs;
 mod sandbox;
 
 pub use backend::{GvisorBackend, GvisorOptions};

@@ -91,6 +91,8 @@ pub struct GvisorSandbox {
     egress: Option<HostProxy>,
     /// The platform runsc runs it on (reported in every result).
     platform: crate::Platform,
+    /// Owned: the socket of the agent's process keeper (spawned programs, ports).
+    procs: Option<crate::process::Hub>,
 }
 
 /// The pipes of `runsc run`'s stdio: ours, then the child's.
@@ -150,6 +152,16 @@ impl GvisorSandbox {
             cgroup: None,
         };
         let egress_dir = dir.join("egress");
+        // The process keeper's socket, served before the sandbox starts (the keeper
+        // connects at `Create`), in a directory only root can enter, inside too.
+        let procs_dir = dir.join("procs");
+        std::fs::create_dir(&procs_dir)
+            .and_then(|()| {
+                std::fs::set_permissions(&procs_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            })
+            .map_err(|e| Error::host(format!("creating {}", procs_dir.display()), e))?;
+        let hub = crate::process::Hub::start(&procs_dir.join(crate::procs::SOCKET), &id)
+            .map_err(|e| Error::host("serving the process keeper's socket", e))?;
         let ca_bundle = policy.as_ref().and_then(|p| p.ca_bundle_pem());
         let image = match &shape.image {
             Some(image) => Some((image.root.as_path(), prepared.host_libs()?)),
@@ -162,6 +174,7 @@ impl GvisorSandbox {
                 agent: &prepared.agent,
                 compat: prepared.compat.as_deref(),
                 egress_dir: policy.is_some().then_some(egress_dir.as_path()),
+                procs_dir: Some(procs_dir.as_path()),
                 ca_bundle: ca_bundle.as_deref().map(str::as_bytes),
                 image,
             },
@@ -203,9 +216,9 @@ impl GvisorSandbox {
             .arg(dir.join("state"))
             .arg(format!("--platform={}", prepared.platform.as_str()))
             .args(["--network=none", "--ignore-cgroups"])
-            // Proxy mode: the Sentry may connect to the host's Unix socket bound in (the
-            // proxy's, the only one there is).
-            .args(egress.is_some().then_some("--host-uds=open"))
+            // The Sentry may connect to the host's Unix sockets bound in (the process
+            // keeper's; in proxy mode, the proxy's), root-only directories inside.
+            .arg("--host-uds=open")
             // Proxy mode: iptables in the Sentry's netstack (the agent's redirections to
             // the proxy) needs raw sockets; only the agent has CAP_NET_RAW.
             .args(egress.is_some().then_some("--net-raw"))
@@ -260,6 +273,7 @@ impl GvisorSandbox {
             background: false,
             egress,
             platform: prepared.platform,
+            procs: Some(hub),
         };
         // From here on, dropping `sandbox` purges everything.
         // A sandbox that never came up is the host's failure (runsc refused the bundle,
@@ -767,6 +781,87 @@ impl Sandbox for GvisorSandbox {
     fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
         self.egress.as_ref().map(|e| std::sync::Arc::clone(e.proxy()))
     }
+
+    fn spawn(
+        &mut self,
+        spec: &Spec,
+        stdio: airlock_backend::Stdio,
+    ) -> Result<airlock_backend::Spawned, Error> {
+        spec.validate()?;
+        if spec.image.is_some() && !self.image {
+            return Err(Error::invalid(
+                "image",
+                "was not resolved to an image's prepared root: this sandbox has the host's system directories",
+            ));
+        }
+        if !self.is_alive() {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        }
+        let terminal = match stdio {
+            airlock_backend::Stdio::Pipes => None,
+            airlock_backend::Stdio::Terminal { rows, cols } => {
+                if rows == 0 || cols == 0 {
+                    return Err(Error::invalid(
+                        "rows",
+                        "a terminal has at least one row and one column",
+                    ));
+                }
+                Some((rows, cols))
+            }
+        };
+        if std::mem::take(&mut self.background)
+            && let Some(cg) = self.cgroup.as_ref()
+        {
+            let _ = cg.set_background(false);
+        }
+        for file in &spec.files {
+            Sandbox::write_file(self, &file.path, file.mode, &file.content, &[])?;
+        }
+        let extra_env = self
+            .egress
+            .as_ref()
+            .map(|e| e.proxy().sandbox_env())
+            .unwrap_or_default();
+        let Some(hub) = self.procs.as_ref() else {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        };
+        let (handle, mut fds) = hub.spawn(
+            |id| crate::procs::Request::Spawn {
+                id,
+                command: spec.command.clone(),
+                env: spec.env.clone(),
+                extra_env,
+                workdir: spec.workdir.clone(),
+                // As an exec's: the program's first process is not counted by gVisor.
+                nproc: u64::from(spec.limits.pids.saturating_sub(1).max(1)),
+                terminal,
+            },
+            terminal.is_some(),
+        )?;
+        let (stdin, stdout, stderr) = if terminal.is_some() {
+            let both = fds
+                .pop()
+                .ok_or_else(|| Error::host("spawning", "no terminal stream"))?;
+            let stdin = both.try_clone().map_err(|e| Error::host("dup", e))?;
+            (stdin, both, None)
+        } else {
+            let mut it = fds.into_iter();
+            match (it.next(), it.next(), it.next()) {
+                (Some(i), Some(o), Some(e)) => (i, o, Some(e)),
+                _ => return Err(Error::host("spawning", "missing streams")),
+            }
+        };
+        Ok(airlock_backend::Spawned {
+            stdin,
+            stdout,
+            stderr,
+            handle: Box::new(handle),
+        })
+    }
+
+    fn ports(&self) -> Option<std::sync::Arc<dyn airlock_backend::PortConnector>> {
+        self.procs.as_ref().map(crate::process::Hub::ports)
+    }
 }
 
 /// Whether any of `fds` is readable now.
@@ -786,6 +881,8 @@ impl Drop for GvisorSandbox {
         // runsc's state (inside the bundle directory).
         self.kill();
         let _ = self.runsc.wait();
+        // Every spawned program's wait answers SIGKILL from here on.
+        drop(self.procs.take());
         if let Some(cg) = self.cgroup.take()
             && let Err(e) = cg.destroy()
         {

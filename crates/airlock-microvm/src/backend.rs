@@ -194,7 +194,23 @@ impl airlock_backend::Sandbox for BootedVm {
     /// the relay and the guest's listener, once for the session.
     fn open_session(&mut self, shape: &Shape) -> Result<(), Error> {
         self.ensure_sandbox(&shape.limits)?;
+        self.start_mux()?;
         Ok(self.start_egress(&shape.network)?)
+    }
+
+    /// The guest runs it beside the execs: see [`BootedVm::spawn`].
+    fn spawn(
+        &mut self,
+        spec: &Spec,
+        stdio: airlock_backend::Stdio,
+    ) -> Result<airlock_backend::Spawned, Error> {
+        Ok(BootedVm::spawn(self, spec, stdio)?)
+    }
+
+    /// Connections relayed on the VM's egress port to its sandbox's loopback, once the
+    /// session is open.
+    fn ports(&self) -> Option<std::sync::Arc<dyn airlock_backend::PortConnector>> {
+        BootedVm::ports(self)
     }
 
     /// A VM's write is bounded by its per-frame timeout rather than cancelled.

@@ -25,10 +25,15 @@
 //!   system directories), with the same identity files, uid 1000 and scratch
 //!   /workspace and /tmp as on the host. Its templates are the image's own: a clone of
 //!   one image never serves another.
+//! - A session's VM also runs programs beside its execs ([`BootedVm::spawn`]: background
+//!   processes, terminals), which the guest keeps in a pid namespace and a cgroup of their
+//!   own so that no exec's end kills them, and opens connections to TCP ports its
+//!   programs listen on ([`BootedVm::ports`]); their bytes cross the VM's second port as
+//!   host socketpairs' other ends.
 //! - The frame protocol both sides speak over the VM's virtio-serial port, and the
 //!   framing of its second port, which carries a proxy-mode program's connections to the
-//!   egress proxy served on the host (the VM has no network device), live in the
-//!   `airlock-vmwire` crate, which the guest agent shares.
+//!   egress proxy served on the host (the VM has no network device) and the streams the
+//!   host opens, live in the `airlock-vmwire` crate, which the guest agent shares.
 //!
 //! ```no_run
 //! use airlock_microvm::{HostOptions, MicroVmHost, VmSize};

@@ -466,6 +466,7 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
         sandbox_setup: Duration::ZERO,
         egress_port: None,
         egress: None,
+        mux: None,
         image: p.image_drive.map(|d| d.digest.clone()),
     };
     let limits = CgroupLimits {
@@ -574,7 +575,7 @@ enum Recv {
 impl Channel {
     /// Sends one frame. The guest drains its port continuously; one that stops reading
     /// for [`REQUEST_TIMEOUT`] is given up on.
-    fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> Result<(), VmError> {
+    fn send(&mut self, msg: &impl serde::Serialize, payload: &[u8]) -> Result<(), VmError> {
         let mut buf = Vec::new();
         proto::write(&mut buf, msg, payload).map_err(|e| VmError::Guest(e.to_string()))?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
@@ -668,12 +669,13 @@ pub struct BootedVm {
     sandbox_disk: Option<u64>,
     /// How long building the guest's sandbox took.
     sandbox_setup: Duration,
-    /// Owned: the host's end of the egress port, until a proxy-mode exec hands it to
-    /// the relay.
+    /// Owned: the host's end of the egress port, until the relay (`mux`) takes it.
     egress_port: Option<UnixStream>,
-    /// Owned: in proxy mode, the relay serving the program's connections with the
-    /// egress proxy; stopped on drop.
+    /// Owned: in proxy mode, the proxy serving the program's connections (on `mux`).
     egress: Option<egress::EgressRelay>,
+    /// Owned: the relay of the egress port, once a session or proxy mode started it;
+    /// stopped on drop.
+    mux: Option<egress::MuxRelay>,
     /// The digest of the OCI image whose root the guest's sandbox has, when the VM
     /// carries one (fixed at boot: its drive and the guest's mount).
     image: Option<String>,
@@ -734,7 +736,7 @@ impl BootedVm {
 
     /// Sends one frame; a VM that does not take it is killed (a frame half sent leaves
     /// the channel unusable).
-    fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> Result<(), VmError> {
+    fn send(&mut self, msg: &impl serde::Serialize, payload: &[u8]) -> Result<(), VmError> {
         let sent = self.channel()?.send(msg, payload);
         if sent.is_err() {
             self.kill();
@@ -1041,15 +1043,135 @@ impl BootedVm {
                 self.info.mux_version
             )));
         }
-        let port = self.egress_port.take().ok_or(VmError::Gone)?;
-        self.egress = Some(egress::EgressRelay::start(
-            proxy,
-            network.clone(),
-            port,
-            &self.id,
-        )?);
+        let mux = self.mux()?;
+        self.egress = Some(egress::EgressRelay::start(proxy, network.clone(), mux));
         self.send(&ToGuest::Egress, &setup)?;
         self.expect_ok("starting the egress proxy")
+    }
+
+    /// The relay of the egress port, started on first use.
+    fn mux(&mut self) -> Result<&egress::MuxRelay, VmError> {
+        if self.mux.is_none() {
+            let port = self.egress_port.take().ok_or(VmError::Gone)?;
+            self.mux = Some(egress::MuxRelay::start(port, &self.id)?);
+        }
+        self.mux.as_ref().ok_or(VmError::Gone)
+    }
+
+    /// Starts the relay of the egress port, for what a session opens on it: spawned
+    /// programs' stdio, connections to its ports.
+    pub fn start_mux(&mut self) -> Result<(), VmError> {
+        self.mux().map(drop)
+    }
+
+    /// What opens connections to TCP ports in this VM's sandbox, once the relay runs
+    /// ([`BootedVm::start_mux`]).
+    pub fn ports(&self) -> Option<std::sync::Arc<dyn airlock_backend::PortConnector>> {
+        if self.info.mux_version < 3 {
+            return None;
+        }
+        let ports = self.mux.as_ref()?.ports();
+        Some(std::sync::Arc::new(ports))
+    }
+
+    /// Starts `spec`'s program alongside the session's execs (see
+    /// [`airlock_backend::Sandbox::spawn`]): the guest runs it in its sandbox's
+    /// namespaces (a pid namespace and a cgroup of its own beside the execs'), its stdio
+    /// relayed on the egress port to host socketpairs whose other ends are returned.
+    pub fn spawn(
+        &mut self,
+        spec: &Spec,
+        stdio: airlock_backend::Stdio,
+    ) -> Result<airlock_backend::Spawned, VmError> {
+        use std::os::fd::OwnedFd;
+        validate(spec, self.image.is_some())?;
+        if self.sandbox_disk.is_none() {
+            return Err(VmError::Guest(
+                "no sandbox in this VM: open the session first".into(),
+            ));
+        }
+        if self.info.mux_version < 3 {
+            return Err(VmError::Host(format!(
+                "the guest agent speaks version {} of the egress port, spawning needs 3: rebuild airlock-guest with this airlock",
+                self.info.mux_version
+            )));
+        }
+        let host_err = |e: io::Error| VmError::Host(format!("a socketpair: {e}"));
+        let mux = self.mux()?;
+        let process = mux.next_id();
+        let mut streams = Vec::new();
+        let mut ends = Vec::new();
+        let terminal = match stdio {
+            airlock_backend::Stdio::Pipes => {
+                for _ in 0..3 {
+                    let (caller, relayed) = UnixStream::pair().map_err(host_err)?;
+                    let id = mux.next_id();
+                    mux.attach(id, relayed)?;
+                    streams.push(id);
+                    ends.push(OwnedFd::from(caller));
+                }
+                None
+            }
+            airlock_backend::Stdio::Terminal { rows, cols } => {
+                if rows == 0 || cols == 0 {
+                    return Err(VmError::Spec(SpecError::new(
+                        "rows",
+                        "a terminal has at least one row and column",
+                    )));
+                }
+                let (caller, relayed) = UnixStream::pair().map_err(host_err)?;
+                let id = mux.next_id();
+                mux.attach(id, relayed)?;
+                streams.push(id);
+                let input = caller.try_clone().map_err(host_err)?;
+                ends.push(OwnedFd::from(input));
+                ends.push(OwnedFd::from(caller));
+                Some((rows, cols))
+            }
+        };
+        let slot = mux.process(process)?;
+        let sender = mux.sender();
+        let request = airlock_vmwire::frame::ToVmGuest::Spawn {
+            command: spec.command.clone(),
+            env: spec.env.clone(),
+            workdir: spec.workdir.clone(),
+            terminal,
+            process,
+            streams,
+        };
+        self.send(&request, &[])?;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let pid = match self.channel()?.recv(deadline, &[]) {
+            Ok(f) => match f.msg {
+                ToHost::Spawned { pid } => pid,
+                ToHost::Error { kind, field, message } => {
+                    return Err(crate::agent_error(
+                        Some("spawning a program"),
+                        kind,
+                        field,
+                        message,
+                    ));
+                }
+                other => return Err(self.desync("spawning a program", &other)),
+            },
+            Err(e) => return Err(self.lost("spawning a program", e)),
+        };
+        let mut ends = ends.into_iter();
+        let (Some(stdin), Some(stdout)) = (ends.next(), ends.next()) else {
+            return Err(VmError::Host("the program's stdio".into()));
+        };
+        Ok(airlock_backend::Spawned {
+            stdin,
+            stdout,
+            stderr: ends.next(),
+            handle: Box::new(egress::VmProcess::new(
+                process,
+                pid,
+                terminal.is_some(),
+                sender,
+                slot,
+            )),
+        })
     }
 
     /// Proxy mode's egress proxy, once started.
@@ -1237,6 +1359,7 @@ impl Drop for BootedVm {
         self.kill();
         // After the VMM: its port is closed, so the relay has nothing left to carry.
         self.egress = None;
+        self.mux = None;
         if let Some(cg) = self.cgroup.take() {
             let _ = cg.destroy();
         }

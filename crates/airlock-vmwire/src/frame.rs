@@ -111,6 +111,46 @@ pub enum ToGuest {
     },
 }
 
+/// Host -> guest requests only the micro-VM's agent serves (the gVisor agent, which
+/// also speaks [`ToGuest`], has no egress port to carry them).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ToVmGuest {
+    /// Start a program alongside the session's execs (see
+    /// `airlock_backend::Sandbox::spawn`): its stdio are the egress port's streams
+    /// `streams` (stdin, stdout, stderr; one, both ways, for a terminal), which the host
+    /// has registered already; its signals, terminal size and end travel on that port
+    /// under `process` ([`crate::mux`] version 3). Answered by `Spawned` or `Error`. Needs
+    /// the sandbox.
+    Spawn {
+        /// argv.
+        command: Vec<String>,
+        /// Extra environment (the proxy's variables come first, as for an exec).
+        env: Vec<(String, String)>,
+        /// Where it starts (absolute); `None`: /workspace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        workdir: Option<String>,
+        /// A terminal of `(rows, cols)`, or pipes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        terminal: Option<(u16, u16)>,
+        /// The id its signals, resizes and end are sent under on the egress port.
+        process: u32,
+        /// The egress port's stream ids of its stdio: three for pipes, one for a terminal.
+        streams: Vec<u32>,
+    },
+}
+
+/// Any request the micro-VM's agent reads: a [`ToGuest`] or a [`ToVmGuest`] (both
+/// tagged by `op`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum AgentRequest {
+    /// A request every agent serves.
+    Common(ToGuest),
+    /// A request of the micro-VM's agent only.
+    Vm(ToVmGuest),
+}
+
 /// Random bytes a `Resume` carries: a full key for the guest kernel's generator.
 pub const RESUME_SEED: usize = 32;
 
@@ -162,6 +202,11 @@ pub enum ToHost {
     Listing {
         /// Files and directories.
         entries: Vec<FileEntry>,
+    },
+    /// A spawned program started.
+    Spawned {
+        /// Its pid as its own processes see it.
+        pid: u32,
     },
 }
 

@@ -5,8 +5,9 @@
 //! - [`frame`]: the request and report frames on the agent's virtio-serial port
 //!   ([`frame::AGENT_PORT`]);
 //! - [`mux`]: the program's proxy connections (explicit, or redirected with their
-//!   original destination) and DNS queries, multiplexed over the egress port
-//!   ([`mux::EGRESS_PORT`]).
+//!   original destination) and DNS queries, and what the host opens (connections to the
+//!   sandbox's ports, spawned programs' stdio, their signals and ends), multiplexed over
+//!   the egress port ([`mux::EGRESS_PORT`]).
 //!
 //! Pure data and framing: no syscalls, no VMM, no sandbox.
 

@@ -30,7 +30,14 @@
 //! peer that announced the version that has it.
 //!
 //! - 1: `Open` (1), `Data` (2), `Eof` (3), `Reset` (4), `Ack` (5);
-//! - 2: `OpenTo` (6), `DnsQuery` (7), `DnsAnswer` (8), `DnsNone` (9).
+//! - 2: `OpenTo` (6), `DnsQuery` (7), `DnsAnswer` (8), `DnsNone` (9);
+//! - 3: `Connect` (10), `Connected` (11), `Signal` (12), `Resize` (13), `Exited` (14).
+//!
+//! Version 3 lets the host open streams too: to a TCP port on the sandbox's loopback
+//! (`Connect`, answered by `Connected` or `Reset`), and the stdio of programs spawned
+//! alongside the execs (registered by the agent's `Spawn` request, no frame opens them).
+//! The host's ids have [`HOST_IDS`] set, the guest's never. A spawned program is named by
+//! an id of its own in `Signal`, `Resize` and `Exited`.
 
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -38,7 +45,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// Name of the egress port (the guest finds it in /sys/class/virtio-ports).
 pub const EGRESS_PORT: &str = "airlock.egress";
 /// The newest set of frame kinds this build speaks (see the module's documentation).
-pub const MUX_VERSION: u32 = 2;
+pub const MUX_VERSION: u32 = 3;
+/// Set in every id the host picks (streams it opens, spawned programs); never in the
+/// guest's.
+pub const HOST_IDS: u32 = 1 << 31;
 /// Unacknowledged bytes per connection and direction: enough for a few round trips of
 /// the port at full speed, small enough that 128 connections hold 32 MiB at most.
 pub const WINDOW: u32 = 256 * 1024;
@@ -67,6 +77,11 @@ const OPEN_TO: u8 = 6;
 const DNS_QUERY: u8 = 7;
 const DNS_ANSWER: u8 = 8;
 const DNS_NONE: u8 = 9;
+const CONNECT: u8 = 10;
+const CONNECTED: u8 = 11;
+const SIGNAL: u8 = 12;
+const RESIZE: u8 = 13;
+const EXITED: u8 = 14;
 
 /// One frame of the egress port.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +106,44 @@ pub enum MuxFrame {
     DnsAnswer(u32, Vec<u8>),
     /// Host -> guest: query `id` has no answer (version 2).
     DnsNone(u32),
+    /// Host -> guest: open stream `id` to this TCP port on the sandbox's loopback
+    /// (version 3); answered by `Connected` or, when nothing listens, `Reset`.
+    Connect(u32, u16),
+    /// Guest -> host: stream `id` of a `Connect` is open (version 3).
+    Connected(u32),
+    /// Host -> guest: send this signal to spawned program `id` (version 3).
+    Signal(u32, u32),
+    /// Host -> guest: spawned program `id`'s terminal is now `rows` x `cols` (version 3).
+    Resize(u32, u16, u16),
+    /// Guest -> host: spawned program `id` ended (version 3).
+    Exited(u32, ExitStatus),
+}
+
+/// How a spawned program ended, as `Exited` carries it: a code in the low byte, or a
+/// signal with bit 16 set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// It exited with this status.
+    Code(u8),
+    /// This signal ended it.
+    Signal(u8),
+}
+
+impl ExitStatus {
+    fn encode(self) -> u32 {
+        match self {
+            ExitStatus::Code(c) => u32::from(c),
+            ExitStatus::Signal(s) => 1 << 16 | u32::from(s),
+        }
+    }
+
+    fn decode(value: u32) -> Result<ExitStatus, String> {
+        match value {
+            0..=0xff => Ok(ExitStatus::Code(value as u8)),
+            0x1_0001..=0x1_00ff => Ok(ExitStatus::Signal(value as u8)),
+            _ => Err(format!("exit status {value:#x}")),
+        }
+    }
 }
 
 /// Whether frames of `kind` carry a payload of `value` bytes.
@@ -161,6 +214,11 @@ impl MuxFrame {
             MuxFrame::DnsQuery(id, q) => (*id, DNS_QUERY, q.len() as u32, q),
             MuxFrame::DnsAnswer(id, a) => (*id, DNS_ANSWER, a.len() as u32, a),
             MuxFrame::DnsNone(id) => (*id, DNS_NONE, 0, &[]),
+            MuxFrame::Connect(id, port) => (*id, CONNECT, u32::from(*port), &[]),
+            MuxFrame::Connected(id) => (*id, CONNECTED, 0, &[]),
+            MuxFrame::Signal(id, sig) => (*id, SIGNAL, *sig, &[]),
+            MuxFrame::Resize(id, rows, cols) => (*id, RESIZE, u32::from(*rows) << 16 | u32::from(*cols), &[]),
+            MuxFrame::Exited(id, status) => (*id, EXITED, status.encode(), &[]),
         };
         let mut buf = Vec::with_capacity(HEADER + data.len());
         buf.extend_from_slice(&id.to_le_bytes());
@@ -179,7 +237,7 @@ impl MuxFrame {
         let id = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
         let kind = buf[4];
         let value = u32::from_le_bytes([buf[5], buf[6], buf[7], buf[8]]);
-        if !(OPEN..=DNS_NONE).contains(&kind) {
+        if !(OPEN..=EXITED).contains(&kind) {
             return Err(format!("unknown frame kind {kind}"));
         }
         if !has_payload(kind) {
@@ -188,7 +246,15 @@ impl MuxFrame {
                 EOF => MuxFrame::Eof(id),
                 RESET => MuxFrame::Reset(id),
                 ACK => MuxFrame::Ack(id, value),
-                _ => MuxFrame::DnsNone(id),
+                DNS_NONE => MuxFrame::DnsNone(id),
+                CONNECT => MuxFrame::Connect(
+                    id,
+                    u16::try_from(value).map_err(|_| format!("connect to port {value}"))?,
+                ),
+                CONNECTED => MuxFrame::Connected(id),
+                SIGNAL => MuxFrame::Signal(id, value),
+                RESIZE => MuxFrame::Resize(id, (value >> 16) as u16, value as u16),
+                _ => MuxFrame::Exited(id, ExitStatus::decode(value)?),
             };
             return Ok(Some((frame, HEADER)));
         }
@@ -289,6 +355,12 @@ mod tests {
             MuxFrame::DnsNone(u32::MAX),
             MuxFrame::Eof(7),
             MuxFrame::Reset(u32::MAX),
+            MuxFrame::Connect(HOST_IDS | 1, 8000),
+            MuxFrame::Connected(HOST_IDS | 1),
+            MuxFrame::Signal(HOST_IDS | 2, 15),
+            MuxFrame::Resize(HOST_IDS | 2, 40, 132),
+            MuxFrame::Exited(HOST_IDS | 2, ExitStatus::Code(3)),
+            MuxFrame::Exited(HOST_IDS | 2, ExitStatus::Signal(9)),
         ];
         let wire: Vec<u8> = frames.iter().flat_map(MuxFrame::encode).collect();
         let mut d = MuxDecoder::default();
@@ -316,8 +388,8 @@ mod tests {
         assert!(d.next_frame().is_err());
         assert!(read_frame(&mut big.as_slice()).is_err());
         let mut d = MuxDecoder::default();
-        d.push(&[0, 0, 0, 0, 10, 0, 0, 0, 0]);
-        assert!(d.next_frame().unwrap_err().contains("unknown frame kind 10"));
+        d.push(&[0, 0, 0, 0, 15, 0, 0, 0, 0]);
+        assert!(d.next_frame().unwrap_err().contains("unknown frame kind 15"));
         let mut d = MuxDecoder::default();
         d.push(&[0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert!(d.next_frame().is_err());

@@ -662,3 +662,64 @@ fn airlock_shell_attaches_a_real_terminal() {
     let all = client(&d).get("/v1/sandboxes").expect(200).json();
     assert_eq!(all.as_array().map(Vec::len), Some(0), "{all:#}");
 }
+
+/// The shell block of README.md's "Interactive sessions" section.
+fn readme_block() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let section = readme
+        .split("## Interactive sessions")
+        .nth(1)
+        .expect("README has the interactive sessions section");
+    let block = section.split("```sh\n").nth(1).expect("its shell block");
+    block.split("```").next().unwrap().to_owned()
+}
+
+/// README's example, run as typed (against a daemon on its own port, `airlock` being the
+/// binary under test, the shell given two lines on stdin): the sum, a PNG chart, the
+/// preview through the exposed port, the shell, and the session gone at the end.
+#[test]
+fn readme_interactive_block_runs_as_typed() {
+    let d = Daemon::start(&["--pool", "0"]);
+    d.wait_ready();
+    let work = tempfile::tempdir().unwrap();
+    let script = readme_block()
+        .replace("localhost:8710", &format!("127.0.0.1:{}", d.port))
+        .replace(
+            "airlock shell",
+            &format!("{} shell", common::airlock_bin().display()),
+        );
+    let mut child = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(work.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"echo from-the-shell $((6 * 7))\nexit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the README block failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "15", "{stdout}");
+    assert_eq!(lines[1], "proc-1", "{stdout}");
+    assert!(
+        stdout.contains("<title>Directory listing for /</title>"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("from-the-shell 42"), "{stdout}");
+    let png = std::fs::read(work.path().join("chart.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let all = d.client().get("/v1/sandboxes").expect(200).json();
+    assert_eq!(all.as_array().map(Vec::len), Some(0), "{all:#}");
+}

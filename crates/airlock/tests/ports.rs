@@ -104,15 +104,16 @@ fn daemon() -> (Daemon, Client, tempfile::TempDir) {
 }
 
 /// Starts the echo server on `port` in session `id` as a background process and waits
-/// until it accepts connections (checked from inside the sandbox).
+/// until it listens (its socket in the sandbox's /proc/net/tcp: a program there may
+/// bind but not connect, landlock's TCP rules).
 fn start_server(c: &Client, id: &str, port: u16) {
     let r = c.session_exec(
         id,
         &json!({"cmd": ["python3", "-c", SERVER, port.to_string()], "background": true}),
     );
     assert_eq!(r.status, 201, "a background process: {}", r.text());
-    let probe = json!({"cmd": ["python3", "-c",
-        format!("import socket; socket.create_connection(('127.0.0.1', {port}), 1)")]});
+    let listening = format!("0100007F:{port:04X} 00000000:0000 0A");
+    let probe = json!({"cmd": ["grep", "-q", listening, "/proc/net/tcp"]});
     let up = poll(Duration::from_secs(60), || {
         let v = c.session_exec(id, &probe).expect(200).json();
         (v["exit_code"] == 0).then_some(())
@@ -299,6 +300,14 @@ fn a_port_is_reachable_only_once_exposed_only_through_airlock_and_only_with_its_
         .expect(200)
         .json();
     assert_eq!(v["path"], "/q?a=1&b=2");
+    assert_clean(&v, &token);
+    // The terminal route's `?access_token=KEY` (a path ending in /pty): the key it
+    // carries is not passed on either.
+    let v = anon
+        .get(&format!("{base}/pty?access_token={KEY}&k=v"))
+        .expect(200)
+        .json();
+    assert_eq!(v["path"], "/pty?k=v");
     assert_clean(&v, &token);
     // Another tenant's key with this port's token: the token opens the port; the key is
     // not passed on either.

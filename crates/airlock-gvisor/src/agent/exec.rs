@@ -1,9 +1,11 @@
 //! One exec, supervised by the agent: the ready child gets its command, the program's
 //! output goes to the host as it comes (up to the output limit; the rest is counted),
 //! and the exec ends when its top process ends, its deadline passes or the host cancels
-//! it. Then every other process of the sandbox is killed (the agent is the sandbox's
-//! init: `kill(-1)` reaches every process but itself) and reaped, so nothing of this exec
-//! outlives it.
+//! it. Then every process of the exec (of the execs' cgroup, see `jobs`; the egress
+//! relay is in it too) is killed and reaped, so nothing of this exec outlives it, and
+//! the programs spawned alongside execs (each in a cgroup of its own) are not touched.
+//! Without cgroups, the agent, the sandbox's init, kills every other process
+//! (`kill(-1)`).
 
 use airlock_spec::{ExecResult, Limits, Outcome};
 use airlock_vmwire::frame::{CHUNK, ToHost};
@@ -15,6 +17,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::Port;
@@ -88,13 +91,44 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
-/// Kills every process of the sandbox but the agent, and reaps them all.
-pub fn kill_all() {
-    // The agent is the sandbox's init: kill(-1) signals every other process of the
-    // sandbox, whichever user it runs as.
-    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-    // Until ECHILD: none left.
-    while matches!(waitpid(None, None), Ok(_) | Err(Errno::EINTR)) {}
+/// Kills every process of the exec (of `cgroup`; without one, of the sandbox but the
+/// agent) and reaps them all.
+pub fn kill_all(cgroup: Option<&Path>) {
+    match cgroup {
+        Some(dir) => {
+            super::jobs::kill_all(dir, reap_ended);
+            reap_ended();
+        }
+        None => {
+            // The agent is the sandbox's init: kill(-1) signals every other process of
+            // the sandbox, whichever user it runs as.
+            let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+            // Until ECHILD: none left.
+            while matches!(waitpid(None, None), Ok(_) | Err(Errno::EINTR)) {}
+        }
+    }
+}
+
+/// Sends SIGKILL once to every process of the exec.
+fn kill_rest(cgroup: Option<&Path>) {
+    match cgroup {
+        Some(dir) => {
+            super::jobs::kill_round(dir);
+        }
+        None => {
+            let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Reaps every child of the agent that has ended (the exec's, the orphans of spawned
+/// programs); never waits.
+pub fn reap_ended() {
+    while let Ok(s) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if s == WaitStatus::StillAlive {
+            break;
+        }
+    }
 }
 
 /// Runs `request` in `child` with `stdin`, supervising it (see the module docs).
@@ -111,21 +145,23 @@ pub fn run(
     let t0 = Instant::now();
     let ReadyChild {
         pid,
+        cgroup,
         request: mut request_pipe,
         stdin: mut stdin_pipe,
         stdout,
         stderr,
     } = child;
+    let cgroup = cgroup.as_deref();
     let sent = serde_json::to_vec(&request)
         .map_err(std::io::Error::other)
         .and_then(|bytes| request_pipe.write_all(&bytes));
     drop(request_pipe);
     if let Err(e) = sent {
-        kill_all();
+        kill_all(cgroup);
         return Ran::Failed(format!("handing the command over: {e}"));
     }
     if let Err(e) = nonblocking(&stdout).and_then(|()| nonblocking(&stderr)) {
-        kill_all();
+        kill_all(cgroup);
         return Ran::Failed(format!("output pipes: {e}"));
     }
     // Stdin is fed by a thread of its own (a program may not read it, or read it slowly);
@@ -148,7 +184,7 @@ pub fn run(
     if cancel_pending {
         // The host's `Cancel` came with the request itself.
         cancelled = true;
-        kill_top_and_rest(pid, &mut status);
+        kill_top_and_rest(pid, &mut status, cgroup);
     }
     let mut failed: Option<String> = None;
     // Until the top process ended and both pipes are closed. Once it ended, whatever
@@ -157,7 +193,7 @@ pub fn run(
         let now = Instant::now();
         if status.is_none() && now >= deadline {
             timed_out = true;
-            kill_top_and_rest(pid, &mut status);
+            kill_top_and_rest(pid, &mut status, cgroup);
             continue;
         }
         let wait = if status.is_none() {
@@ -178,7 +214,7 @@ pub fn run(
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
                 failed = Some(format!("poll: {e}"));
-                kill_top_and_rest(pid, &mut status);
+                kill_top_and_rest(pid, &mut status, cgroup);
                 break;
             }
         }
@@ -203,27 +239,28 @@ pub fn run(
             reap(pid, &mut status);
             if status.is_some() {
                 // The top process ended: the exec ends with it.
-                let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+                kill_rest(cgroup);
             }
         }
         if cancel_ready && status.is_none() {
             cancelled = true;
-            kill_top_and_rest(pid, &mut status);
+            kill_top_and_rest(pid, &mut status, cgroup);
         }
         if out_ready && let Err(e) = out.pump(port, &ToHost::Stdout, &mut buf) {
-            return fail_after(format!("port: {e}"), feeder);
+            return fail_after(format!("port: {e}"), cgroup, feeder);
         }
         if err_ready && let Err(e) = err.pump(port, &ToHost::Stderr, &mut buf) {
-            return fail_after(format!("port: {e}"), feeder);
+            return fail_after(format!("port: {e}"), cgroup, feeder);
         }
         if status.is_some() && !out_ready && !err_ready && !child_ready {
             // Ended, and a poll round passed with nothing to read: whatever still holds
-            // a pipe was killed and is being reaped; wait for it.
+            // a pipe was killed and is being reaped (or forked since: killed now).
+            kill_rest(cgroup);
             reap(pid, &mut status);
         }
     }
     let wall_ms = ms(started.elapsed());
-    kill_all();
+    kill_all(cgroup);
     if let Some(feeder) = feeder {
         let _ = feeder.join();
     }
@@ -262,8 +299,8 @@ pub fn run(
     }))
 }
 
-fn fail_after(e: String, feeder: Option<std::thread::JoinHandle<()>>) -> Ran {
-    kill_all();
+fn fail_after(e: String, cgroup: Option<&Path>, feeder: Option<std::thread::JoinHandle<()>>) -> Ran {
+    kill_all(cgroup);
     if let Some(feeder) = feeder {
         let _ = feeder.join();
     }
@@ -284,11 +321,15 @@ fn reap(top: Pid, status: &mut Option<WaitStatus>) {
     }
 }
 
-/// Kills every process of the sandbox but the agent and waits for the top one.
-fn kill_top_and_rest(top: Pid, status: &mut Option<WaitStatus>) {
-    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+/// Kills every process of the exec and waits for the top one.
+fn kill_top_and_rest(top: Pid, status: &mut Option<WaitStatus>, cgroup: Option<&Path>) {
+    kill_rest(cgroup);
+    if cgroup.is_some() {
+        // Not in the cgroup yet if it was killed before it moved itself there.
+        let _ = kill(top, Signal::SIGKILL);
+    }
     while status.is_none() {
-        match waitpid(None, None) {
+        match waitpid(top, None) {
             Ok(s) if s.pid() == Some(top) => *status = Some(s),
             Ok(_) | Err(Errno::EINTR) => {}
             Err(_) => break,

@@ -13,8 +13,10 @@
 
 mod exec;
 mod files;
+mod jobs;
+mod procs;
 mod ready;
-mod relay;
+pub(crate) mod relay;
 mod transparent;
 
 use airlock_backend::ErrorKind;
@@ -159,12 +161,16 @@ pub fn serve() -> Result<(), String> {
         file: None,
         env: Vec::new(),
         egress: None,
+        jobs: None,
     };
     // SAFETY: a second handle on fd 0 for buffered reads; `port.input` keeps the fd open
     // for as long as `reader` lives (both end with this function), and `reader` is the
     // only one that reads from it.
     let mut reader = BufReader::with_capacity(CHUNK + 4096, unsafe { File::from_raw_fd(0) });
     let result = loop {
+        if reader.buffer().is_empty() {
+            idle(&port, &state.sigchld);
+        }
         let frame = match proto::read::<ToGuest>(&mut reader) {
             Ok(Some(f)) => f,
             Ok(None) => break Ok(()),
@@ -180,6 +186,30 @@ pub fn serve() -> Result<(), String> {
     // Both `File`s of fd 0 would close it: keep one from doing so twice.
     std::mem::forget(reader.into_inner());
     result
+}
+
+/// Between requests: reaps what ends until the host sends the next frame. Processes a
+/// spawned program left come to the agent (the sandbox's init) when it ends and its
+/// cgroup is killed; reaped here, they do not linger as zombies until the next exec.
+fn idle(port: &Port, sigchld: &SignalFd) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        let mut fds = [
+            PollFd::new(port.readable(), PollFlags::POLLIN),
+            PollFd::new(sigchld.as_fd(), PollFlags::POLLIN),
+        ];
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            return;
+        }
+        let host = fds[0].revents().is_some_and(|r| !r.is_empty());
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            while let Ok(Some(_)) = sigchld.read_signal() {}
+            exec::reap_ended();
+        }
+        if host {
+            return;
+        }
+    }
 }
 
 /// Network interfaces in the sandbox (gVisor's netstack; with `--network=none` only lo).
@@ -228,9 +258,28 @@ struct State {
     /// Proxy mode: the proxy's ports on the sandbox's loopback, served by a relay
     /// process forked for each exec.
     egress: Option<relay::Listeners>,
+    /// The sandbox's cgroups (execs', spawned programs'); `None` if they could not be
+    /// made (then an exec's end kills every process, and nothing can be spawned).
+    jobs: Option<jobs::Jobs>,
 }
 
 impl State {
+    /// The execs' cgroup, if there are cgroups.
+    fn exec_cgroup(&self) -> Option<std::path::PathBuf> {
+        self.jobs.as_ref().map(jobs::Jobs::exec)
+    }
+
+    /// Forks the egress relay for the next exec, in the execs' cgroup: the exec's end
+    /// kills it with the exec's processes, so no connection of one exec outlives it.
+    fn fork_relay(&self, listeners: &relay::Listeners) {
+        if let Ok(pid) = relay::fork_relay(listeners)
+            && let Some(dir) = self.exec_cgroup()
+            && jobs::join(&dir, pid).is_err()
+        {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        }
+    }
+
     fn handle(&mut self, port: &Port, msg: ToGuest, payload: Vec<u8>, pending: bool) -> io::Result<()> {
         match msg {
             ToGuest::Create { limits, .. } => {
@@ -242,7 +291,18 @@ impl State {
                 }
                 self.created = true;
                 self.limits = limits;
-                match ready::ReadyChild::fork(&self.seccomp) {
+                // The keeper of programs spawned alongside execs, when the host serves
+                // its socket; without it, spawning and ports answer that they cannot.
+                match jobs::Jobs::setup(Path::new(scratch())) {
+                    Ok(jobs) => {
+                        if let Err(e) = procs::fork_keeper(&self.seccomp, self.limits.disk_bytes, &jobs) {
+                            eprintln!("airlock gVisor agent: the process keeper: {e}");
+                        }
+                        self.jobs = Some(jobs);
+                    }
+                    Err(e) => eprintln!("airlock gVisor agent: cgroups: {e}"),
+                }
+                match ready::ReadyChild::fork(&self.seccomp, self.exec_cgroup().as_deref()) {
                     Ok(child) => {
                         self.ready = Some(child);
                         port.send(&ToHost::Ok, &[])
@@ -334,7 +394,7 @@ impl State {
                 // one is forked now.
                 let child = match self.ready.take() {
                     Some(child) => child,
-                    None => match ready::ReadyChild::fork(&self.seccomp) {
+                    None => match ready::ReadyChild::fork(&self.seccomp, self.exec_cgroup().as_deref()) {
                         Ok(child) => child,
                         Err(e) => return port.error(format!("forking the ready child: {e}")),
                     },
@@ -366,9 +426,9 @@ impl State {
                 // forks its own and reports why; without a relay, proxy connections are
                 // refused.
                 if let Some(listener) = self.egress.as_ref() {
-                    let _ = relay::fork_relay(listener);
+                    self.fork_relay(listener);
                 }
-                self.ready = ready::ReadyChild::fork(&self.seccomp).ok();
+                self.ready = ready::ReadyChild::fork(&self.seccomp, self.exec_cgroup().as_deref()).ok();
                 answered
             }
             ToGuest::ReadFile { path, max_bytes } => {
@@ -415,7 +475,10 @@ impl State {
                 // it. Should they fail, the sandbox fails to build (fail closed).
                 let started = transparent::setup().and_then(|()| {
                     let listeners = relay::bind()?;
-                    relay::fork_relay(&listeners)?;
+                    let pid = relay::fork_relay(&listeners)?;
+                    if let Some(dir) = self.exec_cgroup() {
+                        jobs::join(&dir, pid)?;
+                    }
                     Ok(listeners)
                 });
                 match started {
@@ -476,6 +539,16 @@ fn environment(extra: &[(String, String)], request: Vec<(String, String)>) -> Ve
     env
 }
 
+/// Where the sandbox's disk is mounted before its parts are bound into place.
+fn scratch() -> &'static str {
+    // An image's root has no /.scratch: its bundle provides this one.
+    if Path::new(crate::bundle::IMAGE_SCRATCH_PATH).is_dir() {
+        crate::bundle::IMAGE_SCRATCH_PATH
+    } else {
+        SCRATCH
+    }
+}
+
 /// The sandbox's disk: one tmpfs of `disk_bytes` whose parts are bound at /tmp,
 /// /workspace and /dev/shm, so one budget covers all writable space, as in the other
 /// tiers. gVisor's tmpfs honours `size` (its pages are the Sentry's memory, charged to
@@ -484,12 +557,7 @@ fn environment(extra: &[(String, String)], request: Vec<(String, String)>) -> Ve
 fn build_disk(disk_bytes: u64) -> io::Result<()> {
     let opts = format!("mode=0755,size={disk_bytes}");
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    // An image's root has no /.scratch: its bundle provides this one.
-    let scratch = if Path::new(crate::bundle::IMAGE_SCRATCH_PATH).is_dir() {
-        crate::bundle::IMAGE_SCRATCH_PATH
-    } else {
-        SCRATCH
-    };
+    let scratch = scratch();
     mount(Some("tmpfs"), scratch, Some("tmpfs"), flags, Some(opts.as_str()))?;
     for (part, mode, owner, dst) in [
         ("tmp", 0o1777, 0, "/tmp"),

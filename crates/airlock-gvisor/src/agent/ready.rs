@@ -19,6 +19,11 @@
 //! 9. stdio onto 0-2, into the workdir (/workspace unless the request names one), find the program as a shell would, execve.
 //!
 //! landlock is not applied: this gVisor release does not implement it.
+//!
+//! The ready child is moved into the execs' cgroup (see `jobs`) as soon as it is
+//! forked. A program spawned alongside execs (see `procs`) is forked the same way
+//! ([`child`]), by a small parent of its own ([`program_init`]) that kills its cgroup
+//! when it ends.
 
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
@@ -60,6 +65,8 @@ pub struct Request {
 pub struct ReadyChild {
     /// Its pid (in the sandbox).
     pub pid: Pid,
+    /// The cgroup it is in (the execs'), if there are cgroups.
+    pub cgroup: Option<PathBuf>,
     /// Where its request goes (closed after).
     pub request: File,
     /// Its stdin.
@@ -76,7 +83,7 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 
 impl ReadyChild {
     /// Forks it. The caller must be single-threaded.
-    pub fn fork(seccomp: &airlock_seccomp::BpfProgram) -> std::io::Result<ReadyChild> {
+    pub fn fork(seccomp: &airlock_seccomp::BpfProgram, cgroup: Option<&Path>) -> std::io::Result<ReadyChild> {
         let (req_r, req_w) = pipe()?;
         let (in_r, in_w) = pipe()?;
         let (out_r, out_w) = pipe()?;
@@ -86,15 +93,26 @@ impl ReadyChild {
         match unsafe { fork() }? {
             ForkResult::Child => {
                 drop((req_w, in_w, out_r, err_r));
-                child(seccomp, req_r, [in_r, out_w, err_w])
+                child(seccomp, req_r, [in_r, out_w, err_w], None)
             }
-            ForkResult::Parent { child } => Ok(ReadyChild {
-                pid: child,
-                request: File::from(req_w),
-                stdin: File::from(in_w),
-                stdout: out_r,
-                stderr: err_r,
-            }),
+            ForkResult::Parent { child } => {
+                // Into the execs' cgroup before it can start anything.
+                if let Some(dir) = cgroup
+                    && let Err(e) = super::jobs::join(dir, child)
+                {
+                    let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                    let _ = nix::sys::wait::waitpid(child, None);
+                    return Err(e);
+                }
+                Ok(ReadyChild {
+                    pid: child,
+                    cgroup: cgroup.map(Path::to_path_buf),
+                    request: File::from(req_w),
+                    stdin: File::from(in_w),
+                    stdout: out_r,
+                    stderr: err_r,
+                })
+            }
         }
     }
 }
@@ -103,9 +121,81 @@ fn step<T, E: std::fmt::Display>(what: &str, r: Result<T, E>) -> Result<T, Strin
     r.map_err(|e| format!("{what}: {e}"))
 }
 
-fn child(seccomp: &airlock_seccomp::BpfProgram, request: OwnedFd, stdio: [OwnedFd; 3]) -> ! {
+/// What a spawned program's parent does besides waiting (its terminal is relayed by
+/// it).
+pub trait Chores {
+    /// Extra fds to keep open and poll for reading.
+    fn fds(&self) -> Vec<std::os::fd::RawFd>;
+    /// Called when any of `fds` may be readable (or hung up).
+    fn ready(&mut self);
+    /// Called once the program has ended, before its status is passed on.
+    fn finish(&mut self);
+    /// A signal for the program, when there is a way to ask for one.
+    fn signal(&mut self) -> Option<i32> {
+        None
+    }
+}
+
+/// The parent of spawned program `program`, whose processes are in cgroup `cgroup`:
+/// does `chores` until `program` ends, then kills every process left in its cgroup,
+/// writes its wait status to `status` and exits. A `SIGKILL` for it kills the cgroup.
+pub fn program_init(program: Pid, status: OwnedFd, chores: &mut dyn Chores, cgroup: &Path) -> ! {
+    let mut keep = chores.fds();
+    keep.extend([status.as_raw_fd(), 2]);
+    crate::agent::relay::close_all_but(&keep);
+    loop {
+        let mut raw = 0;
+        // SAFETY: waitpid with a valid out pointer to a local int.
+        let pid = unsafe { libc::waitpid(program.as_raw(), &mut raw, libc::WNOHANG) };
+        if pid == program.as_raw() {
+            // Whatever it left running dies with it (its orphans went to the agent,
+            // which reaps them).
+            super::jobs::kill_all(cgroup, || {});
+            chores.finish();
+            let _ = File::from(status).write_all(&raw.to_ne_bytes());
+            // SAFETY: ends this forked parent at once.
+            unsafe { libc::_exit(0) }
+        }
+        if pid < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+            // SAFETY: as above (no program to wait for: cannot happen).
+            unsafe { libc::_exit(1) }
+        }
+        let fds = chores.fds();
+        let mut polls: Vec<libc::pollfd> = fds
+            .iter()
+            .map(|&fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `polls` is a live array of `polls.len()` pollfds. The chores include a
+        // signalfd of SIGCHLD, so the program's end wakes it at once.
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 1000) };
+        if n > 0 {
+            chores.ready();
+        }
+        while let Some(sig) = chores.signal() {
+            if sig == libc::SIGKILL {
+                super::jobs::kill_round(cgroup);
+                let _ = nix::sys::signal::kill(program, Signal::SIGKILL);
+            } else if let Ok(sig) = Signal::try_from(sig) {
+                let _ = nix::sys::signal::kill(program, sig);
+            }
+        }
+    }
+}
+
+/// Runs in a forked child: drops privileges, makes `tty` (when given) its controlling
+/// terminal, waits for the request on `request` and runs it with `stdio`.
+pub fn child(
+    seccomp: &airlock_seccomp::BpfProgram,
+    request: OwnedFd,
+    stdio: [OwnedFd; 3],
+    tty: Option<std::os::fd::RawFd>,
+) -> ! {
     let stderr = stdio[2].as_raw_fd();
-    let err = match drop_privileges(seccomp).and_then(|()| exec_request(request, stdio)) {
+    let err = match drop_privileges(seccomp, tty).and_then(|()| exec_request(request, stdio)) {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -118,9 +208,19 @@ fn child(seccomp: &airlock_seccomp::BpfProgram, request: OwnedFd, stdio: [OwnedF
     unsafe { libc::_exit(127) }
 }
 
-fn drop_privileges(seccomp: &airlock_seccomp::BpfProgram) -> Result<(), String> {
+fn drop_privileges(
+    seccomp: &airlock_seccomp::BpfProgram,
+    tty: Option<std::os::fd::RawFd>,
+) -> Result<(), String> {
     // 1.
     step("setsid", setsid())?;
+    if let Some(tty) = tty {
+        // SAFETY: TIOCSCTTY on an open terminal fd with an int argument; this process
+        // just became a session leader without a controlling terminal.
+        if unsafe { libc::ioctl(tty, libc::TIOCSCTTY, 0) } < 0 {
+            return Err(format!("TIOCSCTTY: {}", std::io::Error::last_os_error()));
+        }
+    }
     for sig in Signal::iterator() {
         if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
             // SAFETY: installing SIG_DFL runs no handler code; nothing else in this

@@ -88,7 +88,7 @@ pub fn fork_relay(listeners: &Listeners) -> io::Result<Pid> {
 }
 
 /// Closes every open fd but `keep`.
-fn close_all_but(keep: &[RawFd]) {
+pub fn close_all_but(keep: &[RawFd]) {
     let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .map(|d| {
             d.flatten()

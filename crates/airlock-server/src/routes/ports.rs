@@ -21,7 +21,9 @@ use crate::state::{AppState, KeyName};
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExposeRequest {
-    /// Checked by `ports::port_of_json` (a 400 on `port` for anything but 1..=65535).
+    /// Checked by `ports::port_of_json` (a 400 on `port` for anything but 1..=65535,
+    /// and when missing).
+    #[serde(default)]
     port: serde_json::Value,
 }
 

@@ -279,10 +279,11 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
     let spec = session_spec(state, session, &req)?;
     let spawned = processes::spawn(session, spec, Stdio::Pipes).await?;
     let stderr = Arc::new(Mutex::new(VecDeque::new()));
+    let mut stderr_done = None;
     if let Some(fd) = spawned.stderr {
         let mut pipe = FdStream::new(fd).map_err(|e| ApiError::internal(format!("kernel: {e}")))?;
         let tail = Arc::clone(&stderr);
-        tokio::spawn(async move {
+        stderr_done = Some(tokio::spawn(async move {
             let mut buf = vec![0u8; 8 << 10];
             while let Ok(n @ 1..) = pipe.read(&mut buf).await {
                 if let Ok(mut t) = tail.lock() {
@@ -291,7 +292,7 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
                     t.drain(..over);
                 }
             }
-        });
+        }));
     }
     let mut kernel = Kernel {
         stdin: FdStream::new(spawned.stdin).map_err(|e| ApiError::internal(format!("kernel: {e}")))?,
@@ -352,6 +353,10 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
         // Nothing at all: python3 itself is missing (the shell says so), or died.
         Ok(Ok(None)) => {
             let exit = kernel.handle_wait().await;
+            // What it said on stderr is all read only once that pipe closed too.
+            if let Some(done) = stderr_done {
+                let _ = tokio::time::timeout(Duration::from_secs(2), done).await;
+            }
             let tail = kernel.stderr_tail();
             if session.deleted() {
                 Err(ApiError::gone(format!(

@@ -117,7 +117,8 @@ fn bad_port() -> ApiError {
 }
 
 /// The session id and port of a host name `{port}-{id}.<anything>` (a port's own host),
-/// where `port` is 1..=65535 without leading zeros and `id` is 16 lowercase hex digits.
+/// where `port` is 1..=65535 without leading zeros and `id` is a session's id: 16
+/// lowercase hex digits, after `gv-` or `vm-` for the gVisor and micro-VM tiers.
 pub fn port_host(host: &str) -> Option<(String, u16)> {
     let (label, rest) = host.split_once('.')?;
     if rest.is_empty() {
@@ -125,7 +126,11 @@ pub fn port_host(host: &str) -> Option<(String, u16)> {
     }
     let (port, id) = label.split_once('-')?;
     let port_ok = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !port.starts_with('0');
-    let id_ok = id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let hex = id
+        .strip_prefix("gv-")
+        .or_else(|| id.strip_prefix("vm-"))
+        .unwrap_or(id);
+    let id_ok = hex.len() == 16 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if !port_ok || !id_ok {
         return None;
     }
@@ -220,11 +225,6 @@ pub fn split_token(query: &str) -> (Option<String>, Option<String>) {
     }
     let kept = (!kept.is_empty()).then(|| kept.join("&"));
     (token, kept)
-}
-
-/// `path_and_query` without the token parameter.
-pub fn strip_token(path_and_query: &str) -> String {
-    strip_secrets(path_and_query, |_| false)
 }
 
 /// `path_and_query` without the token parameter nor any parameter whose value is an API
@@ -534,6 +534,8 @@ pub async fn proxy(
     let upgrade = upgrade_of(req.headers());
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
+    // The answer goes back in the client's version, whatever the program speaks.
+    let version = parts.version;
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     if let Some(protocol) = &upgrade {
@@ -582,13 +584,15 @@ pub async fn proxy(
                 () = revoked => {}
             }
         });
-        let (parts, _) = resp.into_parts();
+        let (mut parts, _) = resp.into_parts();
+        parts.version = version;
         let mut out = Response::from_parts(parts, Body::empty());
         out.extensions_mut().insert(Forwarded);
         return Ok(out);
     }
 
     let (mut parts, body) = resp.into_parts();
+    parts.version = version;
     strip_hop_by_hop(&mut parts.headers);
     let mut out = Response::from_parts(parts, Body::new(body));
     out.extensions_mut().insert(Forwarded);
@@ -616,7 +620,13 @@ mod tests {
         );
         assert_eq!(port_host(&format!("1-{id}.a.b.example")), Some((id.into(), 1)));
         assert_eq!(port_host(&format!("65535-{id}.x")), Some((id.into(), 65535)));
+        for tier in ["gv", "vm"] {
+            let tiered = format!("{tier}-{id}");
+            assert_eq!(port_host(&format!("8000-{tiered}.x")), Some((tiered, 8000)));
+        }
         for bad in [
+            format!("80-xx-{id}.x"),
+            format!("80-gv-{}.x", &id[..15]),
             format!("0-{id}.x"),
             format!("08000-{id}.x"),
             format!("65536-{id}.x"),
@@ -662,6 +672,10 @@ mod tests {
         h.insert(header::HOST, HeaderValue::from_static("localhost:1"));
         assert_eq!(target(&h, &uri), None);
         assert!(target(&h, &"/v1/sandboxes/0123456789abcdef/ports/80/".parse().unwrap()).is_some());
+    }
+
+    fn strip_token(path_and_query: &str) -> String {
+        strip_secrets(path_and_query, |_| false)
     }
 
     #[test]
