@@ -723,3 +723,84 @@ fn readme_interactive_block_runs_as_typed() {
     let all = d.client().get("/v1/sandboxes").expect(200).json();
     assert_eq!(all.as_array().map(Vec::len), Some(0), "{all:#}");
 }
+
+/// Every tier serves the same session surface: the code interpreter keeps state, a
+/// background process outlives an exec, an exposed port reaches a server inside, and the
+/// session's end leaves nothing of it on the host.
+fn tier_serves_interactive_sessions(tier: &str) {
+    let Some(t) = tierutil::Tier::selected(
+        match tier {
+            "gvisor" => "gvisor",
+            _ => "microvm",
+        },
+        &["namespaces", "gvisor", "microvm"],
+    ) else {
+        return;
+    };
+    let d = Daemon::start_env(t.serve_args(), &[("AIRLOCK_API_KEYS", &format!("tests:{KEY}"))]);
+    d.wait_ready();
+    let c = client(&d);
+    let id = c.create_session(&json!({"isolation": tier, "limits": {"memory_bytes": 1 << 30, "cpus": 1.0}}));
+    let code = |code: &str| -> Value {
+        c.post_json(
+            &format!("/v1/sandboxes/{id}/code"),
+            &json!({"code": code, "timeout_ms": 300_000}),
+        )
+        .expect(200)
+        .json()
+    };
+    let r = code("x = 41");
+    assert_eq!(r["error"], Value::Null, "{tier}: {r:#}");
+    let r = code("x + 1");
+    assert_eq!(r["results"][0]["data"]["text/plain"], "42", "{tier}: {r:#}");
+
+    let p = start(&c, &id, json!({"cmd": ["sh", "-c", "echo hi; sleep 300"]}));
+    let r = c.session_exec(&id, &json!({"cmd": ["true"]})).expect(200).json();
+    assert_eq!(r["exit_code"], 0, "{tier}: {r:#}");
+    let pid = p["process_id"].as_str().unwrap();
+    let shown = c
+        .get(&format!("/v1/sandboxes/{id}/processes/{pid}/output"))
+        .expect(200)
+        .json();
+    assert_eq!(shown["process"]["state"], "running", "{tier}: {shown:#}");
+    assert_eq!(shown["stdout"], "hi\n", "{tier}: {shown:#}");
+
+    start(
+        &c,
+        &id,
+        json!({"cmd": ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]}),
+    );
+    let port = c
+        .post_json(&format!("/v1/sandboxes/{id}/ports"), &json!({"port": 8000}))
+        .expect(201)
+        .json();
+    let path = port["path"].as_str().unwrap().to_owned();
+    let listing = poll(Duration::from_secs(120), || {
+        let r = c.get(&path);
+        (r.status == 200).then(|| r.text())
+    })
+    .unwrap_or_else(|| panic!("{tier}: the server in the sandbox never answered through {path}"));
+    assert!(listing.contains("Directory listing"), "{tier}: {listing}");
+
+    c.delete(&format!("/v1/sandboxes/{id}")).expect(204);
+    let clean = poll(Duration::from_secs(60), || {
+        tierutil::sandbox_leftovers(&d.owner, &id)
+            .is_empty()
+            .then_some(())
+    });
+    assert!(
+        clean.is_some(),
+        "{tier}: left behind: {:?}",
+        tierutil::sandbox_leftovers(&d.owner, &id)
+    );
+}
+
+#[test]
+fn gvisor_serves_interactive_sessions() {
+    tier_serves_interactive_sessions("gvisor");
+}
+
+#[test]
+fn microvm_serves_interactive_sessions() {
+    tier_serves_interactive_sessions("microvm");
+}

@@ -476,7 +476,9 @@ class Kernel:
                 "store_history": True,
                 "user_expressions": {},
                 "allow_stdin": False,
-                "stop_on_error": True,
+                # One cell at a time: with True, ipykernel aborts requests that arrive in the
+                # moment after a failed cell, so the next call would be answered unrun.
+                "stop_on_error": False,
             },
         )
         self.km.session.send(self.shell, msg)
