@@ -17,10 +17,16 @@ from . import errors
 from ._version import __version__
 from .types import (
     Approval,
+    Execution,
+    ExecutionError,
     ExecResult,
+    ExitEvent,
     FilesArg,
     Limits,
     Network,
+    Process,
+    ProcessEvent,
+    Result,
     ResultEvent,
     StderrEvent,
     StdoutEvent,
@@ -253,8 +259,15 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT"})
 
 
+# POSTs whose effect may have happened when the service answers 503 (its shutdown grace
+# ended while they ran): code ran, input was written, a signal was sent.
+_RUNS = ("/exec", "/code", "/stdin", "/signal")
+
+
 def is_exec(method: str, path: str) -> bool:
-    return method == "POST" and path.endswith("/exec")
+    """Whether the request runs something (an exec, a code cell) or acts on a running
+    program (stdin, signal): not to be repeated after a 503."""
+    return method == "POST" and path.endswith(_RUNS)
 
 
 def retry_on_status(method: str, path: str, status: int, code: str | None = None) -> bool:
@@ -379,3 +392,202 @@ def iter_events(lines: Iterator[str]) -> Generator[StreamEvent, None, None]:
         if ev is not None:
             yield ev
 
+
+
+# --- interactive sessions: processes, code, ports, terminals -----------------------------
+
+
+def ms(name: str, seconds: float | None) -> int | None:
+    """``seconds`` as the API's integral milliseconds (``None`` stays ``None``)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{name} is a number of seconds, not {seconds!r}")
+    return int(round(seconds * 1000))
+
+
+def process_body(
+    cmd: Sequence[str] | str,
+    env: Mapping[str, str] | None,
+    workdir: str | None,
+    stdin: str | bytes | None,
+    timeout: float | None,
+) -> dict[str, Any]:
+    """The body of ``POST …/exec`` with ``background: true``."""
+    if isinstance(cmd, (str, bytes)):
+        raise TypeError(
+            "cmd is an argv list, e.g. ['python3', '-m', 'http.server', '8000']; for a shell "
+            "command line use ['bash', '-c', 'LINE']"
+        )
+    body: dict[str, Any] = {"cmd": [str(a) for a in cmd], "background": True}
+    if env:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    if workdir is not None:
+        body["workdir"] = workdir
+    if stdin is not None:
+        body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
+    t = ms("timeout", timeout)
+    if t is not None:
+        # The exec's own deadline: a background process without one runs until it ends or
+        # the session does (the session's default timeout does not apply to it).
+        body["limits"] = {"timeout_ms": t}
+    return body
+
+
+def process_id(process: Process | str) -> str:
+    return process.process_id if isinstance(process, Process) else str(process)
+
+
+def process_path(sandbox_id: str, process: Process | str, rest: str = "") -> str:
+    return sandbox_path(sandbox_id, f"/processes/{quote(process_id(process), safe='')}{rest}")
+
+
+def signal_name(sig: str | int) -> str | int:
+    """A signal as the API takes it: a name (``"SIGTERM"``, ``"TERM"``,
+    ``signal.SIGTERM``) or a number."""
+    name = getattr(sig, "name", None)  # signal.Signals
+    if isinstance(name, str):
+        return name
+    if isinstance(sig, bool):
+        raise TypeError(f"a signal is a name or a number, not {sig!r}")
+    if isinstance(sig, int):
+        return sig
+    s = str(sig).upper()
+    return s if s.startswith("SIG") else "SIG" + s
+
+
+def stdin_body(data: str | bytes, eof: bool) -> dict[str, Any]:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        import base64
+
+        return {"data": base64.b64encode(bytes(data)).decode("ascii"), "encoding": "base64", "eof": eof}
+    return {"data": data, "eof": eof}
+
+
+def wait_request(config: Config, timeout: float) -> tuple[dict[str, Any], httpx.Timeout]:
+    """The body and client timeout of ``POST …/wait``: the service waits ``timeout``
+    seconds at most, the client that much longer than a plain request."""
+    t = ms("timeout", timeout)
+    assert t is not None
+    read = max(t, 0) / 1000.0 + config.timeout
+    return {"timeout_ms": t}, httpx.Timeout(read, connect=config.connect_timeout)
+
+
+def follow_timeout(config: Config, timeout: float | None) -> httpx.Timeout:
+    """A followed stream may be silent as long as its program is: no read timeout unless
+    the caller gives one."""
+    return httpx.Timeout(timeout, connect=config.connect_timeout)
+
+
+
+KERNEL_START_MARGIN_S = 60.0
+"""Added to a code call's client timeout: the session's first call starts the kernel."""
+
+
+def code_request(
+    config: Config, code: str, timeout: float | None, default_ms: int | None
+) -> tuple[dict[str, Any], httpx.Timeout]:
+    """The body and client timeout of ``POST …/code``: a cell without ``timeout`` gets the
+    session's ``limits.timeout_ms`` (``default_ms`` when the SDK knows it; else the
+    server's default of 10 s)."""
+    body: dict[str, Any] = {"code": code, "language": "python"}
+    t = ms("timeout", timeout)
+    if t is not None:
+        body["timeout_ms"] = t
+    read = (t or default_ms or DEFAULT_EXEC_TIMEOUT_MS) / 1000.0 + config.timeout_margin + KERNEL_START_MARGIN_S
+    return body, httpx.Timeout(read, connect=config.connect_timeout)
+
+
+def to_process_event(name: str, data: str) -> ProcessEvent | None:
+    """An event of a process's output stream; raises the API error of an ``error``
+    event."""
+    if name in ("stdout", "stderr", "error"):
+        return to_event(name, data)  # type: ignore[return-value]
+    if name in ("exit", "end"):
+        return ExitEvent(Process.from_dict(json.loads(data)), name)  # type: ignore[arg-type]
+    return None
+
+
+def iter_process_events(lines: Iterator[str]) -> Generator[ProcessEvent, None, None]:
+    parser = SSEParser()
+    for line in lines:
+        pair = parser.feed(line)
+        if pair is not None:
+            ev = to_process_event(*pair)
+            if ev is not None:
+                yield ev
+    pair = parser.flush()
+    if pair is not None:
+        ev = to_process_event(*pair)
+        if ev is not None:
+            yield ev
+
+
+CodeEvent = tuple[str, Any]
+"""``("stdout", str)``, ``("stderr", str)``, ``("result", Result)``,
+``("error", ExecutionError)`` or ``("done", Execution)``."""
+
+
+def to_code_event(name: str, data: str) -> CodeEvent | None:
+    """An event of a streamed code cell. An ``error`` event is the cell's exception
+    (``{"name", "value", "traceback"}``); a ``failed`` event (or an ``error`` one in the
+    API's envelope, ``{"error": {"code", …}}``) is a failure of the request, raised."""
+    if name in ("stdout", "stderr"):
+        d = json.loads(data)
+        return name, d.get("text", d.get("data", ""))
+    if name == "result":
+        return name, Result.from_dict(json.loads(data))
+    if name == "error":
+        d = json.loads(data)
+        if isinstance(d, Mapping) and isinstance(d.get("error"), Mapping):
+            raise errors.from_event(data)
+        return name, ExecutionError.from_dict(d)
+    if name == "failed":  # the request failed after the stream began (the envelope)
+        raise errors.from_event(data)
+    if name == "done":
+        return name, Execution.from_dict(json.loads(data))
+    return None
+
+
+def code_events(parser: SSEParser, line: str | None) -> CodeEvent | None:
+    pair = parser.feed(line) if line is not None else parser.flush()
+    return to_code_event(*pair) if pair is not None else None
+
+
+def port_body(port: int) -> dict[str, Any]:
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError(f"port is an integer, not {port!r}")
+    return {"port": port}
+
+
+def terminal_request(
+    config: Config,
+    sandbox_id: str,
+    rows: int,
+    cols: int,
+    cmd: str | Sequence[str] | None,
+) -> tuple[str, dict[str, str]]:
+    """The WebSocket URL of ``GET …/pty`` and the headers to send with it (the API key,
+    the client's extra headers)."""
+    from urllib.parse import urlencode
+
+    import shlex
+
+    q: list[tuple[str, str]] = []
+    # The service's defaults are 24x80: sent only when they differ.
+    if (int(rows), int(cols)) != (24, 80):
+        q += [("rows", str(int(rows))), ("cols", str(int(cols)))]
+    if isinstance(cmd, str):
+        q.append(("cmd", cmd))  # a shell command line (the service runs `sh -c "exec CMD"`)
+    elif cmd is not None:
+        if not cmd:
+            raise ValueError("cmd is an empty argv")
+        q.append(("cmd", shlex.join(str(a) for a in cmd)))
+    base = config.base_url
+    if base.startswith("https://"):
+        base = "wss://" + base[len("https://"):]
+    elif base.startswith("http://"):
+        base = "ws://" + base[len("http://"):]
+    url = base + sandbox_path(sandbox_id, "/pty") + ("?" + urlencode(q) if q else "")
+    headers = {k: v for k, v in config.headers.items() if k not in ("user-agent", "accept", "content-type")}
+    return url, headers

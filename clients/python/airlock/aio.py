@@ -1,5 +1,6 @@
 """The asynchronous client: :class:`AsyncAirlock`, :class:`AsyncSandbox`,
-:class:`AsyncFiles`, :class:`AsyncExecStream`. Same methods as the sync client, awaited."""
+:class:`AsyncFiles`, :class:`AsyncProcesses`, :class:`AsyncExecStream`,
+:class:`AsyncProcessStream`. Same methods as the sync client, awaited."""
 
 from __future__ import annotations
 
@@ -12,21 +13,37 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Gene
 import httpx
 
 from . import _core, errors
+from ._terminal import TerminalOpening
 from .client import _stream_body
 from .types import (
     Approval,
+    Execution,
+    ExecutionError,
     ExecResult,
+    ExitEvent,
     FileEntry,
     FilesArg,
     Limits,
     Network,
+    Port,
+    Process,
+    ProcessEvent,
+    ProcessOutput,
     Readiness,
+    Result,
     ResultEvent,
     SandboxInfo,
     StreamEvent,
 )
 
-__all__ = ["AsyncAirlock", "AsyncExecStream", "AsyncFiles", "AsyncSandbox"]
+__all__ = [
+    "AsyncAirlock",
+    "AsyncExecStream",
+    "AsyncFiles",
+    "AsyncProcessStream",
+    "AsyncProcesses",
+    "AsyncSandbox",
+]
 
 
 class AsyncExecStream(AsyncIterator[StreamEvent]):
@@ -471,6 +488,8 @@ class AsyncSandbox:
         self.expires_at = expires_at
         self._default_ms = default_timeout_ms
         self.files = AsyncFiles(self)
+        self.processes = AsyncProcesses(self)
+        """Programs running in the background of the session."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -558,6 +577,86 @@ class AsyncSandbox:
     async def info(self) -> SandboxInfo:
         resp = await self._client._send("GET", _core.sandbox_path(self.id))
         return SandboxInfo.from_dict(_core.parse_json(resp))
+
+    # --- code interpreter --------------------------------------------------------------
+
+    async def run_code(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+    ) -> Execution:
+        """Runs a Python cell in the session's kernel (see :meth:`Sandbox.run_code
+        <airlock.Sandbox.run_code>`); callbacks may be functions or coroutine functions,
+        awaited in order as events arrive."""
+        body, timeout_ = _core.code_request(self._client._config, code, timeout, self._default_ms)
+        path = _core.sandbox_path(self.id, "/code")
+        callbacks = {"stdout": on_stdout, "stderr": on_stderr, "result": on_result, "error": on_error}
+        if all(c is None for c in callbacks.values()):
+            resp = await self._client._send("POST", path, json=body, timeout=timeout_)
+            return Execution.from_dict(_core.parse_json(resp))
+        resp = await self._client._send("POST", path, json=body, timeout=timeout_, stream=True)
+        parser = _core.SSEParser()
+        try:
+            lines = resp.aiter_lines()
+            while True:
+                line = await lines.__anext__()
+                ev = _core.code_events(parser, line)
+                if ev is not None:
+                    kind, value = ev
+                    if kind == "done":
+                        return value  # type: ignore[no-any-return]
+                    cb = callbacks[kind]
+                    if cb is not None:
+                        r = cb(value)
+                        if inspect.isawaitable(r):
+                            await r
+        except StopAsyncIteration:
+            ev = _core.code_events(parser, None)
+            if ev is not None and ev[0] == "done":
+                return ev[1]  # type: ignore[no-any-return]
+            raise errors.AirlockConnectionError(
+                f"POST {self._client.base_url}{path}: the stream ended without a done event"
+            ) from None
+        except httpx.TransportError as e:
+            raise _core.wrap_transport_error(e, "POST", self._client.base_url + path) from e
+        finally:
+            await resp.aclose()
+
+    async def restart_code(self) -> None:
+        """Replaces the session's kernel with a new one (state cleared)."""
+        cfg = self._client._config
+        timeout = httpx.Timeout(cfg.timeout + _core.KERNEL_START_MARGIN_S, connect=cfg.connect_timeout)
+        await self._client._send("POST", _core.sandbox_path(self.id, "/code/restart"), json={}, timeout=timeout)
+
+    # --- terminal ------------------------------------------------------------------------
+
+    def pty(self, rows: int = 24, cols: int = 80, cmd: str | Sequence[str] | None = None) -> TerminalOpening:
+        """A terminal in the session (see :meth:`Sandbox.pty <airlock.Sandbox.pty>`):
+        ``async with sb.pty() as term:`` (hung up on exit) or ``term = await sb.pty()``."""
+        return TerminalOpening(self._client._config, self.id, rows, cols, cmd)
+
+    # --- ports ---------------------------------------------------------------------------
+
+    async def expose(self, port: int) -> Port:
+        """See :meth:`Sandbox.expose <airlock.Sandbox.expose>`."""
+        resp = await self._client._send("POST", _core.sandbox_path(self.id, "/ports"), json=_core.port_body(port))
+        return Port.from_dict(_core.parse_json(resp), self._client.base_url)
+
+    async def unexpose(self, port: int | Port) -> None:
+        """See :meth:`Sandbox.unexpose <airlock.Sandbox.unexpose>`."""
+        n = port.port if isinstance(port, Port) else port
+        await self._client._send(
+            "DELETE", _core.sandbox_path(self.id, f"/ports/{int(n)}"), not_found=errors.PortNotFound
+        )
+
+    async def ports(self) -> builtins.list[Port]:
+        resp = await self._client._send("GET", _core.sandbox_path(self.id, "/ports"))
+        return [Port.from_dict(p, self._client.base_url) for p in _core.parse_json(resp)["ports"]]
 
     # --- network -----------------------------------------------------------------------
 
@@ -668,3 +767,146 @@ async def _cancel(task: asyncio.Future[None]) -> None:
     await asyncio.wait([task])
     if not task.cancelled() and task.exception() is not None:
         _core.logger.error("answering approvals", exc_info=task.exception())
+
+
+class AsyncProcessStream(AsyncIterator[ProcessEvent]):
+    """``async for ev in sb.processes.stream(p)``: see :class:`~airlock.ProcessStream`."""
+
+    def __init__(self, opener: Callable[[], Awaitable[httpx.Response]], describe: str) -> None:
+        self._opener = opener
+        self._describe = describe
+        self._resp: httpx.Response | None = None
+        self._events: AsyncGenerator[ProcessEvent, None] | None = None
+        self._done = False
+        self.process: Process | None = None
+
+    async def _gen(self, resp: httpx.Response) -> AsyncGenerator[ProcessEvent, None]:
+        parser = _core.SSEParser()
+        async for line in resp.aiter_lines():
+            pair = parser.feed(line)
+            if pair is not None:
+                ev = _core.to_process_event(*pair)
+                if ev is not None:
+                    yield ev
+        pair = parser.flush()
+        if pair is not None:
+            ev = _core.to_process_event(*pair)
+            if ev is not None:
+                yield ev
+
+    def __aiter__(self) -> AsyncProcessStream:
+        return self
+
+    async def __anext__(self) -> ProcessEvent:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._events is None:
+                self._resp = await self._opener()
+                self._events = self._gen(self._resp)
+            ev = await self._events.__anext__()
+        except StopAsyncIteration:
+            await self.aclose()
+            if self.process is None:
+                raise errors.AirlockConnectionError(
+                    f"{self._describe}: the stream ended without an exit event"
+                ) from None
+            raise
+        except httpx.TransportError as e:
+            await self.aclose()
+            raise _core.wrap_transport_error(e, "GET", self._describe) from e
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(ev, ExitEvent):
+            self.process = ev.process
+            await self.aclose()
+        return ev
+
+    async def aclose(self) -> None:
+        self._done = True
+        if self._events is not None:
+            await self._events.aclose()
+        if self._resp is not None:
+            await self._resp.aclose()
+
+    async def __aenter__(self) -> AsyncProcessStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncProcesses:
+    """Background processes of a session (see :class:`~airlock.Processes`)."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sb = sandbox
+
+    async def _send(self, method: str, path: str, **kw: Any) -> Any:
+        resp = await self._sb._client._send(method, path, not_found=errors.ProcessNotFound, **kw)
+        return _core.parse_json(resp)
+
+    async def start(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+    ) -> Process:
+        """See :meth:`Processes.start <airlock.Processes.start>`."""
+        body = _core.process_body(cmd, env, workdir, stdin, timeout)
+        return Process.from_dict(await self._send("POST", _core.sandbox_path(self._sb.id, "/exec"), json=body))
+
+    async def list(self) -> builtins.list[Process]:
+        data = await self._send("GET", _core.sandbox_path(self._sb.id, "/processes"))
+        return [Process.from_dict(p) for p in data["processes"]]
+
+    async def get(self, process: Process | str) -> Process:
+        return Process.from_dict(await self._send("GET", _core.process_path(self._sb.id, process)))
+
+    async def output(self, process: Process | str) -> ProcessOutput:
+        return ProcessOutput.from_dict(
+            await self._send("GET", _core.process_path(self._sb.id, process, "/output"))
+        )
+
+    def stream(
+        self, process: Process | str, *, follow: bool = True, timeout: float | None = None
+    ) -> AsyncProcessStream:
+        """See :meth:`Processes.stream <airlock.Processes.stream>`."""
+        path = _core.process_path(self._sb.id, process, "/output")
+        params = {"follow": "true" if follow else "false"}
+        client = self._sb._client
+        t = _core.follow_timeout(client._config, timeout)
+        return AsyncProcessStream(
+            lambda: client._send(
+                "GET", path, params=params, timeout=t, stream=True, not_found=errors.ProcessNotFound
+            ),
+            client.base_url + path,
+        )
+
+    async def write_stdin(self, process: Process | str, data: str | bytes, *, eof: bool = False) -> Process:
+        body = _core.stdin_body(data, eof)
+        return Process.from_dict(
+            await self._send("POST", _core.process_path(self._sb.id, process, "/stdin"), json=body)
+        )
+
+    async def close_stdin(self, process: Process | str) -> Process:
+        return await self.write_stdin(process, "", eof=True)
+
+    async def signal(self, process: Process | str, signal: str | int = "SIGTERM") -> Process:
+        body = {"signal": _core.signal_name(signal)}
+        return Process.from_dict(
+            await self._send("POST", _core.process_path(self._sb.id, process, "/signal"), json=body)
+        )
+
+    async def kill(self, process: Process | str) -> Process:
+        return await self.signal(process, "SIGKILL")
+
+    async def wait(self, process: Process | str, timeout: float = 30.0) -> Process:
+        body, t = _core.wait_request(self._sb._client._config, timeout)
+        return Process.from_dict(
+            await self._send("POST", _core.process_path(self._sb.id, process, "/wait"), json=body, timeout=t)
+        )

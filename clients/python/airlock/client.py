@@ -1,5 +1,5 @@
 """The synchronous client: :class:`Airlock`, :class:`Sandbox`, :class:`Files`,
-:class:`ExecStream`."""
+:class:`Processes`, :class:`ExecStream`, :class:`ProcessStream`."""
 
 from __future__ import annotations
 
@@ -12,20 +12,29 @@ from typing import Any, Callable, Generator, Iterator, Literal, Mapping, Sequenc
 import httpx
 
 from . import _core, errors
+from ._terminal import Terminal
 from .types import (
     Approval,
+    Execution,
+    ExecutionError,
     ExecResult,
+    ExitEvent,
     FileEntry,
     FilesArg,
     Limits,
     Network,
+    Port,
+    Process,
+    ProcessEvent,
+    ProcessOutput,
     Readiness,
+    Result,
     ResultEvent,
     SandboxInfo,
     StreamEvent,
 )
 
-__all__ = ["Airlock", "ExecStream", "Files", "Sandbox"]
+__all__ = ["Airlock", "ExecStream", "Files", "ProcessStream", "Processes", "Sandbox"]
 
 
 class ExecStream(Iterator[StreamEvent]):
@@ -480,6 +489,8 @@ class Sandbox:
         """When its TTL ends, in seconds since the epoch."""
         self._default_ms = default_timeout_ms
         self.files = Files(self)
+        self.processes = Processes(self)
+        """Programs running in the background of the session (servers, watchers)."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -569,6 +580,100 @@ class Sandbox:
         return SandboxInfo.from_dict(
             _core.parse_json(self._client._send("GET", _core.sandbox_path(self.id)))
         )
+
+    # --- code interpreter --------------------------------------------------------------
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+        on_result: Callable[[Result], object] | None = None,
+        on_error: Callable[[ExecutionError], object] | None = None,
+    ) -> Execution:
+        """Runs a Python cell in the session's Jupyter kernel (started on the first call:
+        see :attr:`Execution.kernel_start_ms`): variables, imports and open files persist
+        between calls. Returns an :class:`~airlock.Execution`: what it printed, its rich
+        results (the last expression's value, figures, DataFrames as HTML), and the
+        exception it raised as :attr:`~airlock.Execution.error` (not raised here).
+
+        ``timeout`` (seconds; default: the session's ``limits.timeout_ms``, 10 s unless
+        set): past it the kernel is interrupted
+        (``error.name == "KeyboardInterrupt"``, ``timed_out``) and keeps its state. With
+        callbacks, output is streamed: each is called in this thread as its event arrives,
+        in order. :class:`~airlock.InvalidRequest` on ``image`` when the session's image
+        has no ipykernel."""
+        body, timeout_ = _core.code_request(self._client._config, code, timeout, self._default_ms)
+        path = _core.sandbox_path(self.id, "/code")
+        callbacks = (on_stdout, on_stderr, on_result, on_error)
+        if all(c is None for c in callbacks):
+            resp = self._client._send("POST", path, json=body, timeout=timeout_)
+            return Execution.from_dict(_core.parse_json(resp))
+        resp = self._client._send("POST", path, json=body, timeout=timeout_, stream=True)
+        parser = _core.SSEParser()
+        try:
+            lines = resp.iter_lines()
+            while True:
+                line = next(lines, None)
+                ev = _core.code_events(parser, line)
+                if ev is not None:
+                    kind, value = ev
+                    if kind == "done":
+                        return value  # type: ignore[no-any-return]
+                    cb = {"stdout": on_stdout, "stderr": on_stderr, "result": on_result, "error": on_error}[kind]
+                    if cb is not None:
+                        cb(value)
+                if line is None:
+                    raise errors.AirlockConnectionError(
+                        f"POST {self._client.base_url}{path}: the stream ended without a done event"
+                    )
+        except httpx.TransportError as e:
+            raise _core.wrap_transport_error(e, "POST", self._client.base_url + path) from e
+        finally:
+            resp.close()
+
+    def restart_code(self) -> None:
+        """Replaces the session's kernel with a new one: every variable and import is
+        gone."""
+        timeout = httpx.Timeout(
+            self._client._config.timeout + _core.KERNEL_START_MARGIN_S,
+            connect=self._client._config.connect_timeout,
+        )
+        self._client._send("POST", _core.sandbox_path(self.id, "/code/restart"), json={}, timeout=timeout)
+
+    # --- terminal ------------------------------------------------------------------------
+
+    def pty(self, rows: int = 24, cols: int = 80, cmd: str | Sequence[str] | None = None) -> Terminal:
+        """Starts ``cmd`` on a terminal of ``rows`` x ``cols`` in the session and connects
+        to it over a WebSocket (the API key goes in the ``Authorization`` header; the
+        client's ``http_client`` is not used). ``cmd`` is a shell command line
+        (``"python3 -q"``; the service runs ``sh -c "exec CMD"``) or an argv list (quoted
+        into one); default: ``bash``, else ``sh``. Use it in a ``with`` block: leaving it
+        hangs the terminal up."""
+        return Terminal._open(self._client._config, self.id, rows, cols, cmd)
+
+    # --- ports ---------------------------------------------------------------------------
+
+    def expose(self, port: int) -> Port:
+        """Makes the sandbox's ``127.0.0.1:port`` reachable through the service at
+        :attr:`Port.url <airlock.Port.url>`, with the API key or the port's token.
+        Exposing a port twice gives the same :class:`~airlock.Port`. Nothing has to
+        listen yet (requests meanwhile get 502)."""
+        resp = self._client._send("POST", _core.sandbox_path(self.id, "/ports"), json=_core.port_body(port))
+        return Port.from_dict(_core.parse_json(resp), self._client.base_url)
+
+    def unexpose(self, port: int | Port) -> None:
+        """Closes an exposed port (its token stops working);
+        :class:`~airlock.PortNotFound` when it is not exposed."""
+        n = port.port if isinstance(port, Port) else port
+        self._client._send("DELETE", _core.sandbox_path(self.id, f"/ports/{int(n)}"), not_found=errors.PortNotFound)
+
+    def ports(self) -> builtins.list[Port]:
+        """The ports exposed now."""
+        data = _core.parse_json(self._client._send("GET", _core.sandbox_path(self.id, "/ports")))
+        return [Port.from_dict(p, self._client.base_url) for p in data["ports"]]
 
     # --- network -----------------------------------------------------------------------
 
@@ -718,3 +823,151 @@ class _ApprovalWatcher:
                     pass  # expired or ended meanwhile: refused already
                 except errors.AirlockError as e:
                     _core.logger.warning("on_approval: answering %s: %s", approval.id, e)
+
+
+class ProcessStream(Iterator[ProcessEvent]):
+    """The output of a background process as it comes: :class:`~airlock.StdoutEvent` and
+    :class:`~airlock.StderrEvent` (from the start of what is kept), then one
+    :class:`~airlock.ExitEvent`. Closing it (``with`` block) does not stop the process.
+    :attr:`process` holds the :class:`~airlock.Process` of the last event."""
+
+    def __init__(self, opener: Callable[[], httpx.Response], describe: str) -> None:
+        self._opener = opener
+        self._describe = describe
+        self._resp: httpx.Response | None = None
+        self._events: Generator[ProcessEvent, None, None] | None = None
+        self._done = False
+        self.process: Process | None = None
+
+    def __iter__(self) -> ProcessStream:
+        return self
+
+    def __next__(self) -> ProcessEvent:
+        if self._done:
+            raise StopIteration
+        try:
+            if self._events is None:
+                self._resp = self._opener()
+                self._events = _core.iter_process_events(self._resp.iter_lines())
+            ev = next(self._events)
+        except StopIteration:
+            self.close()
+            if self.process is None:
+                raise errors.AirlockConnectionError(
+                    f"{self._describe}: the stream ended without an exit event"
+                ) from None
+            raise
+        except httpx.TransportError as e:
+            self.close()
+            raise _core.wrap_transport_error(e, "GET", self._describe) from e
+        except BaseException:
+            self.close()
+            raise
+        if isinstance(ev, ExitEvent):
+            self.process = ev.process
+            self._done = True
+            self.close()
+        return ev
+
+    def close(self) -> None:
+        self._done = True
+        if self._events is not None:
+            self._events.close()
+        if self._resp is not None:
+            self._resp.close()
+
+    def __enter__(self) -> ProcessStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Processes:
+    """Programs running in the background of a session, alongside its execs: servers,
+    watchers, long jobs. Each keeps the last ``output_bytes`` (default 1 MiB) of its
+    stdout and of its stderr; all die with the session. At most 16 run at once
+    (:class:`~airlock.SandboxConflict` beyond). Methods take a process id or a
+    :class:`~airlock.Process`; an unknown one raises :class:`~airlock.ProcessNotFound`."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def _send(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self._sb._client._send(method, path, not_found=errors.ProcessNotFound, **kw)
+        return _core.parse_json(resp)
+
+    def start(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+    ) -> Process:
+        """Starts the argv ``cmd`` and returns at once. ``stdin`` is written to its
+        standard input first, which stays open (:meth:`write_stdin`). ``timeout``
+        (seconds): SIGKILL after it (``timed_out``); none: it runs until it ends or the
+        session does."""
+        body = _core.process_body(cmd, env, workdir, stdin, timeout)
+        return Process.from_dict(self._send("POST", _core.sandbox_path(self._sb.id, "/exec"), json=body))
+
+    def list(self) -> builtins.list[Process]:
+        """The session's processes, running and recently ended."""
+        data = self._send("GET", _core.sandbox_path(self._sb.id, "/processes"))
+        return [Process.from_dict(p) for p in data["processes"]]
+
+    def get(self, process: Process | str) -> Process:
+        return Process.from_dict(self._send("GET", _core.process_path(self._sb.id, process)))
+
+    def output(self, process: Process | str) -> ProcessOutput:
+        """What its output keeps now (see :class:`~airlock.ProcessOutput`)."""
+        return ProcessOutput.from_dict(self._send("GET", _core.process_path(self._sb.id, process, "/output")))
+
+    def stream(
+        self, process: Process | str, *, follow: bool = True, timeout: float | None = None
+    ) -> ProcessStream:
+        """Its output events from the start of what is kept; with ``follow`` (the
+        default), as it comes until the process ends (an ``exit`` event); without, until
+        what is kept now is sent (an ``end`` event). ``timeout``: at most that many
+        seconds between two events (default: no limit)."""
+        path = _core.process_path(self._sb.id, process, "/output")
+        params = {"follow": "true" if follow else "false"}
+        client = self._sb._client
+        t = _core.follow_timeout(client._config, timeout)
+        return ProcessStream(
+            lambda: client._send(
+                "GET", path, params=params, timeout=t, stream=True, not_found=errors.ProcessNotFound
+            ),
+            client.base_url + path,
+        )
+
+    def write_stdin(self, process: Process | str, data: str | bytes, *, eof: bool = False) -> Process:
+        """Writes ``data`` (``str`` as UTF-8, ``bytes`` as they are) to its standard
+        input; ``eof=True`` closes it afterwards."""
+        body = _core.stdin_body(data, eof)
+        return Process.from_dict(self._send("POST", _core.process_path(self._sb.id, process, "/stdin"), json=body))
+
+    def close_stdin(self, process: Process | str) -> Process:
+        """Closes its standard input (the program reads end of file)."""
+        return self.write_stdin(process, "", eof=True)
+
+    def signal(self, process: Process | str, signal: str | int = "SIGTERM") -> Process:
+        """Sends a signal: a name (``"SIGTERM"``, ``"SIGINT"``, ``"SIGKILL"``,
+        ``"SIGHUP"``, ``"SIGQUIT"``, ``"SIGUSR1"``, ``"SIGUSR2"``, ``"SIGSTOP"``,
+        ``"SIGCONT"``; ``signal.SIGTERM`` too) or a number."""
+        body = {"signal": _core.signal_name(signal)}
+        return Process.from_dict(self._send("POST", _core.process_path(self._sb.id, process, "/signal"), json=body))
+
+    def kill(self, process: Process | str) -> Process:
+        """``signal(process, "SIGKILL")``."""
+        return self.signal(process, "SIGKILL")
+
+    def wait(self, process: Process | str, timeout: float = 30.0) -> Process:
+        """Waits up to ``timeout`` seconds (at most 600) for it to end; returns the
+        :class:`~airlock.Process` either way (``running`` says whether it ended)."""
+        body, t = _core.wait_request(self._sb._client._config, timeout)
+        return Process.from_dict(
+            self._send("POST", _core.process_path(self._sb.id, process, "/wait"), json=body, timeout=t)
+        )

@@ -21,6 +21,8 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "PayloadTooLarge",
+    "PortNotFound",
+    "ProcessNotFound",
     "RateLimited",
     "SandboxConflict",
     "SandboxExpired",
@@ -113,8 +115,20 @@ class ApprovalNotFound(NotFound):
     it expired, or its program ended)."""
 
 
+class ProcessNotFound(NotFound):
+    """404: the sandbox exists but has no process with that id (it never had one, or the
+    process ended long enough ago to be forgotten)."""
+
+
+class PortNotFound(NotFound):
+    """404: the sandbox exists but that port is not exposed (:meth:`Sandbox.expose
+    <airlock.Sandbox.expose>` exposes it)."""
+
+
 class SandboxConflict(AirlockError):
-    """409: the sandbox's init is gone (e.g. killed by the OOM killer); create a new one."""
+    """409: the sandbox's init is gone (e.g. killed by the OOM killer; create a new one),
+    the session already runs as many background processes as it may (16), or a
+    process's stdin is closed (it was sent eof, or it is a terminal's)."""
 
     status = 409
 

@@ -18,13 +18,22 @@ __all__ = [
     "Decision",
     "EgressEntry",
     "ExecResult",
+    "Execution",
+    "ExecutionError",
+    "ExitEvent",
     "File",
     "FileEntry",
     "FilesArg",
     "Limits",
+    "Logs",
     "Network",
     "Outcome",
+    "Port",
+    "Process",
+    "ProcessEvent",
+    "ProcessOutput",
     "Readiness",
+    "Result",
     "ResultEvent",
     "SandboxInfo",
     "SandboxUsage",
@@ -32,6 +41,7 @@ __all__ = [
     "StderrEvent",
     "StdoutEvent",
     "StreamEvent",
+    "TerminalExit",
 ]
 
 
@@ -493,3 +503,295 @@ class ResultEvent:
 
 
 StreamEvent = Union[StdoutEvent, StderrEvent, ResultEvent]
+
+
+# --- background processes --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Process:
+    """A program running alongside a session's execs: started with
+    :meth:`Processes.start <airlock.client.Processes.start>`, or a terminal
+    (``tty=True``), or the session's code-interpreter kernel. Times are seconds since the
+    epoch. When :attr:`state` is ``"exited"``, exactly one of :attr:`exit_code` and
+    :attr:`signal` is set."""
+
+    process_id: str
+    """``proc-1``, unique within the session."""
+    command: list[str]
+    pid: int | None
+    """Its pid as the sandbox's programs see it (``None`` when the tier cannot tell)."""
+    tty: bool
+    state: str
+    """``"running"`` or ``"exited"``."""
+    started_at: float
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    """Killed because its ``timeout`` passed."""
+    stdout_bytes: int = 0
+    """Every byte it ever wrote to stdout (only the last ``output_bytes`` are kept)."""
+    stderr_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Fields this SDK version does not know (added by a newer server)."""
+
+    @property
+    def id(self) -> str:
+        """The same as :attr:`process_id`."""
+        return self.process_id
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Process:
+        known, extra = _known(cls, data)
+        known.pop("extra", None)
+        known["command"] = list(known.get("command") or ())
+        return cls(**known, extra=extra)
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """What a process's output keeps now: the last ``output_bytes`` of each stream
+    (``*_dropped`` counts the bytes that went before them) and the process itself."""
+
+    stdout: str
+    stderr: str
+    stdout_dropped: int
+    stderr_dropped: int
+    process: Process
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProcessOutput:
+        return cls(
+            stdout=data.get("stdout", ""),
+            stderr=data.get("stderr", ""),
+            stdout_dropped=int(data.get("stdout_dropped", 0)),
+            stderr_dropped=int(data.get("stderr_dropped", 0)),
+            process=Process.from_dict(data["process"]),
+        )
+
+
+@dataclass(frozen=True)
+class ExitEvent:
+    """The last event of a followed process stream: the process ended (``kind ==
+    "exit"``); or, with ``follow=False``, the kept output has been sent (``kind ==
+    "end"``; the process may still run)."""
+
+    process: Process
+    kind: Literal["exit", "end"] = "exit"
+
+
+ProcessEvent = Union[StdoutEvent, StderrEvent, ExitEvent]
+"""An event of :meth:`Processes.stream <airlock.client.Processes.stream>`."""
+
+
+@dataclass(frozen=True)
+class TerminalExit:
+    """How a terminal's program ended: exactly one of the two is set (both ``None`` when
+    the connection closed without saying)."""
+
+    exit_code: int | None
+    signal: int | None
+
+
+# --- preview ports -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Port:
+    """A port of the sandbox exposed through the service: requests to :attr:`url` (any
+    method, any path below it, WebSocket upgrades too) reach the sandbox's
+    ``127.0.0.1:port``, with the API key or the port's :attr:`token`."""
+
+    port: int
+    token: str
+    """Lets a request through to this port only: header ``X-Airlock-Port-Token`` or query
+    ``airlock_token=`` (the service removes it before forwarding)."""
+    path: str
+    """``/v1/sandboxes/{id}/ports/{port}/``."""
+    host: str
+    """``{port}-{id}.<the service's host>``: a request with this ``Host`` reaches the port
+    at any path (for apps that want to live at ``/``; needs a wildcard DNS name)."""
+    url: str
+    """The client's base URL + :attr:`path`."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The header that authorizes a request to this port: ``{"X-Airlock-Port-Token": token}``."""
+        return {"X-Airlock-Port-Token": self.token}
+
+    def url_with_token(self, path: str = "") -> str:
+        """:attr:`url` + ``path`` with ``?airlock_token=`` added: a link that opens in a
+        browser (share it only with whoever may use the port)."""
+        from urllib.parse import quote
+
+        sep = "&" if "?" in path else "?"
+        return f"{self.url}{path.lstrip('/')}{sep}airlock_token={quote(self.token, safe='')}"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], base_url: str) -> Port:
+        known, extra = _known(cls, data)
+        known.pop("extra", None)
+        known.pop("url", None)
+        return cls(**known, url=base_url.rstrip("/") + data["path"], extra=extra)
+
+
+# --- code interpreter --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    """One rich output of a code cell: the value of its last expression (``kind ==
+    "execute_result"``) or something it displayed (``"display_data"``: a figure, an
+    ``IPython.display`` call). :attr:`data` maps MIME types to values as the API sends them
+    (images as base64 text); the properties decode them."""
+
+    kind: str
+    data: dict[str, Any]
+
+    @property
+    def is_main(self) -> bool:
+        """The value of the cell's last expression."""
+        return self.kind == "execute_result"
+
+    @property
+    def text(self) -> str | None:
+        return self.data.get("text/plain")
+
+    @property
+    def html(self) -> str | None:
+        return self.data.get("text/html")
+
+    @property
+    def markdown(self) -> str | None:
+        return self.data.get("text/markdown")
+
+    @property
+    def latex(self) -> str | None:
+        return self.data.get("text/latex")
+
+    @property
+    def svg(self) -> str | None:
+        return self.data.get("image/svg+xml")
+
+    @property
+    def png(self) -> bytes | None:
+        """The PNG image, decoded."""
+        v = self.data.get("image/png")
+        return base64.b64decode(v) if v is not None else None
+
+    @property
+    def jpeg(self) -> bytes | None:
+        """The JPEG image, decoded."""
+        v = self.data.get("image/jpeg")
+        return base64.b64decode(v) if v is not None else None
+
+    @property
+    def json(self) -> Any:
+        """The ``application/json`` value (``None`` when absent)."""
+        return self.data.get("application/json")
+
+    @property
+    def formats(self) -> list[str]:
+        """The MIME types present."""
+        return list(self.data)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Result:
+        return cls(kind=str(data.get("kind", "")), data=dict(data.get("data") or {}))
+
+
+@dataclass(frozen=True)
+class ExecutionError:
+    """The exception a code cell raised (a value, not a Python exception of this SDK):
+    ``name`` (``ZeroDivisionError``), ``value`` (``division by zero``), ``traceback``
+    (lines, without ANSI colours). A cell interrupted by its timeout has
+    ``name == "KeyboardInterrupt"``."""
+
+    name: str
+    value: str
+    traceback: list[str]
+
+    @property
+    def traceback_text(self) -> str:
+        return "\n".join(self.traceback)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.value}"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExecutionError:
+        tb = data.get("traceback") or []
+        if isinstance(tb, str):
+            tb = tb.splitlines()
+        return cls(name=str(data.get("name", "")), value=str(data.get("value", "")), traceback=list(tb))
+
+
+@dataclass(frozen=True)
+class Logs:
+    """What a code cell printed, as chunks in the order they came."""
+
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The outcome of :meth:`Sandbox.run_code <airlock.Sandbox.run_code>`: an exception in
+    the cell is :attr:`error`, not a Python exception of this SDK."""
+
+    execution_count: int | None
+    logs: Logs
+    results: list[Result]
+    error: ExecutionError | None
+    timed_out: bool
+    """The cell ran past its timeout and was interrupted (the kernel's state is kept)."""
+    duration_ms: float
+    kernel_start_ms: float
+    """Time this call spent starting the kernel (the session's first call; 0 after)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str | None:
+        """The ``text/plain`` of the main result (the value of the last expression)."""
+        for r in self.results:
+            if r.is_main:
+                return r.text
+        return None
+
+    @property
+    def png(self) -> bytes | None:
+        """The first PNG among the results, decoded."""
+        for r in self.results:
+            if "image/png" in r.data:
+                return r.png
+        return None
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.logs.stdout)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.logs.stderr)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Execution:
+        known, extra = _known(cls, data)
+        logs = data.get("logs") or {}
+        err = data.get("error")
+        return cls(
+            execution_count=data.get("execution_count"),
+            logs=Logs(list(logs.get("stdout") or ()), list(logs.get("stderr") or ())),
+            results=[Result.from_dict(r) for r in data.get("results") or ()],
+            error=ExecutionError.from_dict(err) if err else None,
+            timed_out=bool(data.get("timed_out", False)),
+            duration_ms=float(data.get("duration_ms") or 0.0),
+            kernel_start_ms=float(data.get("kernel_start_ms") or 0.0),
+            extra=extra,
+        )

@@ -836,7 +836,7 @@ def test_inspector_cli_over_stdio() -> None:
     listed = inspector(airlock_bin(), "mcp", "--pool", "1", "--method", "tools/list")
     assert {t["name"] for t in listed["tools"]} == TOOLS
     run_code = next(t for t in listed["tools"] if t["name"] == "run_code")
-    assert run_code["annotations"]["readOnlyHint"] is True
+    assert run_code["annotations"]["readOnlyHint"] is False  # with sandbox_id it changes a kernel's state
     result = inspector(
         airlock_bin(), "mcp", "--pool", "1",
         "--method", "tools/call", "--tool-name", "run_code",
