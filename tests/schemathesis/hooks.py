@@ -27,7 +27,9 @@ a minute for a held connection, and `POST .../processes/{process_id}/wait` up to
 for a process, more than a request of this run may take; both are cut to 100 ms (what is
 tested is the answer, not the waiting).
 
-And one fact no schema states: which images the service's store holds. A generated
+And facts no schema states: which directories exist in a sandbox (a schema-valid
+`workdir` becomes `/tmp`; a missing one is refused with 400 on `workdir`, tested by
+crates/airlock-sandbox's tests), and which images the service's store holds. A generated
 `image` that the schema allows (1 to 512 printable ASCII characters, no spaces) is
 replaced by the one image run.sh put in the store, `tools:1`; an
 image the schema refuses is left as generated, for the server to refuse (400 on `image`).
@@ -137,6 +139,10 @@ def before_call(context, case, **kwargs):
     body = case.body
     if isinstance(body, dict) and isinstance(body.get("image"), str) and _IMAGE.match(body["image"]):
         case.body = {**body, "image": STORED_IMAGE}
+    # Which directories exist in a sandbox no schema states: a schema-valid workdir (an
+    # absolute path) becomes one that does; others stay, for the server to refuse.
+    if isinstance(case.body, dict) and isinstance(case.body.get("workdir"), str) and case.body["workdir"].startswith("/") and "\x00" not in case.body["workdir"]:
+        case.body = {**case.body, "workdir": "/tmp"}
     if isinstance(body, dict):
         _distinct_secret_names(case.body)
         # Every phase generates it (filter_body does not reach the coverage phase): a

@@ -102,6 +102,9 @@ pub struct ExecRequest {
     /// An image from the service's image store to run in (`python:3.12-slim`,
     /// `sha256:…`); default: the host's system directories. In a session, the session's.
     pub image: Option<String>,
+    /// Where the program starts: an absolute path that exists in the sandbox (default
+    /// /workspace, or the image's WorkingDir when the image gives the command).
+    pub workdir: Option<String>,
     /// In a session: start the program as a background process and answer at once (201,
     /// its process); it runs until it ends, `limits.timeout_ms` passes (only when given),
     /// or the session ends.
@@ -533,6 +536,7 @@ impl ExecRequest {
         spec.network = self.network.clone().unwrap_or_default();
         spec.isolation = self.isolation.unwrap_or_default();
         spec.image = self.image.clone();
+        spec.workdir = self.workdir.clone();
         // No file may be a directory of another: `d/f` and `d` cannot both be written.
         let dirs: std::collections::HashSet<&str> = self
             .files

@@ -68,7 +68,10 @@ impl Spec {
                     "is empty and the image names no Entrypoint or Cmd: give the program to run",
                 ));
             }
-            self.workdir = config.working_dir.clone().filter(|d| d.starts_with('/'));
+            // The image's working directory, unless the request named one.
+            if self.workdir.is_none() {
+                self.workdir = config.working_dir.clone().filter(|d| d.starts_with('/'));
+            }
         }
         Ok(())
     }

@@ -157,6 +157,7 @@ print(json.dumps({
         "services",
         "mime.types",
         "localtime",
+        "matplotlibrc",
         "ssl",
         "ca-certificates",
         "alternatives",
@@ -330,11 +331,17 @@ print(json.dumps({e: os.readlink('/dev/' + e) if os.path.islink('/dev/' + e) els
                    '%d:%d' % (os.major(os.lstat('/dev/' + e).st_rdev), os.minor(os.lstat('/dev/' + e).st_rdev)))
                   for e in os.listdir('/dev')}))
 "#));
+    // pts and ptmx: the sandbox's own devpts instance, for its terminals (issue 16); tty:
+    // the host's /dev/tty node when the host has one, which opens only the opener's own
+    // controlling terminal (see `only_the_sandboxs_own_terminals`).
     let mut expected = serde_json::json!({
         "null": "1:3", "zero": "1:5", "full": "1:7", "random": "1:8", "urandom": "1:9",
         "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
-        "stderr": "/proc/self/fd/2", "shm": "dir",
+        "stderr": "/proc/self/fd/2", "shm": "dir", "pts": "dir", "ptmx": "pts/ptmx",
     });
+    if std::path::Path::new("/dev/tty").exists() {
+        expected["tty"] = "5:0".into();
+    }
     // The conventional /dev/core link points at /proc/kcore, which is masked.
     if r.get("core").is_some() {
         expected["core"] = "/proc/kcore".into();
@@ -366,15 +373,34 @@ print(json.dumps(res))
     );
 }
 
+/// No device of the host's but the minimal set: no console, no host terminal (the
+/// sandbox's /dev/pts is a devpts instance of its own, holding only its ptmx until one of
+/// its terminals is opened; /dev/tty opens only the opener's own controlling terminal,
+/// which an exec has none of), no memory, kernel log, VM, socket or block devices.
 #[test]
-fn no_terminal_devices() {
+fn only_the_sandboxs_own_terminals() {
     let r = python_json(&py(r#"
-print(json.dumps({p: os.path.lexists(p) for p in
-    ('/dev/tty', '/dev/pts', '/dev/ptmx', '/dev/console', '/dev/tty0', '/dev/mem', '/dev/kmsg', '/dev/kvm',
-     '/dev/vsock', '/dev/fuse', '/dev/net/tun', '/dev/sda', '/dev/vda')}))
+res = {p: os.path.lexists(p) for p in
+    ('/dev/console', '/dev/tty0', '/dev/tty1', '/dev/mem', '/dev/kmsg', '/dev/kvm',
+     '/dev/vsock', '/dev/fuse', '/dev/net/tun', '/dev/sda', '/dev/vda')}
+res['pts'] = sorted(os.listdir('/dev/pts'))
+try:
+    open('/dev/tty', 'rb')
+    res['tty'] = 'opened'
+except OSError as e:
+    res['tty'] = err(e)
+print(json.dumps(res))
 "#));
     for (p, present) in r.as_object().unwrap() {
-        assert_eq!(present, false, "{p} exists inside the sandbox");
+        match p.as_str() {
+            "pts" => assert_eq!(
+                present,
+                &serde_json::json!(["ptmx"]),
+                "the host's terminals are visible: {r}"
+            ),
+            "tty" => assert!(present == "ENXIO" || present == "ENOENT", "/dev/tty: {r}"),
+            _ => assert_eq!(present, false, "{p} exists inside the sandbox"),
+        }
     }
 }
 
@@ -602,11 +628,17 @@ fn mounts_are_nosuid_nodev_and_read_only_where_claimed() {
                 dump()
             );
         }
+        // devpts: only the sandbox's own instance at /dev/pts (its terminals).
+        assert!(
+            m.fstype != "devpts" || m.point == "/dev/pts",
+            "a devpts at {}\n{}",
+            m.point,
+            dump()
+        );
         let bad = [
             "sysfs",
             "cgroup",
             "cgroup2",
-            "devpts",
             "debugfs",
             "securityfs",
             "bpf",

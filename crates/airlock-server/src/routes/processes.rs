@@ -70,7 +70,7 @@ pub async fn show(
 #[serde(deny_unknown_fields)]
 pub struct OutputQuery {
     #[serde(default)]
-    follow: Option<bool>,
+    follow: Option<String>,
 }
 
 pub async fn output(
@@ -81,12 +81,22 @@ pub async fn output(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
+    let follow = match query.follow.as_deref() {
+        None | Some("true") => true,
+        Some("false") => false,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "follow",
+                format!("must be true or false, got {other:?}"),
+            ));
+        }
+    };
     let proc = session.processes.get(&process)?;
     if !super::wants_stream(&headers) {
         return Ok(Json(proc.output()).into_response());
     }
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(proc.follow(query.follow.unwrap_or(true), tx));
+    tokio::spawn(proc.follow(follow, tx));
     let events = futures_util::stream::unfold(rx, |mut rx| async move {
         let item = rx.recv().await?;
         let event = match item {
