@@ -301,10 +301,15 @@ fn a_port_is_reachable_only_once_exposed_only_through_airlock_and_only_with_its_
         .json();
     assert_eq!(v["path"], "/q?a=1&b=2");
     assert_clean(&v, &token);
-    // The terminal route's `?access_token=KEY` (a path ending in /pty): the key it
-    // carries is not passed on either.
+    // The terminal route's `?access_token=KEY` is taken on the terminal route only: on a
+    // forwarded path that ends in /pty it is no credential (401, nothing forwarded), and
+    // with the port's token it is passed on stripped of the key.
+    anon.get(&format!("{base}/pty?access_token={KEY}&k=v"))
+        .expect(401);
     let v = anon
-        .get(&format!("{base}/pty?access_token={KEY}&k=v"))
+        .get(&format!(
+            "{base}/pty?access_token={KEY}&k=v&airlock_token={token}"
+        ))
         .expect(200)
         .json();
     assert_eq!(v["path"], "/pty?k=v");
