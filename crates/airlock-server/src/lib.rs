@@ -244,6 +244,12 @@ pub async fn run(
         })
         .collect();
     tracing::info!(%addr, tiers = tiers.join(" "), max_sandboxes = state.config.max_sandboxes, "listening");
+    // A response's head and body can go out as two writes (a streamed body, a forwarded
+    // port's answer): without TCP_NODELAY the second waits for the client's delayed ACK,
+    // 40 ms here (bench/interactive.py's port GETs, p90).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        let _ = tcp.set_nodelay(true);
+    });
     let served = axum::serve(listener, app).with_graceful_shutdown(signal).await;
     // Purge everything, also when serving failed.
     drop(state);

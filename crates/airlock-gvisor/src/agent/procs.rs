@@ -263,6 +263,8 @@ impl Keeper<'_> {
                         );
                     }
                 };
+                // Forwarded requests go out in pieces: no Nagle wait for a delayed ACK.
+                let _ = tcp.set_nodelay(true);
                 match connect(&Hello::Stream { id, stream: 0 }).and_then(|host| fork_relay(tcp, host)) {
                     Ok(()) => self.send(&Event::Connected { id }),
                     Err(e) => self.fail(id, ErrorKind::Host, None, format!("relaying port {port}: {e}")),
