@@ -6,7 +6,9 @@
 //! host's is reachable this way: the address is always 127.0.0.1 of that namespace.
 
 use airlock_backend::{Error, PortConnector};
-use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, connect, getsockopt, setsockopt, socket, sockopt};
+use nix::sys::socket::{
+    AddressFamily, SockFlag, SockType, SockaddrIn, connect, getsockopt, setsockopt, socket, sockopt,
+};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Mutex;
