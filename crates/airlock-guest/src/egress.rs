@@ -531,12 +531,19 @@ fn to_socket(id: u32, mut stream: Sock, rx: &mpsc::Receiver<Option<Vec<u8>>>, co
 /// Reads the port and dispatches each frame to its connection, never waiting on one.
 fn read_port(port: File, shared: &Arc<Shared>) {
     let mut reader = io::BufReader::with_capacity(64 * 1024, port);
+    // No host on the other end (yet, or any more: a one-shot VM's host never opens it):
+    // look again, less and less often. A wake-up every 10 ms took emulated CPU from the
+    // program's VM all its life; after a quarter of a second idle, 4 a second do.
+    let mut idle = std::time::Duration::from_millis(10);
     loop {
         let frame = match mux::read_frame(&mut reader) {
-            Ok(Some(f)) => f,
-            // No host on the other end (yet, or any more): look again shortly.
+            Ok(Some(f)) => {
+                idle = std::time::Duration::from_millis(10);
+                f
+            }
             Ok(None) => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
+                std::thread::sleep(idle);
+                idle = (idle * 2).min(std::time::Duration::from_millis(250));
                 continue;
             }
             Err(e) => {
