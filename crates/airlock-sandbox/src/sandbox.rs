@@ -500,7 +500,19 @@ impl Sandbox {
         let limits = cgroup_limits(spec);
         if limits != self.limits {
             if let Some(cg) = &self.cgroup {
-                cg.set_limits(&limits)?;
+                let lowering = limits.memory_bytes < self.limits.memory_bytes;
+                match cg.set_limits(&limits) {
+                    Ok(()) => {}
+                    // The kernel refuses a memory cap below what the cgroup holds now (its
+                    // files, what runs in the background): the request's to change.
+                    Err(_) if lowering => {
+                        return Err(SandboxError::Spec(airlock_spec::SpecError::new(
+                            "limits.memory_bytes",
+                            "is below what this sandbox already holds in memory (its files and background processes): ask for more, or free some first",
+                        )));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             self.limits = limits;
         }
