@@ -24,8 +24,9 @@ mod process;
 mod sink;
 
 use airlock_spec::{ExecResult, FileEntry, Isolation, Limits, NetworkPolicy, Spec, SpecError};
+use std::io::{Read, Write};
 use std::os::fd::BorrowedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{DiskFull, Error, ErrorKind};
@@ -159,6 +160,16 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
             && pooled.network == wanted.network
     }
 
+    /// A sandbox of `shape` restored from `dir`, a full snapshot this tier's
+    /// [`Sandbox::checkpoint`] wrote (blocking): its memory and processes as they were.
+    /// `dir` is only read: many sandboxes may be restored from one snapshot (a fork).
+    fn restore(&self, _shape: &Shape, _dir: &Path, _purpose: Purpose) -> Result<Box<dyn Sandbox>, Error> {
+        Err(Error::Unavailable {
+            tier: self.isolation(),
+            reason: "full snapshots (memory and processes) are not available on this tier".into(),
+        })
+    }
+
     /// How many sandboxes a pool of this tier builds at once: a few for cheap sandboxes
     /// that a burst drains fast, one for those that take a core for long (an emulated
     /// VM's clone).
@@ -282,6 +293,54 @@ pub trait Sandbox: Send + std::fmt::Debug {
     /// when the tier cannot.
     fn ports(&self) -> Option<std::sync::Arc<dyn PortConnector>> {
         None
+    }
+
+    /// Writes its writable filesystem (/workspace, /tmp, /dev/shm: directories, regular
+    /// files and symlinks, with modes and modification times) to `out` as a tar stream
+    /// (blocking), in airlock-fstree's layout: paths `workspace/…`, `tmp/…`, `dev/shm/…`.
+    /// What a snapshot and a fork hold on every tier.
+    fn export_files(&mut self, _out: &mut dyn Write, _cancel: &[BorrowedFd<'_>]) -> Result<(), Error> {
+        Err(Error::Unavailable {
+            tier: self.isolation(),
+            reason: "exporting its files is not available on this tier".into(),
+        })
+    }
+
+    /// Replaces its writable filesystem with the content of the tar stream `input`
+    /// ([`Sandbox::export_files`]'s layout; blocking): what is not in the stream is gone
+    /// after. Its programs are not stopped (the caller decides). A stream that does not
+    /// fit on its disk is [`Error::DiskFull`].
+    fn import_files(&mut self, _input: &mut dyn Read, _cancel: &[BorrowedFd<'_>]) -> Result<(), Error> {
+        Err(Error::Unavailable {
+            tier: self.isolation(),
+            reason: "importing files is not available on this tier".into(),
+        })
+    }
+
+    /// Freezes every process in it (execs, spawned programs) until [`Sandbox::resume`]
+    /// (blocking); pausing a paused sandbox does nothing.
+    fn pause(&mut self) -> Result<(), Error> {
+        Err(Error::Unavailable {
+            tier: self.isolation(),
+            reason: "pausing is not available on this tier".into(),
+        })
+    }
+
+    /// Thaws what [`Sandbox::pause`] froze (blocking); resuming a running sandbox does
+    /// nothing.
+    fn resume(&mut self) -> Result<(), Error> {
+        Err(Error::Unavailable {
+            tier: self.isolation(),
+            reason: "pausing is not available on this tier".into(),
+        })
+    }
+
+    /// Saves its memory, processes and files into the empty directory `dir` (blocking), a
+    /// full snapshot that [`Backend::restore`] brings back: `Ok(true)`. `Ok(false)` when
+    /// the tier cannot (its snapshots hold files only) and nothing was written. It runs on
+    /// after.
+    fn checkpoint(&mut self, _dir: &Path) -> Result<bool, Error> {
+        Ok(false)
     }
 
     /// Which tier it is.

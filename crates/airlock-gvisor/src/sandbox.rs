@@ -582,6 +582,8 @@ impl GvisorSandbox {
             egress: Vec::new(),
             isolation: Isolation::Gvisor,
             platform: None,
+            files_changed: Vec::new(),
+            files_changed_truncated: false,
         })
     }
 }

@@ -1321,6 +1321,8 @@ impl BootedVm {
             egress: Vec::new(),
             isolation: Isolation::Microvm,
             platform: Some(self.accel_name().to_owned()),
+            files_changed: Vec::new(),
+            files_changed_truncated: false,
         }
     }
 

@@ -501,5 +501,7 @@ pub(crate) fn exec(
         egress: sb.take_egress(),
         isolation: airlock_spec::Isolation::Namespaces,
         platform: None,
+        files_changed: Vec::new(),
+        files_changed_truncated: false,
     })
 }

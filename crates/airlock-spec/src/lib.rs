@@ -18,6 +18,8 @@ mod units;
 
 pub use image::ImageConfig;
 pub use network::{NetworkPatch, NetworkPolicy, OnDenied, ProxyPolicy, Secret};
-pub use result::{EgressEntry, EgressKind, ExecResult, FileEntry, Outcome};
-pub use spec::{FileSpec, Isolation, Limits, Spec, SpecError};
+pub use result::{
+    Change, EgressEntry, EgressKind, ExecResult, FileChange, FileEntry, FileKind, MAX_FILES_CHANGED, Outcome,
+};
+pub use spec::{FileSpec, Isolation, Limits, Spec, SpecError, TRACKABLE_DIRS};
 pub use units::{UnitError, format_duration, format_ms, format_size, human_size, parse_duration, parse_size};

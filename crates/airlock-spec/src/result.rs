@@ -87,6 +87,59 @@ pub struct ExecResult {
     /// micro-VM's accelerator (`kvm`, `tcg`); `null` for namespaces.
     #[serde(default)]
     pub platform: Option<String>,
+    /// What the program created, modified or deleted under the spec's `files_changed_in`
+    /// (/workspace unless asked otherwise), sorted by path, at most
+    /// [`MAX_FILES_CHANGED`] entries.
+    #[serde(default)]
+    pub files_changed: Vec<FileChange>,
+    /// Whether more changed than `files_changed` lists.
+    #[serde(default)]
+    pub files_changed_truncated: bool,
+}
+
+/// A result lists at most this many changed files.
+pub const MAX_FILES_CHANGED: usize = 1000;
+
+/// One path an exec created, modified or deleted. A rename is the old path deleted and
+/// the new one created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct FileChange {
+    /// The absolute path inside the sandbox (`/workspace/out/report.csv`).
+    pub path: String,
+    /// What happened to it.
+    pub change: Change,
+    /// What it is now (for a deleted path: what it was).
+    pub kind: FileKind,
+    /// Its size now in bytes (for a deleted path: the size it had; 0 for directories,
+    /// a symlink's target length for symlinks).
+    pub bytes: u64,
+}
+
+/// What happened to a path during an exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Change {
+    /// It did not exist before and does now.
+    Created,
+    /// It existed before and after, and its content, size, mode or kind changed.
+    Modified,
+    /// It existed before and does not now.
+    Deleted,
+}
+
+/// What a changed path is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
 }
 
 /// One connection or request through the egress proxy.
@@ -201,6 +254,13 @@ mod tests {
             egress: vec![],
             isolation: crate::Isolation::Gvisor,
             platform: Some("ptrace".into()),
+            files_changed: vec![FileChange {
+                path: "/workspace/a".into(),
+                change: Change::Created,
+                kind: FileKind::File,
+                bytes: 3,
+            }],
+            files_changed_truncated: false,
         };
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["outcome"], "oom");
@@ -224,9 +284,13 @@ mod tests {
             "memory_peak_bytes",
             "isolation",
             "platform",
+            "files_changed",
+            "files_changed_truncated",
         ] {
             assert!(v.get(key).is_some(), "{key}");
         }
+        assert_eq!(v["files_changed"][0]["change"], "created");
+        assert_eq!(v["files_changed"][0]["kind"], "file");
         assert_eq!(r.shell_status(), 137);
         let back: ExecResult = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);

@@ -161,7 +161,13 @@ pub struct Spec {
     pub network: NetworkPolicy,
     /// Which isolation runs the program.
     pub isolation: Isolation,
+    /// Where the result's `files_changed` looks: some of [`TRACKABLE_DIRS`] (default
+    /// /workspace; empty: no changeset).
+    pub files_changed_in: Vec<String>,
 }
+
+/// The directories an exec's changeset can cover (`Spec::files_changed_in`).
+pub const TRACKABLE_DIRS: [&str; 2] = ["/workspace", "/tmp"];
 
 impl Spec {
     /// A spec running `command` with default limits and nothing else.
@@ -177,6 +183,7 @@ impl Spec {
             workdir: None,
             network: NetworkPolicy::None,
             isolation: Isolation::Namespaces,
+            files_changed_in: vec!["/workspace".into()],
         }
     }
 
@@ -209,6 +216,20 @@ impl Spec {
             validate_workdir(dir)?;
         }
         self.validate_isolation()?;
+        for (i, dir) in self.files_changed_in.iter().enumerate() {
+            if !TRACKABLE_DIRS.contains(&dir.as_str()) {
+                return Err(SpecError::new(
+                    format!("files_changed_in[{i}]"),
+                    format!("{dir:?} cannot be tracked; use \"/workspace\" or \"/tmp\""),
+                ));
+            }
+            if self.files_changed_in[..i].contains(dir) {
+                return Err(SpecError::new(
+                    format!("files_changed_in[{i}]"),
+                    format!("{dir:?} is listed twice"),
+                ));
+            }
+        }
         let block: usize = self.command.iter().map(|a| a.len() + 1).sum::<usize>()
             + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
         if block > bounds::MAX_ARGV_ENV_BYTES {

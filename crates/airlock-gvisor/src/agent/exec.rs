@@ -296,6 +296,8 @@ pub fn run(
         // The host side says which platform it was.
         isolation: airlock_spec::Isolation::Gvisor,
         platform: None,
+        files_changed: Vec::new(),
+        files_changed_truncated: false,
     }))
 }
 

@@ -263,6 +263,8 @@ mod tests {
                 egress: Vec::new(),
                 isolation: airlock_spec::Isolation::Namespaces,
                 platform: None,
+                files_changed: Vec::new(),
+                files_changed_truncated: false,
             },
             queue_ms: 0.0,
         }
