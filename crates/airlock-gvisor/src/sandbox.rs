@@ -23,6 +23,9 @@ use crate::egress::HostProxy;
 const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request other than an exec (create, files) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `runsc pause`, `resume` (about 30 ms each, measured here) may take before
+/// the sandbox is taken for broken.
+const RUNSC_CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long past an exec's deadline the agent may take to kill, reap and report: past
 /// it, the whole sandbox is killed from the host and the exec ends as `timeout`.
 const DEADLINE_GRACE: Duration = Duration::from_secs(5);
@@ -74,6 +77,11 @@ pub struct GvisorSandbox {
     image: bool,
     /// Owned: `runsc run`, whose Sentry and Gofer are in `cgroup`.
     runsc: Child,
+    /// The runsc binary (for `pause`, `resume`).
+    runsc_path: PathBuf,
+    /// Paused (`runsc pause`): every task of the Sentry is stopped, the agent too, so
+    /// nothing is asked of it until `resume`.
+    paused: bool,
     /// Owned: the pipes to the agent.
     channel: Channel,
     /// Owned: the host cgroup around runsc, the Sentry and the Gofer.
@@ -263,6 +271,8 @@ impl GvisorSandbox {
             id,
             image: shape.image.is_some(),
             runsc,
+            runsc_path: prepared.runsc.clone(),
+            paused: false,
             channel,
             cgroup: partial.cgroup.take(),
             dir: partial.dir.take().unwrap_or_default(),
@@ -409,6 +419,77 @@ impl GvisorSandbox {
         let _ = self.runsc.kill();
     }
 
+    /// Refuses a request the agent cannot answer now: the sandbox is gone, or paused
+    /// (its agent is stopped with everything else: a request would wait for `resume`).
+    fn check_usable(&mut self) -> Result<(), Error> {
+        if !self.alive {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        }
+        if self.paused {
+            return Err(Error::invalid(
+                "sandbox",
+                "is paused: resume it first",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `runsc <verb> <id>` on this sandbox's runsc state, bounded by
+    /// [`RUNSC_CONTROL_TIMEOUT`]; its stderr is the error's text when it fails.
+    fn runsc_control(&mut self, verb: &str) -> Result<(), Error> {
+        let mut child = Command::new(&self.runsc_path)
+            .arg("--root")
+            .arg(self.dir.join("state"))
+            .arg(verb)
+            .arg(&self.id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .spawn()
+            .map_err(|e| Error::host(format!("starting runsc {verb}"), e))?;
+        let deadline = Instant::now() + RUNSC_CONTROL_TIMEOUT;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    self.kill();
+                    return Err(Error::Gone(format!(
+                        "runsc {verb} did not answer within {RUNSC_CONTROL_TIMEOUT:?}: the sandbox was killed"
+                    )));
+                }
+                Err(e) => return Err(Error::host(format!("waiting for runsc {verb}"), e)),
+            }
+        };
+        if status.success() {
+            return Ok(());
+        }
+        let mut err = String::new();
+        if let Some(mut stderr) = child.stderr.take() {
+            use std::io::Read;
+            let _ = stderr.read_to_string(&mut err);
+        }
+        if !self.is_alive_now() {
+            return Err(Error::Gone(self.gone_reason()));
+        }
+        Err(Error::host(
+            format!("runsc {verb}"),
+            format!("{status}: {}", err.trim()),
+        ))
+    }
+
+    /// Whether runsc still runs (the sandbox is not gone).
+    fn is_alive_now(&mut self) -> bool {
+        if self.alive && matches!(self.runsc.try_wait(), Ok(Some(_))) {
+            self.alive = false;
+        }
+        self.alive
+    }
+
     fn usage(&self) -> Usage {
         self.cgroup.as_ref().map(Cgroup::usage).unwrap_or_default()
     }
@@ -428,9 +509,7 @@ impl GvisorSandbox {
                 "was not resolved to an image's prepared root: this sandbox has the host's system directories",
             ));
         }
-        if !self.alive {
-            return Err(Error::Gone("the gVisor sandbox is gone".into()));
-        }
+        self.check_usable()?;
         // The network is the sandbox's, fixed when it was built: an exec's own is not
         // consulted (a session's execs carry none), as in the other tiers.
         if spec.limits.disk_bytes != self.limits.disk_bytes {
@@ -657,9 +736,7 @@ impl Sandbox for GvisorSandbox {
         content: &[u8],
         cancel: &[BorrowedFd<'_>],
     ) -> Result<(), Error> {
-        if !self.alive {
-            return Err(Error::Gone("the gVisor sandbox is gone".into()));
-        }
+        self.check_usable()?;
         let disk = self.limits.disk_bytes;
         if content.len() as u64 > disk {
             return Err(Error::DiskFull(DiskFull {
@@ -727,9 +804,7 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, Error> {
-        if !self.alive {
-            return Err(Error::Gone("the gVisor sandbox is gone".into()));
-        }
+        self.check_usable()?;
         self.send(
             &ToGuest::ReadFile {
                 path: path.into(),
@@ -759,9 +834,7 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn list_files(&mut self) -> Result<Vec<FileEntry>, Error> {
-        if !self.alive {
-            return Err(Error::Gone("the gVisor sandbox is gone".into()));
-        }
+        self.check_usable()?;
         self.send(&ToGuest::ListFiles, &[])?;
         match self.recv(Some(Instant::now() + REQUEST_TIMEOUT), &[])? {
             ToHost::Listing { entries } => Ok(entries),
@@ -774,10 +847,36 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn is_alive(&mut self) -> bool {
-        if self.alive && matches!(self.runsc.try_wait(), Ok(Some(_))) {
-            self.alive = false;
+        self.is_alive_now()
+    }
+
+    /// `runsc pause`: the Sentry stops every task (the agent, execs' and spawned
+    /// programs' processes) until `resume`; their memory and files stay as they are.
+    /// The host cgroup's freezer is not used: under the ptrace platform it would freeze
+    /// the Sentry's stub processes in the middle of being traced.
+    fn pause(&mut self) -> Result<(), Error> {
+        if self.paused {
+            return Ok(());
         }
-        self.alive
+        if !self.is_alive_now() {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        }
+        self.runsc_control("pause")?;
+        self.paused = true;
+        Ok(())
+    }
+
+    /// `runsc resume`.
+    fn resume(&mut self) -> Result<(), Error> {
+        if !self.paused {
+            return Ok(());
+        }
+        if !self.is_alive_now() {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        }
+        self.runsc_control("resume")?;
+        self.paused = false;
+        Ok(())
     }
 
     fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
@@ -799,6 +898,7 @@ impl Sandbox for GvisorSandbox {
         if !self.is_alive() {
             return Err(Error::Gone("the gVisor sandbox is gone".into()));
         }
+        self.check_usable()?;
         let terminal = match stdio {
             airlock_backend::Stdio::Pipes => None,
             airlock_backend::Stdio::Terminal { rows, cols } => {
