@@ -51,6 +51,7 @@ pub mod platform;
 mod process;
 pub mod procs;
 mod sandbox;
+pub mod wire;
 
 pub use backend::{GvisorBackend, GvisorOptions};
 pub use platform::Platform;

@@ -96,11 +96,13 @@ fn pause_stops_progress_and_resume_continues() {
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
     let e = sb.list_files().unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
-    let e = sb
-        .spawn(&sh("true"), airlock_backend::Stdio::Pipes)
-        .unwrap_err();
+    let e = sb.spawn(&sh("true"), airlock_backend::Stdio::Pipes).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
-    assert!(t.elapsed() < Duration::from_secs(5), "refusals took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "refusals took {:?}",
+        t.elapsed()
+    );
     assert!(sb.is_alive());
 
     let t = Instant::now();
@@ -133,9 +135,247 @@ fn a_gvisor_sandbox_takes_filesystem_snapshots_only() {
     // The sandbox runs on.
     let r = sb.exec(&sh("echo on"), &mut Capture, &[]).unwrap();
     assert_eq!(r.stdout, "on\n");
-    let e = b
-        .restore(&Shape::of(&sh("true")), dir.path(), Purpose::Session)
-        .err()
-        .expect("no restore");
+    let Err(e) = b.restore(&Shape::of(&sh("true")), dir.path(), Purpose::Session) else {
+        panic!("a gVisor sandbox was restored from an empty directory");
+    };
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
+
+/// `(path, change, kind, bytes)` of a result's changeset.
+fn changes(r: &airlock_spec::ExecResult) -> Vec<(String, String, String, u64)> {
+    r.files_changed
+        .iter()
+        .map(|c| {
+            let v = serde_json::to_value(c).unwrap();
+            (
+                c.path.clone(),
+                v["change"].as_str().unwrap().to_owned(),
+                v["kind"].as_str().unwrap().to_owned(),
+                c.bytes,
+            )
+        })
+        .collect()
+}
+
+fn ch(path: &str, change: &str, kind: &str, bytes: u64) -> (String, String, String, u64) {
+    (path.into(), change.into(), kind.into(), bytes)
+}
+
+#[test]
+fn an_exec_lists_what_it_created_modified_deleted_and_renamed() {
+    let Some(b) = backend() else { return };
+    let mut sb = session(b);
+    let setup = sb
+        .exec(
+            &sh("echo a > a.txt; echo b > b.txt; echo c > c.txt; mkdir d; echo x > d/x; echo t > /tmp/t"),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(setup.exit_code, Some(0), "{setup:?}");
+    assert_eq!(
+        changes(&setup),
+        [
+            ch("/workspace/a.txt", "created", "file", 2),
+            ch("/workspace/b.txt", "created", "file", 2),
+            ch("/workspace/c.txt", "created", "file", 2),
+            ch("/workspace/d", "created", "dir", 0),
+            ch("/workspace/d/x", "created", "file", 2),
+        ],
+        "/tmp is not looked at by default"
+    );
+    let r = sb
+        .exec(
+            &sh("echo more >> a.txt; rm b.txt; mv c.txt c2.txt; mkdir e; ln -s a.txt link; printf 1234567 > new.txt; rm -r d; echo u > /tmp/u"),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(!r.files_changed_truncated);
+    assert_eq!(
+        changes(&r),
+        [
+            ch("/workspace/a.txt", "modified", "file", 7),
+            ch("/workspace/b.txt", "deleted", "file", 2),
+            ch("/workspace/c.txt", "deleted", "file", 2),
+            ch("/workspace/c2.txt", "created", "file", 2),
+            ch("/workspace/d", "deleted", "dir", 0),
+            ch("/workspace/d/x", "deleted", "file", 2),
+            ch("/workspace/e", "created", "dir", 0),
+            ch("/workspace/link", "created", "symlink", 5),
+            ch("/workspace/new.txt", "created", "file", 7),
+        ]
+    );
+    // Nothing changed: nothing listed.
+    let r = sb.exec(&sh("cat a.txt > /dev/null"), &mut Capture, &[]).unwrap();
+    assert_eq!(changes(&r), []);
+    assert!(!r.files_changed_truncated);
+    // /tmp when asked; nothing when asked for nothing.
+    let mut s = sh("echo v > /tmp/v; rm /tmp/t; echo w > w.txt");
+    s.files_changed_in = vec!["/tmp".into(), "/workspace".into()];
+    let r = sb.exec(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(
+        changes(&r),
+        [
+            ch("/tmp/t", "deleted", "file", 2),
+            ch("/tmp/v", "created", "file", 2),
+            ch("/workspace/w.txt", "created", "file", 2),
+        ]
+    );
+    let mut s = sh("echo y > y.txt");
+    s.files_changed_in = vec![];
+    let r = sb.exec(&s, &mut Capture, &[]).unwrap();
+    assert_eq!(changes(&r), []);
+    // A one-shot run has its changeset too.
+    let r = b
+        .run(&sh("mkdir out; echo 42 > out/r.txt"), &mut Capture, &[])
+        .unwrap();
+    assert_eq!(
+        changes(&r),
+        [
+            ch("/workspace/out", "created", "dir", 0),
+            ch("/workspace/out/r.txt", "created", "file", 3),
+        ]
+    );
+}
+
+#[test]
+fn more_changes_than_a_result_lists_are_marked_truncated() {
+    let Some(b) = backend() else { return };
+    let r = b
+        .run(
+            &sh("mkdir m; cd m; for i in $(seq 1 1200); do : > f$i; done"),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(r.files_changed.len(), airlock_spec::MAX_FILES_CHANGED);
+    assert!(r.files_changed_truncated);
+    assert_eq!(r.files_changed[0].path, "/workspace/m");
+}
+
+/// Every entry of the writable filesystem: path, type, mode, size, owner, symlink
+/// target, and a file's checksum.
+const LIST: &str = "cd / && find workspace tmp dev/shm -mindepth 1 -printf '%p %y %m %s %U:%G %l\\n' | sort; find workspace tmp dev/shm -type f -exec md5sum {} + | sort";
+
+#[test]
+fn files_exported_from_one_sandbox_are_exactly_the_files_imported_into_another() {
+    let Some(b) = backend() else { return };
+    let mut from = session(b);
+    let r = from
+        .exec(
+            &sh("mkdir -p src/deep/er empty; echo hello > src/a.txt; printf '#!/bin/sh\\necho run\\n' > run.sh; chmod 755 run.sh; \
+                 echo secret > private; chmod 600 private; ln -s src/a.txt link; ln -s /nowhere dangling; \
+                 head -c 300000 /dev/urandom > src/deep/er/blob; : > empty-file; echo t > /tmp/t; mkdir /tmp/td; echo s > /dev/shm/s"),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let mut tar = Vec::new();
+    from.export_files(&mut tar, &[]).unwrap();
+    let want = from.exec(&sh(LIST), &mut Capture, &[]).unwrap().stdout;
+
+    let mut to = session(b);
+    to.exec(
+        &sh("echo old > old.txt; mkdir olddir; echo o > /tmp/old"),
+        &mut Capture,
+        &[],
+    )
+    .unwrap();
+    to.import_files(&mut tar.as_slice(), &[]).unwrap();
+    let got = to.exec(&sh(LIST), &mut Capture, &[]).unwrap().stdout;
+    assert_eq!(got, want);
+    assert!(!got.contains("old"), "{got}");
+    assert!(got.contains("workspace/empty d 755"), "{got}");
+    assert!(
+        got.contains("workspace/link l 777 9 1000:1000 src/a.txt"),
+        "{got}"
+    );
+    assert!(got.contains("workspace/private f 600"), "{got}");
+    // Everything made is the sandbox user's.
+    for line in got.lines().filter(|l| !l.contains("  ")) {
+        assert!(line.contains(" 1000:1000"), "{line}");
+    }
+    let r = to
+        .exec(&sh("./run.sh; cat /tmp/t /dev/shm/s"), &mut Capture, &[])
+        .unwrap();
+    assert_eq!(r.stdout, "run\nt\ns\n");
+}
+
+#[test]
+fn an_import_larger_than_the_disk_is_disk_full_and_the_sandbox_goes_on() {
+    let Some(b) = backend() else { return };
+    let mut from = session(b);
+    from.exec(&sh("head -c 3000000 /dev/urandom > big"), &mut Capture, &[])
+        .unwrap();
+    let mut tar = Vec::new();
+    from.export_files(&mut tar, &[]).unwrap();
+    let mut small = sh("true");
+    small.limits.disk_bytes = 1 << 20;
+    let mut to = b.create(&Shape::of(&small), Purpose::Session).unwrap();
+    let e = to.import_files(&mut tar.as_slice(), &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::DiskFull, "{e}");
+    let r = to.exec(&small, &mut Capture, &[]).unwrap();
+    assert_eq!(r.exit_code, Some(0));
+    // A stream that is not a tar is refused as such.
+    let e = to.import_files(&mut &[7u8; 5000][..], &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(to.exec(&small, &mut Capture, &[]).is_ok());
+}
+
+#[test]
+fn a_paused_sandbox_refuses_export_and_import() {
+    let Some(b) = backend() else { return };
+    let mut sb = session(b);
+    sb.pause().unwrap();
+    let e = sb.export_files(&mut Vec::new(), &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    let e = sb.import_files(&mut &[][..], &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    sb.resume().unwrap();
+    sb.export_files(&mut Vec::new(), &[]).unwrap();
+}
+
+/// Figures, not bounds: export and import of a 10 MB workspace of 1,000 files.
+#[test]
+fn export_and_import_of_ten_megabytes_in_a_thousand_files() {
+    let Some(b) = backend() else { return };
+    let mut from = session(b);
+    let r = from
+        .exec(
+            &Spec::new(vec![
+                "python3".into(),
+                "-c".into(),
+                "import os\nfor d in range(10):\n    os.mkdir(f'd{d}')\n    for i in range(100):\n        open(f'd{d}/f{i}', 'wb').write(os.urandom(10000))\n".into(),
+            ]),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(r.files_changed.len(), 1000);
+    assert!(r.files_changed_truncated);
+    let t = Instant::now();
+    let mut tar = Vec::new();
+    from.export_files(&mut tar, &[]).unwrap();
+    let exported = t.elapsed();
+    let mut to = session(b);
+    let t = Instant::now();
+    to.import_files(&mut tar.as_slice(), &[]).unwrap();
+    let imported = t.elapsed();
+    let r = to
+        .exec(
+            &sh("find /workspace -type f | wc -l; du -sb /workspace | cut -f1"),
+            &mut Capture,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.stdout.lines().next(), Some("1000"), "{}", r.stdout);
+    eprintln!(
+        "10 MB in 1,000 files: tar {} bytes, export {exported:?}, import {imported:?}",
+        tar.len()
+    );
 }

@@ -17,8 +17,10 @@ mod jobs;
 mod procs;
 mod ready;
 pub(crate) mod relay;
+mod snapshot;
 mod transparent;
 
+use crate::wire::{GvRequest, ToGvAgent};
 use airlock_backend::ErrorKind;
 use airlock_spec::Limits;
 use airlock_vmwire::frame::{self as proto, CHUNK, GuestInfo, ToGuest, ToHost};
@@ -162,6 +164,7 @@ pub fn serve() -> Result<(), String> {
         env: Vec::new(),
         egress: None,
         jobs: None,
+        changes_in: None,
     };
     // SAFETY: a second handle on fd 0 for buffered reads; `port.input` keeps the fd open
     // for as long as `reader` lives (both end with this function), and `reader` is the
@@ -171,7 +174,7 @@ pub fn serve() -> Result<(), String> {
         if reader.buffer().is_empty() {
             idle(&port, &state.sigchld);
         }
-        let frame = match proto::read::<ToGuest>(&mut reader) {
+        let frame = match proto::read::<GvRequest>(&mut reader) {
             Ok(Some(f)) => f,
             Ok(None) => break Ok(()),
             Err(e) => break Err(format!("port: {e}")),
@@ -179,7 +182,37 @@ pub fn serve() -> Result<(), String> {
         // Bytes already buffered past this frame, during an exec, can only be the host's
         // `Cancel`: the port will not turn readable for it again.
         let pending = !reader.buffer().is_empty();
-        if let Err(e) = state.handle(&port, frame.msg, frame.payload, pending) {
+        let handled = match frame.msg {
+            GvRequest::Common(msg) => state.handle(&port, msg, frame.payload, pending),
+            GvRequest::Gv(ToGvAgent::ChangesIn { roots }) => {
+                state.changes_in = Some(roots);
+                Ok(())
+            }
+            GvRequest::Gv(ToGvAgent::ExportFiles) if !state.created => port.error("no sandbox"),
+            GvRequest::Gv(ToGvAgent::ExportFiles) => snapshot::export(&port),
+            // The import reads its further parts from the port itself, as it unpacks.
+            GvRequest::Gv(ToGvAgent::ImportFiles { last }) => {
+                if state.created {
+                    snapshot::import(&port, &mut reader, frame.payload, last)
+                } else {
+                    let mut done = last;
+                    let mut drained = Ok(());
+                    while !done {
+                        match proto::read::<GvRequest>(&mut reader) {
+                            Ok(Some(f)) if matches!(f.msg, GvRequest::Gv(ToGvAgent::ImportFiles { .. })) => {
+                                done = matches!(f.msg, GvRequest::Gv(ToGvAgent::ImportFiles { last: true }));
+                            }
+                            _ => {
+                                drained = Err(io::Error::other("a broken import stream"));
+                                break;
+                            }
+                        }
+                    }
+                    drained.and_then(|()| port.error("no sandbox"))
+                }
+            }
+        };
+        if let Err(e) = handled {
             break Err(format!("port: {e}"));
         }
     };
@@ -261,6 +294,8 @@ struct State {
     /// The sandbox's cgroups (execs', spawned programs'); `None` if they could not be
     /// made (then an exec's end kills every process, and nothing can be spawned).
     jobs: Option<jobs::Jobs>,
+    /// Where the next exec's changeset looks (`ChangesIn`, sent before its `Exec`).
+    changes_in: Option<Vec<String>>,
 }
 
 impl State {
@@ -372,6 +407,7 @@ impl State {
                 workdir,
             } => {
                 let stdin = std::mem::take(&mut self.stdin);
+                let changes_in = self.changes_in.take().unwrap_or_default();
                 if std::mem::take(&mut self.stdin_overflow) {
                     return port.fail(
                         ErrorKind::Invalid,
@@ -414,9 +450,17 @@ impl State {
                     // `pids` processes in all, as in the other tiers.
                     nproc: u64::from(limits.pids.saturating_sub(1).max(1)),
                 };
+                // The changeset's first scan, before the program starts; the second once
+                // every process of the exec is gone.
+                let before = snapshot::before(&changes_in);
                 let outcome = exec::run(child, request, stdin, &limits, &self.sigchld, port, pending);
                 let answered = match outcome {
-                    exec::Ran::Result(r) => port.send(&ToHost::Exited { result: r }, &[]),
+                    exec::Ran::Result(mut r) => {
+                        if let Some(before) = before {
+                            (r.files_changed, r.files_changed_truncated) = snapshot::after(before);
+                        }
+                        port.send(&ToHost::Exited { result: r }, &[])
+                    }
                     exec::Ran::Cancelled => port.fail(ErrorKind::Cancelled, None, "cancelled"),
                     exec::Ran::Failed(e) => port.error(e),
                 };
