@@ -379,3 +379,23 @@ fn export_and_import_of_ten_megabytes_in_a_thousand_files() {
         tar.len()
     );
 }
+
+#[test]
+fn a_paused_sandbox_is_purged_when_dropped() {
+    let Some(b) = backend() else { return };
+    let mut sb = session(b);
+    let id = sb.id().to_owned();
+    let _spawned = sb
+        .spawn(&sh("sleep 1000"), airlock_backend::Stdio::Pipes)
+        .unwrap();
+    sb.pause().unwrap();
+    drop(sb);
+    // No cgroup of it is left in any hierarchy (its processes are gone: a cgroup with
+    // processes cannot be removed).
+    let out = std::process::Command::new("find")
+        .args(["/sys/fs/cgroup", "-maxdepth", "5", "-type", "d", "-name"])
+        .arg(format!("*{id}*"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "", "left behind");
+}
