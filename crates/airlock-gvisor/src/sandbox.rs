@@ -27,6 +27,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `runsc pause`, `resume` (about 30 ms each, measured here) may take before
 /// the sandbox is taken for broken.
 const RUNSC_CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `runsc checkpoint` may take (it writes the sandbox's memory).
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(120);
+/// What `runsc checkpoint` writes in its directory.
+pub(crate) const CHECKPOINT_FILE: &str = "checkpoint.img";
 /// How long past an exec's deadline the agent may take to kill, reap and report: past
 /// it, the whole sandbox is killed from the host and the exec ends as `timeout`.
 const DEADLINE_GRACE: Duration = Duration::from_secs(5);
@@ -102,6 +106,88 @@ pub struct GvisorSandbox {
     platform: crate::Platform,
     /// Owned: the socket of the agent's process keeper (spawned programs, ports).
     procs: Option<crate::process::Hub>,
+    /// The `cgroup.procs` files runsc is started in (again, after a checkpoint).
+    procs_paths: Vec<CString>,
+}
+
+/// How `runsc run` (or `runsc restore`) is started for a sandbox.
+struct Launch<'a> {
+    runsc: &'a Path,
+    platform: crate::Platform,
+    dir: &'a Path,
+    id: &'a str,
+    /// Proxy mode (the agent needs raw sockets in its netstack).
+    net_raw: bool,
+    /// The `cgroup.procs` files of the sandbox's cgroup.
+    procs: Vec<CString>,
+}
+
+impl Launch<'_> {
+    /// Starts runsc in the sandbox's cgroup, its stdio the agent's pipes: `runsc run`,
+    /// or `runsc restore` from the checkpoint in `from`.
+    fn start(&self, from: Option<&Path>) -> Result<(Child, Channel), Error> {
+        let (to_agent_r, to_agent_w) = pipe()?;
+        let (from_agent_r, from_agent_w) = pipe()?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("runsc.stderr"))
+            .map_err(|e| Error::host("creating runsc's log", e))?;
+        let mut cmd = Command::new(self.runsc);
+        cmd.arg("--root")
+            .arg(self.dir.join("state"))
+            .arg(format!("--platform={}", self.platform.as_str()))
+            .args(["--network=none", "--ignore-cgroups"])
+            // The Sentry may connect to the host's Unix sockets bound in (the process
+            // keeper's; in proxy mode, the proxy's), root-only directories inside.
+            .arg("--host-uds=open")
+            // Proxy mode: iptables in the Sentry's netstack (the agent's redirections to
+            // the proxy) needs raw sockets; only the agent has CAP_NET_RAW.
+            .args(self.net_raw.then_some("--net-raw"));
+        match from {
+            None => cmd.arg("run"),
+            Some(image) => cmd.arg("restore").arg("--image-path").arg(image),
+        };
+        cmd.arg("--bundle")
+            .arg(self.dir)
+            .arg(self.id)
+            .stdin(Stdio::from(to_agent_r))
+            .stdout(Stdio::from(from_agent_w))
+            .stderr(Stdio::from(log))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        let procs = self.procs.clone();
+        // SAFETY: the closure runs between fork and exec: it only calls prctl, open,
+        // write and close on the prepared CStrings, all async-signal-safe, and allocates
+        // nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                // runsc (and through it the Sentry and the Gofer) dies with the thread
+                // that created the sandbox.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Into the sandbox's cgroup before runsc starts anything: the Sentry and
+                // the Gofer are born there.
+                for path in &procs {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                    if n != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let runsc = cmd.spawn().map_err(|e| Error::host("starting runsc", e))?;
+        drop(cmd);
+        let channel = Channel::new(to_agent_w, from_agent_r).map_err(|e| Error::host("agent pipes", e))?;
+        Ok((runsc, channel))
+    }
 }
 
 /// The pipes of `runsc run`'s stdio: ours, then the child's.
@@ -113,11 +199,15 @@ impl GvisorSandbox {
     /// Builds and boots a sandbox of `limits` (disk, memory, CPU), system directories
     /// from `rootfs`; `background`: its CPU share is the smallest until its first exec;
     /// `warm`: one `/bin/true` runs in it first (a pool's sandbox).
+    ///
+    /// `from`: a full snapshot (see [`Sandbox::checkpoint`]) it is restored from instead
+    /// of booted: its agent, programs, memory and files as they were.
     pub(crate) fn create(
         prepared: &Prepared,
         shape: &Shape,
         background: bool,
         warm: bool,
+        from: Option<&Path>,
     ) -> Result<GvisorSandbox, Error> {
         let limits = &shape.limits;
         check_memory(limits)?;
@@ -216,58 +306,16 @@ impl GvisorSandbox {
             .map_err(|e| Error::host("cgroup path", e))?;
         partial.cgroup = Some(cgroup);
 
-        let (to_agent_r, to_agent_w) = pipe()?;
-        let (from_agent_r, from_agent_w) = pipe()?;
-        let log = std::fs::File::create(dir.join("runsc.stderr"))
-            .map_err(|e| Error::host("creating runsc's log", e))?;
-        let mut cmd = Command::new(&prepared.runsc);
-        cmd.arg("--root")
-            .arg(dir.join("state"))
-            .arg(format!("--platform={}", prepared.platform.as_str()))
-            .args(["--network=none", "--ignore-cgroups"])
-            // The Sentry may connect to the host's Unix sockets bound in (the process
-            // keeper's; in proxy mode, the proxy's), root-only directories inside.
-            .arg("--host-uds=open")
-            // Proxy mode: iptables in the Sentry's netstack (the agent's redirections to
-            // the proxy) needs raw sockets; only the agent has CAP_NET_RAW.
-            .args(egress.is_some().then_some("--net-raw"))
-            .args(["run", "--bundle"])
-            .arg(&dir)
-            .arg(&id)
-            .stdin(Stdio::from(to_agent_r))
-            .stdout(Stdio::from(from_agent_w))
-            .stderr(Stdio::from(log))
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-        // SAFETY: the closure runs between fork and exec: it only calls prctl, open,
-        // write and close on the prepared CStrings, all async-signal-safe, and allocates
-        // nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                // runsc (and through it the Sentry and the Gofer) dies with the thread
-                // that created the sandbox.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // Into the sandbox's cgroup before runsc starts anything: the Sentry and
-                // the Gofer are born there.
-                for path in &procs {
-                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
-                    if n != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        let runsc = cmd.spawn().map_err(|e| Error::host("starting runsc", e))?;
-        drop(cmd);
-        let channel = Channel::new(to_agent_w, from_agent_r).map_err(|e| Error::host("agent pipes", e))?;
+        let launch = Launch {
+            runsc: &prepared.runsc,
+            platform: prepared.platform,
+            dir: &dir,
+            id: &id,
+            net_raw: egress.is_some(),
+            procs,
+        };
+        let (runsc, channel) = launch.start(from)?;
+        let launch_procs = launch.procs;
         let mut sandbox = GvisorSandbox {
             id,
             image: shape.image.is_some(),
@@ -285,8 +333,28 @@ impl GvisorSandbox {
             egress,
             platform: prepared.platform,
             procs: Some(hub),
+            procs_paths: launch_procs,
         };
         // From here on, dropping `sandbox` purges everything.
+        if from.is_some() {
+            // Restored: its process keeper connects to this sandbox's new socket; the
+            // programs it keeps are none of this sandbox's handles.
+            sandbox.send(&ToGvAgent::Reattach { orphan: true }, &[])?;
+            match sandbox.recv(Some(Instant::now() + BOOT_TIMEOUT), &[]) {
+                Ok(ToHost::Ok) => {}
+                Ok(other) => {
+                    return Err(Error::host(
+                        "restoring the gVisor sandbox",
+                        format!("unexpected {other:?}"),
+                    ));
+                }
+                Err(Error::Gone(reason)) => return Err(Error::host("restoring the gVisor sandbox", reason)),
+                Err(e) => return Err(e),
+            }
+            sandbox.background = background;
+            sandbox.setup = t0.elapsed();
+            return Ok(sandbox);
+        }
         // A sandbox that never came up is the host's failure (runsc refused the bundle,
         // the platform broke), not a sandbox that went away.
         match sandbox.recv(Some(Instant::now() + BOOT_TIMEOUT), &[]) {
@@ -435,11 +503,21 @@ impl GvisorSandbox {
     /// Runs `runsc <verb> <id>` on this sandbox's runsc state, bounded by
     /// [`RUNSC_CONTROL_TIMEOUT`]; its stderr is the error's text when it fails.
     fn runsc_control(&mut self, verb: &str) -> Result<(), Error> {
+        let id = self.id.clone();
+        self.runsc_command(&[verb.as_ref(), id.as_ref()], RUNSC_CONTROL_TIMEOUT)
+    }
+
+    /// Runs `runsc <args>` on this sandbox's runsc state, bounded by `timeout`; its
+    /// stderr is the error's text when it fails.
+    fn runsc_command(&mut self, args: &[&std::ffi::OsStr], timeout: Duration) -> Result<(), Error> {
+        let verb = args
+            .first()
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let mut child = Command::new(&self.runsc_path)
             .arg("--root")
             .arg(self.dir.join("state"))
-            .arg(verb)
-            .arg(&self.id)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -447,7 +525,7 @@ impl GvisorSandbox {
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .spawn()
             .map_err(|e| Error::host(format!("starting runsc {verb}"), e))?;
-        let deadline = Instant::now() + RUNSC_CONTROL_TIMEOUT;
+        let deadline = Instant::now() + timeout;
         let status = loop {
             match child.try_wait() {
                 Ok(Some(status)) => break status,
@@ -457,7 +535,7 @@ impl GvisorSandbox {
                     let _ = child.wait();
                     self.kill();
                     return Err(Error::Gone(format!(
-                        "runsc {verb} did not answer within {RUNSC_CONTROL_TIMEOUT:?}: the sandbox was killed"
+                        "runsc {verb} did not answer within {timeout:?}: the sandbox was killed"
                     )));
                 }
                 Err(e) => return Err(Error::host(format!("waiting for runsc {verb}"), e)),
@@ -474,10 +552,16 @@ impl GvisorSandbox {
         if !self.is_alive_now() {
             return Err(Error::Gone(self.gone_reason()));
         }
-        Err(Error::host(
-            format!("runsc {verb}"),
-            format!("{status}: {}", err.trim()),
-        ))
+        // Its first line says why (a Go panic's stack follows it).
+        let why: String = err
+            .trim()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take(2000)
+            .collect();
+        Err(Error::host(format!("runsc {verb}"), format!("{status}: {why}")))
     }
 
     /// Whether runsc still runs (the sandbox is not gone).
@@ -1086,20 +1170,89 @@ impl Sandbox for GvisorSandbox {
         }
     }
 
-    /// `Ok(false)`: this runsc (release 20221219, ptrace platform) cannot save an
-    /// airlock sandbox. `runsc checkpoint` fails to encode the Sentry's end of a
-    /// connection to a host Unix socket (`--host-uds=open`): the process keeper's
-    /// control connection is one, each spawned program's stdio and each relayed port
-    /// connection are others (proxy mode's relay too). It fails with "encoding error at
-    /// object transport.connectionedEndpoint{... receiver:(*transport.SCMConnectedEndpoint)
-    /// ...}: runtime error: invalid memory address or nil pointer dereference", and the
-    /// sandbox is gone after it, `--leave-running` or not (measured: a sandbox with no
-    /// such connection checkpoints in 0.12 s and restores to its agent's first answer
-    /// in 0.15 s, over new stdio pipes; but `--leave-running` then fails with
-    /// "destroying container: stopping container: context deadline exceeded" and the
-    /// original is gone too). So a gVisor snapshot holds files only.
-    fn checkpoint(&mut self, _dir: &std::path::Path) -> Result<bool, Error> {
-        Ok(false)
+    /// `runsc checkpoint` into `dir` (one file, [`CHECKPOINT_FILE`]: the Sentry's state
+    /// with the sandbox's memory, tmpfs included), then `runsc restore` of it in place,
+    /// since this runsc's `--leave-running` does not work ("destroying container:
+    /// stopping container: context deadline exceeded", and the sandbox is gone).
+    ///
+    /// runsc cannot save a connection to a host Unix socket ("encoding error at object
+    /// transport.connectionedEndpoint{... (*transport.SCMConnectedEndpoint) ...}: runtime
+    /// error: invalid memory address or nil pointer dereference", and the sandbox dies):
+    /// first the agent's process keeper drops every one it holds (see
+    /// [`crate::procs`]). So spawned programs run on, but their handles from before the
+    /// checkpoint lose their streams (output from then on is dropped; `wait` and
+    /// `signal` still work); port connections end. Refused (nothing done) while a
+    /// program with a terminal runs or the sandbox is paused. A connection through the
+    /// egress proxy open at that moment makes runsc fail: the sandbox is gone then.
+    fn checkpoint(&mut self, dir: &Path) -> Result<bool, Error> {
+        self.check_usable()?;
+        let Some(hub) = self.procs.as_ref() else {
+            return Err(Error::Gone("the gVisor sandbox is gone".into()));
+        };
+        hub.detach()?;
+        let image = dir.as_os_str().to_owned();
+        let id = self.id.clone();
+        let saved = self.runsc_command(
+            &[
+                "checkpoint".as_ref(),
+                "--image-path".as_ref(),
+                image.as_os_str(),
+                id.as_ref(),
+            ],
+            CHECKPOINT_TIMEOUT,
+        );
+        // `runsc run` ends with the sandbox, saved or not.
+        let deadline = Instant::now() + RUNSC_CONTROL_TIMEOUT;
+        while matches!(self.runsc.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Err(e) = saved {
+            self.kill();
+            let _ = self.runsc.wait();
+            return Err(match e {
+                Error::Gone(reason) => Error::Gone(reason),
+                e => Error::Gone(format!("the gVisor sandbox is gone: its checkpoint failed ({e})")),
+            });
+        }
+        if matches!(self.runsc.try_wait(), Ok(None)) {
+            self.kill();
+            let _ = self.runsc.wait();
+            return Err(Error::Gone(
+                "the gVisor sandbox is gone: runsc did not end after its checkpoint".into(),
+            ));
+        }
+        // The same sandbox again, from what was just saved.
+        let launch = Launch {
+            runsc: &self.runsc_path,
+            platform: self.platform,
+            dir: &self.dir,
+            id: &self.id,
+            net_raw: self.egress.is_some(),
+            procs: self.procs_paths.clone(),
+        };
+        let started = launch.start(Some(dir));
+        let (runsc, channel) = match started {
+            Ok(started) => started,
+            Err(e) => {
+                self.kill();
+                return Err(e);
+            }
+        };
+        self.runsc = runsc;
+        self.channel = channel;
+        self.alive = true;
+        // Its keeper connects again; the programs it keeps are still this sandbox's.
+        self.send(&ToGvAgent::Reattach { orphan: false }, &[])?;
+        match self.recv(Some(Instant::now() + BOOT_TIMEOUT), &[])? {
+            ToHost::Ok => Ok(true),
+            other => {
+                self.kill();
+                Err(Error::host(
+                    "restoring the gVisor sandbox after its checkpoint",
+                    format!("unexpected answer {other:?}"),
+                ))
+            }
+        }
     }
 
     fn ports(&self) -> Option<std::sync::Arc<dyn airlock_backend::PortConnector>> {

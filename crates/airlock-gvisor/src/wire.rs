@@ -28,6 +28,14 @@ pub enum ToGvAgent {
         /// True for the last part.
         last: bool,
     },
+    /// The sandbox was just restored from a checkpoint (its stdio are new pipes): the
+    /// process keeper, detached before the checkpoint, connects to the host's socket
+    /// again. Answered by `Ok`.
+    Reattach {
+        /// The host is a new one (a sandbox restored from a snapshot), which never
+        /// started the programs running here: their ends are not reported to it.
+        orphan: bool,
+    },
 }
 
 /// Any request the gVisor agent reads.
@@ -53,6 +61,7 @@ mod tests {
             }),
             GvRequest::Gv(ToGvAgent::ExportFiles),
             GvRequest::Gv(ToGvAgent::ImportFiles { last: true }),
+            GvRequest::Gv(ToGvAgent::Reattach { orphan: true }),
         ] {
             let json = serde_json::to_string(&req).unwrap();
             assert_eq!(serde_json::from_str::<GvRequest>(&json).unwrap(), req, "{json}");

@@ -1,6 +1,7 @@
 //! Snapshots on the gVisor tier (issue 17) with the real runsc, run as root: pause and
-//! resume, full snapshots (which this runsc cannot take of airlock's sandboxes: see
-//! `GvisorSandbox::checkpoint`). Each test skips, saying why, where gVisor cannot run.
+//! resume, full snapshots (checkpoint, restore, forks), each exec's changeset, and the
+//! writable filesystem exported and imported as tar. Each test skips, saying why, where
+//! gVisor cannot run.
 
 use airlock_backend::{Backend, Capture, ErrorKind, Purpose, Sandbox, Shape};
 use airlock_gvisor::{GvisorBackend, GvisorOptions};
@@ -103,6 +104,9 @@ fn pause_stops_progress_and_resume_continues() {
         "refusals took {:?}",
         t.elapsed()
     );
+    let dir = tempfile::tempdir().unwrap();
+    let e = sb.checkpoint(dir.path()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
     assert!(sb.is_alive());
 
     let t = Instant::now();
@@ -123,22 +127,126 @@ fn pause_stops_progress_and_resume_continues() {
     spawned.handle.signal(9).unwrap();
 }
 
+/// What the heartbeat program last wrote: its random seed (drawn once, kept in its
+/// memory) and its count.
+fn beat(sb: &mut Box<dyn Sandbox>) -> (String, u64) {
+    for _ in 0..100 {
+        let r = sb
+            .exec(&sh("cat /tmp/beat 2>/dev/null"), &mut Capture, &[])
+            .unwrap();
+        if let Some((seed, n)) = r.stdout.split_once(' ')
+            && let Ok(n) = n.trim().parse()
+        {
+            return (seed.to_owned(), n);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no heartbeat");
+}
+
+const HEARTBEAT: &str = "import os, time\nseed = os.urandom(8).hex()\nn = 0\nwhile True:\n    n += 1\n    open('/tmp/beat.new', 'w').write(f'{seed} {n}')\n    os.rename('/tmp/beat.new', '/tmp/beat')\n    time.sleep(0.05)\n";
+
 #[test]
-fn a_gvisor_sandbox_takes_filesystem_snapshots_only() {
+fn a_full_snapshot_restores_sandboxes_whose_programs_run_on_with_their_memory() {
+    let Some(b) = backend() else { return };
+    let shape = Shape::of(&sh("true"));
+    let mut sb = b.create(&shape, Purpose::Session).unwrap();
+    sb.write_file("note.txt", 0o644, b"before", &[]).unwrap();
+    let heart = sb
+        .spawn(
+            &Spec::new(vec!["python3".into(), "-c".into(), HEARTBEAT.into()]),
+            airlock_backend::Stdio::Pipes,
+        )
+        .unwrap();
+    let (seed, _) = beat(&mut sb);
+    let r = sb.exec(&sh("true"), &mut Capture, &[]).unwrap();
+    eprintln!(
+        "the original: memory peak during an exec {} MiB",
+        r.memory_peak_bytes >> 20
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    assert!(b.checkpoints());
+    assert!(sb.checkpoint(dir.path()).unwrap());
+    let checkpointed = t.elapsed();
+    let image: u64 = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let (seed0, n0) = beat(&mut sb);
+
+    // The sandbox runs on: the same program (its seed), still counting; its handle
+    // still signals and waits; new programs start.
+    assert_eq!(seed0, seed);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(beat(&mut sb).1 > n0);
+    let echo = sb.spawn(&sh("echo 8"), airlock_backend::Stdio::Pipes).unwrap();
+    assert_eq!(lines_within(&echo.stdout, Duration::from_millis(1000)), [8]);
+
+    // Two sandboxes from one snapshot (a fork): each has the program, its memory, the
+    // files; each goes its own way.
+    let mut forks = Vec::new();
+    for i in 0..2 {
+        let t = Instant::now();
+        let mut f = b.restore(&shape, dir.path(), Purpose::Session).unwrap();
+        let restored = t.elapsed();
+        let (s, n) = beat(&mut f);
+        assert_eq!(s, seed, "the restored program is the one that ran (its memory)");
+        let r = f
+            .exec(&sh("cat note.txt; echo fork > mine.txt"), &mut Capture, &[])
+            .unwrap();
+        assert_eq!(r.stdout, "before", "{r:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(beat(&mut f).1 > n, "the restored program runs on");
+        let r = f
+            .exec(&sh("cat /proc/meminfo | head -0"), &mut Capture, &[])
+            .unwrap();
+        eprintln!(
+            "restore {i}: {restored:?}, memory peak during an exec {} MiB",
+            r.memory_peak_bytes >> 20
+        );
+        // It spawns programs of its own.
+        let p = f.spawn(&sh("echo 7"), airlock_backend::Stdio::Pipes).unwrap();
+        assert_eq!(lines_within(&p.stdout, Duration::from_millis(1000)), [7]);
+        forks.push(f);
+    }
+    // The snapshot's directory may go once the restores returned.
+    drop(dir);
+    let r = forks[1].exec(&sh("ls"), &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "mine.txt\nnote.txt\n");
+    forks[0]
+        .exec(&sh("rm mine.txt; echo zero > zero.txt"), &mut Capture, &[])
+        .unwrap();
+    let r = forks[1].exec(&sh("ls"), &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "mine.txt\nnote.txt\n", "forks share no files");
+    eprintln!("checkpoint (and restore in place) {checkpointed:?}, image {image} bytes");
+    heart.handle.signal(9).unwrap();
+    let exit = heart.handle.wait(&[]).unwrap();
+    eprintln!("heartbeat ended: {exit:?}");
+}
+
+#[test]
+fn a_checkpoint_is_refused_while_a_terminal_program_runs_and_the_sandbox_goes_on() {
     let Some(b) = backend() else { return };
     let mut sb = session(b);
+    let term = sb
+        .spawn(
+            &sh("sleep 1000"),
+            airlock_backend::Stdio::Terminal { rows: 24, cols: 80 },
+        )
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    // runsc 20221219 cannot save a sandbox holding connections to the host's Unix
-    // sockets (see `GvisorSandbox::checkpoint`): the tier says so and writes nothing.
-    assert!(!sb.checkpoint(dir.path()).unwrap());
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    // The sandbox runs on.
+    let e = sb.checkpoint(dir.path()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(e.to_string().contains("terminal"), "{e}");
     let r = sb.exec(&sh("echo on"), &mut Capture, &[]).unwrap();
     assert_eq!(r.stdout, "on\n");
-    let Err(e) = b.restore(&Shape::of(&sh("true")), dir.path(), Purpose::Session) else {
-        panic!("a gVisor sandbox was restored from an empty directory");
-    };
-    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    term.handle.signal(9).unwrap();
+    let e = b
+        .restore(&Shape::of(&sh("true")), dir.path(), Purpose::Session)
+        .err()
+        .map(|e| e.kind());
+    assert_eq!(e, Some(ErrorKind::Invalid));
 }
 
 /// `(path, change, kind, bytes)` of a result's changeset.

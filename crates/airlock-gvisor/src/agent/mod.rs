@@ -15,6 +15,7 @@ mod exec;
 mod files;
 mod jobs;
 mod procs;
+mod pump;
 mod ready;
 pub(crate) mod relay;
 mod snapshot;
@@ -165,6 +166,7 @@ pub fn serve() -> Result<(), String> {
         egress: None,
         jobs: None,
         changes_in: None,
+        keeper: None,
     };
     // SAFETY: a second handle on fd 0 for buffered reads; `port.input` keeps the fd open
     // for as long as `reader` lives (both end with this function), and `reader` is the
@@ -187,6 +189,13 @@ pub fn serve() -> Result<(), String> {
             GvRequest::Gv(ToGvAgent::ChangesIn { roots }) => {
                 state.changes_in = Some(roots);
                 Ok(())
+            }
+            GvRequest::Gv(ToGvAgent::Reattach { orphan }) => {
+                if let Some(keeper) = state.keeper {
+                    let signal = if orphan { Signal::SIGUSR2 } else { Signal::SIGUSR1 };
+                    let _ = nix::sys::signal::kill(keeper, signal);
+                }
+                port.send(&ToHost::Ok, &[])
             }
             GvRequest::Gv(ToGvAgent::ExportFiles) if !state.created => port.error("no sandbox"),
             GvRequest::Gv(ToGvAgent::ExportFiles) => snapshot::export(&port),
@@ -296,6 +305,8 @@ struct State {
     jobs: Option<jobs::Jobs>,
     /// Where the next exec's changeset looks (`ChangesIn`, sent before its `Exec`).
     changes_in: Option<Vec<String>>,
+    /// The process keeper, when it runs.
+    keeper: Option<nix::unistd::Pid>,
 }
 
 impl State {
@@ -330,8 +341,9 @@ impl State {
                 // its socket; without it, spawning and ports answer that they cannot.
                 match jobs::Jobs::setup(Path::new(scratch())) {
                     Ok(jobs) => {
-                        if let Err(e) = procs::fork_keeper(&self.seccomp, self.limits.disk_bytes, &jobs) {
-                            eprintln!("airlock gVisor agent: the process keeper: {e}");
+                        match procs::fork_keeper(&self.seccomp, self.limits.disk_bytes, &jobs) {
+                            Ok(pid) => self.keeper = pid,
+                            Err(e) => eprintln!("airlock gVisor agent: the process keeper: {e}"),
                         }
                         self.jobs = Some(jobs);
                     }
