@@ -313,6 +313,10 @@ impl Backend for GvisorBackend {
     fn restore(&self, shape: &Shape, dir: &Path, purpose: Purpose) -> Result<Box<dyn Sandbox>, Error> {
         self.check_shape(shape)?;
         let prepared = self.prepared()?;
+        crate::sandbox::SnapshotInfo::check(
+            dir,
+            &crate::sandbox::SnapshotInfo::of(prepared.platform, shape),
+        )?;
         if !dir.join(crate::sandbox::CHECKPOINT_FILE).is_file() {
             return Err(Error::invalid(
                 "snapshot",

@@ -108,6 +108,90 @@ pub struct GvisorSandbox {
     procs: Option<crate::process::Hub>,
     /// The `cgroup.procs` files runsc is started in (again, after a checkpoint).
     procs_paths: Vec<CString>,
+    /// What a restore from its snapshots must build alike.
+    snapshot_info: SnapshotInfo,
+}
+
+/// Written beside a checkpoint ([`SNAPSHOT_INFO_FILE`]): what a sandbox restored from
+/// it must have as the checkpointed one had, or runsc cannot restore it (the same
+/// mounts, the same platform) or it would not be what it claims (the disk's size is
+/// the checkpointed tmpfs's).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SnapshotInfo {
+    platform: String,
+    disk_bytes: u64,
+    /// The image's digest.
+    image: Option<String>,
+    rootfs: Option<PathBuf>,
+    /// Proxy mode (the egress mounts and the agent's relay).
+    proxy: bool,
+}
+
+/// The file [`SnapshotInfo`] is written to.
+pub(crate) const SNAPSHOT_INFO_FILE: &str = "airlock-gvisor.json";
+
+impl SnapshotInfo {
+    pub(crate) fn of(platform: crate::Platform, shape: &Shape) -> SnapshotInfo {
+        SnapshotInfo {
+            platform: platform.as_str().to_owned(),
+            disk_bytes: shape.limits.disk_bytes,
+            image: shape.image.as_ref().map(|i| i.digest.clone()),
+            rootfs: shape.rootfs.clone(),
+            proxy: matches!(shape.network, NetworkPolicy::Proxy(_)),
+        }
+    }
+
+    /// Refuses to restore the snapshot in `dir` as a sandbox of `wanted`.
+    pub(crate) fn check(dir: &Path, wanted: &SnapshotInfo) -> Result<(), Error> {
+        let path = dir.join(SNAPSHOT_INFO_FILE);
+        let text = std::fs::read(&path).map_err(|e| {
+            Error::invalid(
+                "snapshot",
+                format!("{} holds no gVisor checkpoint ({e})", dir.display()),
+            )
+        })?;
+        let had: SnapshotInfo = serde_json::from_slice(&text)
+            .map_err(|e| Error::invalid("snapshot", format!("{}: {e}", path.display())))?;
+        let differs = |field: &str, had: String, wanted: String| {
+            Err(Error::invalid(
+                field,
+                format!(
+                    "the snapshot's sandbox had {had}, this one would have {wanted}: a full snapshot restores only as the sandbox it was"
+                ),
+            ))
+        };
+        if had.platform != wanted.platform {
+            return differs(
+                "snapshot",
+                format!("the {} platform", had.platform),
+                format!("the {} platform", wanted.platform),
+            );
+        }
+        if had.disk_bytes != wanted.disk_bytes {
+            return differs(
+                "limits.disk_bytes",
+                airlock_spec::format_size(had.disk_bytes),
+                airlock_spec::format_size(wanted.disk_bytes),
+            );
+        }
+        if had.image != wanted.image {
+            let name = |i: &Option<String>| i.clone().unwrap_or_else(|| "no image".into());
+            return differs("image", name(&had.image), name(&wanted.image));
+        }
+        if had.rootfs != wanted.rootfs {
+            let name = |r: &Option<PathBuf>| {
+                r.as_ref().map_or("the host's system directories".into(), |r| {
+                    r.display().to_string()
+                })
+            };
+            return differs("rootfs", name(&had.rootfs), name(&wanted.rootfs));
+        }
+        if had.proxy != wanted.proxy {
+            let name = |p: bool| if p { "the proxy network" } else { "no network" }.to_owned();
+            return differs("network", name(had.proxy), name(wanted.proxy));
+        }
+        Ok(())
+    }
 }
 
 /// How `runsc run` (or `runsc restore`) is started for a sandbox.
@@ -319,6 +403,7 @@ impl GvisorSandbox {
         let mut sandbox = GvisorSandbox {
             id,
             image: shape.image.is_some(),
+            snapshot_info: SnapshotInfo::of(prepared.platform, shape),
             runsc,
             runsc_path: prepared.runsc.clone(),
             paused: None,
@@ -1221,6 +1306,12 @@ impl Sandbox for GvisorSandbox {
                 "the gVisor sandbox is gone: runsc did not end after its checkpoint".into(),
             ));
         }
+        let info = serde_json::to_vec(&self.snapshot_info)
+            .map_err(|e| Error::host("encoding the snapshot's description", e));
+        let written = info.and_then(|info| {
+            std::fs::write(dir.join(SNAPSHOT_INFO_FILE), info)
+                .map_err(|e| Error::host(format!("writing {}", dir.join(SNAPSHOT_INFO_FILE).display()), e))
+        });
         // The same sandbox again, from what was just saved.
         let launch = Launch {
             runsc: &self.runsc_path,
@@ -1244,7 +1335,8 @@ impl Sandbox for GvisorSandbox {
         // Its keeper connects again; the programs it keeps are still this sandbox's.
         self.send(&ToGvAgent::Reattach { orphan: false }, &[])?;
         match self.recv(Some(Instant::now() + BOOT_TIMEOUT), &[])? {
-            ToHost::Ok => Ok(true),
+            // It runs on either way; a snapshot without its description is no snapshot.
+            ToHost::Ok => written.map(|()| true),
             other => {
                 self.kill();
                 Err(Error::host(

@@ -210,6 +210,14 @@ fn a_full_snapshot_restores_sandboxes_whose_programs_run_on_with_their_memory() 
         assert_eq!(lines_within(&p.stdout, Duration::from_millis(1000)), [7]);
         forks.push(f);
     }
+    // Only as the sandbox it was.
+    let mut bigger = shape.clone();
+    bigger.limits.disk_bytes *= 2;
+    let Err(e) = b.restore(&bigger, dir.path(), Purpose::Session) else {
+        panic!("restored with another disk");
+    };
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(e.to_string().contains("limits.disk_bytes"), "{e}");
     // The snapshot's directory may go once the restores returned.
     drop(dir);
     let r = forks[1].exec(&sh("ls"), &mut Capture, &[]).unwrap();
@@ -506,4 +514,52 @@ fn a_paused_sandbox_is_purged_when_dropped() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "", "left behind");
+}
+
+#[test]
+fn in_proxy_mode_a_snapshot_and_its_restores_still_reach_the_proxy() {
+    use std::io::Write;
+    let Some(b) = backend() else { return };
+    // A web server on the host's loopback, allowed by the policy's allow_cidrs.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in server.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ =
+                conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nhello\n");
+        }
+    });
+    let fetch = Spec::new(vec![
+        "python3".into(),
+        "-c".into(),
+        format!(
+            "import socket\ns = socket.create_connection(('127.0.0.1', 3128), timeout=10)\ns.sendall(b'GET http://127.0.0.1:{port}/ HTTP/1.1\\r\\nHost: 127.0.0.1:{port}\\r\\nConnection: close\\r\\n\\r\\n')\ndata = b''\nwhile True:\n    c = s.recv(4096)\n    if not c: break\n    data += c\nprint(data.decode().splitlines()[0])\n"
+        ),
+    ]);
+    let mut shape_spec = sh("true");
+    shape_spec.network = airlock_spec::NetworkPolicy::Proxy(airlock_spec::ProxyPolicy {
+        allow: vec![],
+        allow_cidrs: vec!["127.0.0.1/32".into()],
+        ..airlock_spec::ProxyPolicy::default()
+    });
+    let shape = Shape::of(&shape_spec);
+    let mut sb = b.create(&shape, Purpose::Session).unwrap();
+    let ok = |sb: &mut Box<dyn Sandbox>| {
+        let r = sb.exec(&fetch, &mut Capture, &[]).unwrap();
+        assert_eq!(r.stdout, "HTTP/1.1 200 OK\n", "{r:?}");
+    };
+    ok(&mut sb);
+    let dir = tempfile::tempdir().unwrap();
+    assert!(sb.checkpoint(dir.path()).unwrap());
+    ok(&mut sb);
+    let mut restored = b.restore(&shape, dir.path(), Purpose::Session).unwrap();
+    ok(&mut restored);
+    // Not as a sandbox without the network it had.
+    let Err(e) = b.restore(&Shape::of(&sh("true")), dir.path(), Purpose::Session) else {
+        panic!("restored without its network");
+    };
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
 }
