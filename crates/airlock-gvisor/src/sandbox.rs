@@ -1255,8 +1255,9 @@ impl Sandbox for GvisorSandbox {
         }
     }
 
-    /// `runsc checkpoint` into `dir` (one file, [`CHECKPOINT_FILE`]: the Sentry's state
-    /// with the sandbox's memory, tmpfs included), then `runsc restore` of it in place,
+    /// `runsc checkpoint` into `dir` (`checkpoint.img`: the Sentry's state
+    /// with the sandbox's memory, tmpfs included; and `airlock-gvisor.json`, what a
+    /// restore must build alike), then `runsc restore` of it in place,
     /// since this runsc's `--leave-running` does not work ("destroying container:
     /// stopping container: context deadline exceeded", and the sandbox is gone).
     ///

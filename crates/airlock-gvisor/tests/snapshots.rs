@@ -228,9 +228,13 @@ fn a_full_snapshot_restores_sandboxes_whose_programs_run_on_with_their_memory() 
     let r = forks[1].exec(&sh("ls"), &mut Capture, &[]).unwrap();
     assert_eq!(r.stdout, "mine.txt\nnote.txt\n", "forks share no files");
     eprintln!("checkpoint (and restore in place) {checkpointed:?}, image {image} bytes");
-    heart.handle.signal(9).unwrap();
-    let exit = heart.handle.wait(&[]).unwrap();
-    eprintln!("heartbeat ended: {exit:?}");
+    // The handle from before the checkpoint still reaches its program, and hears how
+    // it ended (a closed hub would answer SIGKILL).
+    heart.handle.signal(libc::SIGTERM).unwrap();
+    assert_eq!(
+        heart.handle.wait(&[]).unwrap(),
+        airlock_backend::Exit::Signal(libc::SIGTERM)
+    );
 }
 
 #[test]
@@ -562,4 +566,36 @@ fn in_proxy_mode_a_snapshot_and_its_restores_still_reach_the_proxy() {
         panic!("restored without its network");
     };
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+}
+
+#[path = "../../airlock-sandbox/tests/common/image.rs"]
+mod image;
+
+#[test]
+fn a_sandbox_of_an_image_is_restored_with_its_image() {
+    let Some(b) = backend() else { return };
+    let tree_dir = tempfile::tempdir().unwrap();
+    let tree = image::make(tree_dir.path());
+    let mut shape = Shape::of(&sh("true"));
+    shape.image = Some(airlock_backend::ImageRoot {
+        digest: "sha256:snap".into(),
+        root: tree,
+    });
+    let mut sb = b.create(&shape, Purpose::Session).unwrap();
+    sb.write_file("w.txt", 0o644, b"kept", &[]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    assert!(sb.checkpoint(dir.path()).unwrap());
+    let mut restored = b.restore(&shape, dir.path(), Purpose::Session).unwrap();
+    let r = restored
+        .exec(&sh("cat /opt/hello.txt /workspace/w.txt"), &mut Capture, &[])
+        .unwrap();
+    assert_eq!(r.stdout, "hello from the image\nkept", "{r:?}");
+    // Not as a sandbox of another image.
+    let mut other = shape.clone();
+    other.image.as_mut().unwrap().digest = "sha256:other".into();
+    let Err(e) = b.restore(&other, dir.path(), Purpose::Session) else {
+        panic!("restored with another image");
+    };
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(e.to_string().contains("image"), "{e}");
 }

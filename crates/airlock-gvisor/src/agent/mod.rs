@@ -6,7 +6,9 @@
 //! which are pipes from airlock on the host, and serves the same requests: `Create`
 //! mounts the sandbox's disk and forks the ready child; `Exec` hands a command to the
 //! ready child and supervises it (deadline, output caps, cancel) until every process of
-//! the exec is gone; files are written, read and listed under /workspace.
+//! the exec is gone; files are written, read and listed under /workspace. Beside those
+//! it serves the requests of [`crate::wire`]: an exec's changeset roots, the writable
+//! filesystem out and in as tar, and the process keeper's reconnection after a restore.
 //!
 //! It runs single-threaded whenever it forks (the stdin feeder thread of an exec is
 //! joined before the next ready child is forked), so the child may allocate.
