@@ -65,19 +65,20 @@ impl Pumps {
         Ok(())
     }
 
-    /// What to poll: each copy waits on its source while its buffer is empty, on its
-    /// destination while it is not.
+    /// What to poll, one entry per copy: each waits on its source while its buffer is
+    /// empty, on its destination while it is not. (A copy with neither end open is
+    /// never kept: `service`, `detach` and `ended` remove it.)
     pub fn poll_fds(&self) -> Vec<PollFd<'_>> {
         self.pumps
             .iter()
-            .map(|p| {
+            .filter_map(|p| {
                 let pending = p.start < p.buf.len();
                 match (&p.from, &p.to) {
-                    (_, Some(to)) if pending => PollFd::new(to.as_fd(), PollFlags::POLLOUT),
-                    (Some(from), _) => PollFd::new(from.as_fd(), PollFlags::POLLIN),
-                    // Ended and flushed: removed at the next `service`.
-                    (None, Some(to)) => PollFd::new(to.as_fd(), PollFlags::empty()),
-                    (None, None) => unreachable!("a pump with neither end is removed"),
+                    (_, Some(to)) if pending => Some(PollFd::new(to.as_fd(), PollFlags::POLLOUT)),
+                    (Some(from), _) => Some(PollFd::new(from.as_fd(), PollFlags::POLLIN)),
+                    // Ended and flushed: polled for nothing, removed at the next `service`.
+                    (None, Some(to)) => Some(PollFd::new(to.as_fd(), PollFlags::empty())),
+                    (None, None) => None,
                 }
             })
             .collect()
@@ -86,7 +87,11 @@ impl Pumps {
     /// Copies what can be copied now without blocking; `ready[i]` says whether copy
     /// `i` (in [`Pumps::poll_fds`]'s order) had an event.
     pub fn service(&mut self, ready: &[bool]) {
-        for (p, &ready) in self.pumps.iter_mut().zip(ready) {
+        let polled = self
+            .pumps
+            .iter_mut()
+            .filter(|p| p.from.is_some() || p.to.is_some());
+        for (p, &ready) in polled.zip(ready) {
             if ready {
                 p.step();
             }
