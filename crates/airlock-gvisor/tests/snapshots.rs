@@ -599,3 +599,39 @@ fn a_sandbox_of_an_image_is_restored_with_its_image() {
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
     assert!(e.to_string().contains("image"), "{e}");
 }
+
+#[test]
+fn changes_made_between_execs_are_no_execs_changes() {
+    let Some(b) = backend() else { return };
+    let mut sb = session(b);
+    let r = sb.exec(&sh("echo a > a.txt"), &mut Capture, &[]).unwrap();
+    assert_eq!(changes(&r), [ch("/workspace/a.txt", "created", "file", 2)]);
+    // A file the host writes.
+    sb.write_file("host.txt", 0o644, b"h", &[]).unwrap();
+    let r = sb.exec(&sh("true"), &mut Capture, &[]).unwrap();
+    assert_eq!(changes(&r), []);
+    // A program spawned between execs, ended before the next.
+    let p = sb
+        .spawn(&sh("echo bg > bg.txt; rm a.txt"), airlock_backend::Stdio::Pipes)
+        .unwrap();
+    assert_eq!(p.handle.wait(&[]).unwrap(), airlock_backend::Exit::Code(0));
+    let r = sb.exec(&sh("echo c > c.txt"), &mut Capture, &[]).unwrap();
+    assert_eq!(changes(&r), [ch("/workspace/c.txt", "created", "file", 2)]);
+    // One still running between execs.
+    let p = sb
+        .spawn(&sh("sleep 0.5; echo late > late.txt; sleep 1000"), airlock_backend::Stdio::Pipes)
+        .unwrap();
+    let r = sb.exec(&sh("true"), &mut Capture, &[]).unwrap();
+    assert_eq!(changes(&r), []);
+    std::thread::sleep(Duration::from_millis(1500));
+    let r = sb.exec(&sh("echo d > d.txt"), &mut Capture, &[]).unwrap();
+    assert_eq!(changes(&r), [ch("/workspace/d.txt", "created", "file", 2)]);
+    p.handle.signal(9).unwrap();
+    // Files imported.
+    let mut tar = Vec::new();
+    sb.export_files(&mut tar, &[]).unwrap();
+    sb.exec(&sh("echo e > e.txt"), &mut Capture, &[]).unwrap();
+    sb.import_files(&mut tar.as_slice(), &[]).unwrap();
+    let r = sb.exec(&sh("true"), &mut Capture, &[]).unwrap();
+    assert_eq!(changes(&r), []);
+}

@@ -169,6 +169,7 @@ pub fn serve() -> Result<(), String> {
         jobs: None,
         changes_in: None,
         keeper: None,
+        kept: snapshot::Kept::default(),
     };
     // SAFETY: a second handle on fd 0 for buffered reads; `port.input` keeps the fd open
     // for as long as `reader` lives (both end with this function), and `reader` is the
@@ -203,6 +204,7 @@ pub fn serve() -> Result<(), String> {
             GvRequest::Gv(ToGvAgent::ExportFiles) => snapshot::export(&port),
             // The import reads its further parts from the port itself, as it unpacks.
             GvRequest::Gv(ToGvAgent::ImportFiles { last }) => {
+                state.kept.forget();
                 if state.created {
                     snapshot::import(&port, &mut reader, frame.payload, last)
                 } else {
@@ -309,6 +311,8 @@ struct State {
     changes_in: Option<Vec<String>>,
     /// The process keeper, when it runs.
     keeper: Option<nix::unistd::Pid>,
+    /// The last exec's changeset scan, while it still holds.
+    kept: snapshot::Kept,
 }
 
 impl State {
@@ -365,6 +369,7 @@ impl State {
                 first,
                 last,
             } => {
+                self.kept.forget();
                 if first || self.file.is_none() {
                     let failed = if !self.created {
                         Some("no sandbox: send create first")
@@ -464,14 +469,30 @@ impl State {
                     // `pids` processes in all, as in the other tiers.
                     nproc: u64::from(limits.pids.saturating_sub(1).max(1)),
                 };
-                // The changeset's first scan, before the program starts; the second once
-                // every process of the exec is gone.
-                let before = snapshot::before(&changes_in);
+                // The changeset's first scan, before the program starts (the last exec's
+                // scan after it, unless a spawned program may have changed the files
+                // since); the second once every process of the exec is gone.
+                let fresh = self
+                    .jobs
+                    .as_ref()
+                    .is_some_and(|j| !j.programs_running() && j.programs_started() == self.kept.programs);
+                let before = snapshot::before(&changes_in, &mut self.kept, fresh);
                 let outcome = exec::run(child, request, stdin, &limits, &self.sigchld, port, pending);
                 let answered = match outcome {
                     exec::Ran::Result(mut r) => {
                         if let Some(before) = before {
-                            (r.files_changed, r.files_changed_truncated) = snapshot::after(before);
+                            // What may write files while the scan runs is looked at first:
+                            // a program spawned from here on makes the next exec scan.
+                            let (started, running) = self
+                                .jobs
+                                .as_ref()
+                                .map_or((0, true), |j| (j.programs_started(), j.programs_running()));
+                            self.kept.programs = started;
+                            (r.files_changed, r.files_changed_truncated) =
+                                snapshot::after(before, &mut self.kept);
+                            if running {
+                                self.kept.forget();
+                            }
                         }
                         port.send(&ToHost::Exited { result: r }, &[])
                     }
