@@ -1161,11 +1161,17 @@ impl Sandbox for GvisorSandbox {
     /// /dev/shm) in frames of 64 KiB, copied to `out` as they come.
     fn export_files(&mut self, out: &mut dyn std::io::Write, cancel: &[BorrowedFd<'_>]) -> Result<(), Error> {
         self.check_usable()?;
+        if poll_any(cancel) {
+            return Err(Error::Cancelled);
+        }
         self.send(&ToGvAgent::ExportFiles, &[])?;
         // Once cancelled (or once `out` fails), the rest of the stream is read and
         // dropped: the channel must be at a frame boundary for the next request.
         let mut stopped: Option<Error> = None;
         loop {
+            if stopped.is_none() && poll_any(cancel) {
+                stopped = Some(Error::Cancelled);
+            }
             let watch: &[BorrowedFd<'_>] = if stopped.is_some() { &[] } else { cancel };
             let frame = match self.recv_frame(Some(Instant::now() + REQUEST_TIMEOUT), watch) {
                 Err(Error::Cancelled) => {
@@ -1210,6 +1216,11 @@ impl Sandbox for GvisorSandbox {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<(), Error> {
         self.check_usable()?;
+        // Cancelled before it started: nothing is sent (an empty stream would clear the
+        // disk).
+        if poll_any(cancel) {
+            return Err(Error::Cancelled);
+        }
         let mut buf = vec![0u8; CHUNK];
         let mut failed: Option<Error> = None;
         loop {

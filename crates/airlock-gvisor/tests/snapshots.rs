@@ -619,7 +619,10 @@ fn changes_made_between_execs_are_no_execs_changes() {
     assert_eq!(changes(&r), [ch("/workspace/c.txt", "created", "file", 2)]);
     // One still running between execs.
     let p = sb
-        .spawn(&sh("sleep 0.5; echo late > late.txt; sleep 1000"), airlock_backend::Stdio::Pipes)
+        .spawn(
+            &sh("sleep 0.5; echo late > late.txt; sleep 1000"),
+            airlock_backend::Stdio::Pipes,
+        )
         .unwrap();
     let r = sb.exec(&sh("true"), &mut Capture, &[]).unwrap();
     assert_eq!(changes(&r), []);
@@ -634,4 +637,51 @@ fn changes_made_between_execs_are_no_execs_changes() {
     sb.import_files(&mut tar.as_slice(), &[]).unwrap();
     let r = sb.exec(&sh("true"), &mut Capture, &[]).unwrap();
     assert_eq!(changes(&r), []);
+}
+
+#[test]
+fn a_cancelled_export_or_import_ends_and_the_sandbox_goes_on() {
+    let Some(b) = backend() else { return };
+    let mut sb = session(b);
+    sb.exec(&sh("head -c 2000000 /dev/urandom > big"), &mut Capture, &[])
+        .unwrap();
+    let mut tar = Vec::new();
+    sb.export_files(&mut tar, &[]).unwrap();
+    // A cancel fd that is readable from the start.
+    let (r, w) = nix::unistd::pipe().unwrap();
+    nix::unistd::write(&w, b"x").unwrap();
+    let e = sb.export_files(&mut Vec::new(), &[r.as_fd()]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+    let e = sb.import_files(&mut &[][..], &[r.as_fd()]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+    // The channel is in step: requests after them are answered as usual; an import
+    // cancelled before it started changed nothing.
+    let r = sb.exec(&sh("echo on; wc -c < big"), &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "on\n2000000\n");
+    // Cancelled part way: it ends, cancelled.
+    struct Slow<'a>(&'a [u8], std::os::fd::BorrowedFd<'a>, usize);
+    impl Read for Slow<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.2 += 1;
+            if self.2 == 3 {
+                // The caller cancels while the stream is under way.
+                nix::unistd::write(self.1, b"x").map_err(std::io::Error::from)?;
+            }
+            let n = buf.len().min(self.0.len()).min(30_000);
+            let (head, tail) = self.0.split_at(n);
+            buf[..n].copy_from_slice(head);
+            self.0 = tail;
+            Ok(n)
+        }
+    }
+    let (r2, w2) = nix::unistd::pipe().unwrap();
+    let e = sb
+        .import_files(&mut Slow(&tar, w2.as_fd(), 0), &[r2.as_fd()])
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+    let r = sb.exec(&sh("echo on"), &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout, "on\n");
+    sb.import_files(&mut tar.as_slice(), &[]).unwrap();
+    let r = sb.exec(&sh("wc -c < big"), &mut Capture, &[]).unwrap();
+    assert_eq!(r.stdout.trim(), "2000000");
 }
