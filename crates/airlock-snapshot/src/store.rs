@@ -74,11 +74,12 @@ pub struct Store {
     inner: Mutex<Inner>,
 }
 
-fn now() -> f64 {
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// 16 hex digits from the OS's random source.
@@ -301,7 +302,8 @@ impl Store {
                 },
             };
             match problem {
-                Ok((file, record_len)) => {
+                Ok((mut file, record_len)) => {
+                    file.record.created = file.created_ms as f64 / 1000.0;
                     let packs = file.packs.iter().map(|p| Arc::<str>::from(p.as_str())).collect();
                     inner.records.insert(
                         id.to_string(),
@@ -590,9 +592,10 @@ impl Store {
         } else {
             SnapshotKind::Filesystem
         };
+        let created_ms = now_ms();
         let record = Record {
             id: id.clone(),
-            created: now(),
+            created: created_ms as f64 / 1000.0,
             owner,
             session,
             kind,
@@ -604,6 +607,7 @@ impl Store {
         let mut file = RecordFile {
             version: FORMAT_VERSION,
             record,
+            created_ms,
             full_bytes,
             packs: table.iter().map(|p| p.to_string()).collect(),
             trailer,

@@ -168,9 +168,12 @@ impl<'a> TarIn<'a> {
                 _ => return Err(self.invalid("bad header checksum (not a tar stream?)")),
             }
             self.prefix.extend_from_slice(&block);
-            let size = h
-                .entry_size()
-                .map_err(|e| self.invalid(format!("bad size field: {e}")))?;
+            let size = match h.entry_size() {
+                Ok(s) => s,
+                // Left blank: 0, as for the other numeric fields below.
+                Err(_) if block[124..136].iter().all(|&b| b == 0) => 0,
+                Err(e) => return Err(self.invalid(format!("bad size field: {e}"))),
+            };
             let kind = match h.entry_type().as_byte() {
                 b'L' => {
                     let mut d = self.extension_data(size, MAX_LONG_NAME, "GNU long name")?;
@@ -243,11 +246,16 @@ impl<'a> TarIn<'a> {
             if kind != Kind::File && size != 0 {
                 return Err(self.invalid("a directory or symlink with content"));
             }
-            let bad = |what: &str| format!("bad {what} field");
-            let mode = h.mode().map_err(|_| self.invalid(bad("mode")))?;
-            let uid = h.uid().map_err(|_| self.invalid(bad("uid")))?;
-            let gid = h.gid().map_err(|_| self.invalid(bad("gid")))?;
-            let mtime = h.mtime().map_err(|_| self.invalid(bad("mtime")))?;
+            // A numeric field left blank (all NUL: a producer that did not set it) reads as 0.
+            let field = |r: std::ops::Range<usize>, v: io::Result<u64>, what: &str| match v {
+                Ok(v) => Ok(v),
+                Err(_) if block[r].iter().all(|&b| b == 0) => Ok(0),
+                Err(_) => Err(self.invalid(format!("bad {what} field"))),
+            };
+            let mode = field(100..108, h.mode().map(u64::from), "mode")? as u32;
+            let uid = field(108..116, h.uid(), "uid")?;
+            let gid = field(116..124, h.gid(), "gid")?;
+            let mtime = field(136..148, h.mtime(), "mtime")?;
             return Ok(Next::Entry(Parsed {
                 kind,
                 path,
