@@ -54,6 +54,9 @@ pub(crate) struct TarIn<'a> {
     /// The current entry's header blocks exactly as read (extension entries first).
     pub prefix: Vec<u8>,
     path_seen: String,
+    /// Symlinks of the stream so far (paths without a trailing `/`): nothing may come beneath
+    /// one (the classic way to make an unpacker write through a link).
+    symlinks: std::collections::HashSet<Vec<u8>>,
 }
 
 fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> Result<usize, StoreError> {
@@ -80,6 +83,7 @@ impl<'a> TarIn<'a> {
             index: 0,
             prefix: Vec::with_capacity(2048),
             path_seen: String::new(),
+            symlinks: std::collections::HashSet::new(),
         }
     }
 
@@ -227,6 +231,19 @@ impl<'a> TarIn<'a> {
                 .unwrap_or_else(|| h.path_bytes().into_owned());
             self.path_seen = String::from_utf8_lossy(&path).into_owned();
             check_path(&path, kind).map_err(|e| self.invalid(e))?;
+            let trimmed = path.strip_suffix(b"/").unwrap_or(&path);
+            if !self.symlinks.is_empty() {
+                let beneath = trimmed
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &b)| b == b'/' && self.symlinks.contains(&trimmed[..i]));
+                if beneath {
+                    return Err(self.invalid("an entry beneath a symlink of the same stream"));
+                }
+            }
+            if kind == Kind::Symlink {
+                self.symlinks.insert(trimmed.to_vec());
+            }
             let link = match kind {
                 Kind::Symlink => {
                     let l = long_link
@@ -343,6 +360,10 @@ pub(crate) fn check_path(p: &[u8], kind: Kind) -> Result<(), &'static str> {
             _ => {}
         }
     }
+    let root = matches!(comps[..], [b"workspace"] | [b"tmp"] | [b"dev"] | [b"dev", b"shm"]);
+    if root && kind != Kind::Dir {
+        return Err("a root (workspace, tmp, dev/shm) that is not a directory");
+    }
     let ok = match comps[0] {
         b"workspace" | b"tmp" => true,
         b"dev" => (comps.len() >= 2 && comps[1] == b"shm") || (comps.len() == 1 && kind == Kind::Dir),
@@ -360,6 +381,9 @@ mod tests {
 
     #[test]
     fn paths() {
+        assert!(check_path(b"workspace", Kind::Symlink).is_err());
+        assert!(check_path(b"dev/shm/", Kind::File).is_err());
+        assert_eq!(check_path(b"tmp/", Kind::Dir), Ok(()));
         for ok in [
             "workspace",
             "workspace/",
@@ -370,7 +394,7 @@ mod tests {
             "workspace/..a/b..",
             "workspace/.x",
         ] {
-            assert_eq!(check_path(ok.as_bytes(), Kind::File), Ok(()), "{ok}");
+            assert_eq!(check_path(ok.as_bytes(), Kind::Dir), Ok(()), "{ok}");
         }
         assert_eq!(check_path(b"dev", Kind::Dir), Ok(()));
         for bad in [

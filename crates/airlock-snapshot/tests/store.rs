@@ -19,7 +19,7 @@ fn varied() -> Vec<Item> {
     let long_dir = format!("workspace/{}/", "d".repeat(120));
     let long_file = format!("{long_dir}{}", "f".repeat(150));
     vec![
-        dir("workspace/"),
+        util::dir("workspace/"),
         file("workspace/empty", b""),
         file("workspace/one", b"x"),
         file("workspace/511", &noise(1, 511)),
@@ -179,6 +179,18 @@ fn dedup_within_an_owner_and_not_across() {
     items.push(file("workspace/new", &noise(99, 50_000)));
     let e = store.put(snap(Some("k1")), &mut &build(&items)[..]).unwrap();
     assert!(e.stored_bytes > 50_000 && e.stored_bytes < 150_000, "{e:?}");
+    // Large files (streamed into the pack, not batched) dedup too.
+    let big = build(&[
+        util::dir("workspace/"),
+        file("workspace/big", &noise(30, 3 << 20)),
+        file("workspace/small", b"s"),
+    ]);
+    let f = store.put(snap(Some("k1")), &mut &big[..]).unwrap();
+    assert!(f.stored_bytes > 3 << 20, "{f:?}");
+    let g = store.put(snap(Some("k1")), &mut &big[..]).unwrap();
+    assert!(g.stored_bytes < 2000, "{g:?}");
+    assert!(!names(&dir, "packs").contains(&format!("{}.pack", g.id)));
+    assert!(tar_of(&store, &g.id) == big);
     let used: u64 = store.list().iter().map(|r| r.stored_bytes).sum();
     assert_eq!(store.usage().used_bytes, used);
 }
@@ -241,6 +253,17 @@ fn over_budget_put_is_refused_and_leaves_nothing() {
     }
     assert_empty(&dir);
     assert_eq!(store.usage().used_bytes, 0);
+
+    // A large file (streamed) over budget.
+    let big = build(&[
+        util::dir("workspace/"),
+        file("workspace/big", &noise(31, 3 << 20)),
+    ]);
+    match store.put(snap(Some("k1")), &mut &big[..]) {
+        Err(StoreError::Budget { needed, .. }) => assert!(needed > 3 << 20, "needed {needed}"),
+        other => panic!("expected Budget, got {other:?}"),
+    }
+    assert_empty(&dir);
 
     // With a full state: the staging directory goes too.
     let staging = store.staging().unwrap();
@@ -566,6 +589,15 @@ fn hostile_streams_are_refused() {
     pax.truncate(pax.len() - 1024);
     pax.extend(raw_entry(b"workspace/k", EntryType::Regular, b"", 3));
     refused(&store, &dir, &with(pax), "absolute");
+    // Writing through a symlink of the same stream, and a root replaced by a symlink.
+    let through = build(&[
+        util::dir("workspace/"),
+        link("workspace/etc", "/etc"),
+        file("workspace/etc/passwd", b"x"),
+    ]);
+    refused(&store, &dir, &through, "beneath a symlink");
+    let through = build(&[link("tmp", "/"), file("tmp/x", b"x")]);
+    refused(&store, &dir, &through, "not a directory");
     // Broken framing.
     refused(&store, &dir, &ok[..ok.len() - 1024], "end-of-archive");
     refused(&store, &dir, &ok[..ok.len() - 1024 - 600], "truncated");
@@ -588,7 +620,7 @@ fn hostile_streams_are_refused() {
 }
 
 fn dir_item() -> Item {
-    dir("workspace/")
+    util::dir("workspace/")
 }
 
 #[test]
