@@ -200,3 +200,31 @@ impl Batch {
         self.files.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parallel hashing gives every file its own digest, in order, however the list is cut.
+    #[test]
+    fn batch_digests_match_sequential() {
+        let mut b = Batch {
+            buf: Vec::new(),
+            files: Vec::new(),
+        };
+        let sizes = [0usize, 1, 70_000, 3, 200_000, 10, 500_000, 7, 64, 300_000];
+        for (i, &n) in sizes.iter().enumerate() {
+            let start = b.buf.len();
+            b.buf.extend((0..n).map(|k| (k * 31 + i * 7) as u8));
+            b.files.push((i, start, n));
+        }
+        let want: Vec<Digest> = b
+            .files
+            .iter()
+            .map(|&(_, s, l)| Digest(Sha256::digest(&b.buf[s..s + l]).into()))
+            .collect();
+        for workers in 1..=5 {
+            assert_eq!(b.digests(workers), want, "{workers} workers");
+        }
+    }
+}
