@@ -18,8 +18,11 @@ use crate::format::Kind;
 const MAX_LONG_NAME: u64 = 64 << 10;
 /// Bound on a PAX extended header's data: the keys we accept are short.
 const MAX_PAX: u64 = 1 << 20;
-/// Bound on a path: PATH_MAX.
-const MAX_PATH: usize = 4096;
+/// Bound on a path: airlock-fstree walks 128 levels of up to 255-byte names through *at()
+/// calls, past PATH_MAX.
+const MAX_PATH: usize = 64 << 10;
+/// Bound on a symlink target: the kernel's (PATH_MAX).
+const MAX_LINK: usize = 4096;
 /// Bound on the zeros after the end-of-archive marker (GNU tar pads to 10 KiB records).
 const MAX_TRAILER: u64 = 1 << 20;
 
@@ -250,7 +253,7 @@ impl<'a> TarIn<'a> {
                         .or(pax_link)
                         .or_else(|| h.link_name_bytes().map(|l| l.into_owned()))
                         .unwrap_or_default();
-                    if l.is_empty() || l.contains(&0) || l.len() > MAX_PATH {
+                    if l.is_empty() || l.contains(&0) || l.len() > MAX_LINK {
                         return Err(
                             self.invalid("symlink target empty, longer than 4096 bytes or with a NUL")
                         );
@@ -349,7 +352,7 @@ pub(crate) fn check_path(p: &[u8], kind: Kind) -> Result<(), &'static str> {
         return Err("NUL in path");
     }
     if p.len() > MAX_PATH {
-        return Err("path longer than 4096 bytes");
+        return Err("path longer than 64 KiB");
     }
     let trimmed = p.strip_suffix(b"/").unwrap_or(p);
     let comps: Vec<&[u8]> = trimmed.split(|&b| b == b'/').collect();
