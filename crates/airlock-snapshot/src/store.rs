@@ -21,7 +21,9 @@ use crate::{NewSnapshot, Record, SnapshotKind, Staging, StoreError, Usage};
 /// keeps a hostile stream from growing a record without end.
 const MAX_ENTRIES: u64 = 1_000_000;
 
-/// A snapshot as the store holds it in memory: its record file and what it costs on disk.
+/// A snapshot as the store holds it in memory: its record file without the entries (they
+/// stay on disk, read again by `tar`: a store of many large snapshots would otherwise hold
+/// every path in memory) and what it costs on disk.
 #[derive(Debug)]
 pub(crate) struct Stored {
     pub file: RecordFile,
@@ -438,7 +440,21 @@ impl Store {
             match problem {
                 Ok((mut file, record_len)) => {
                     file.record.created = file.created_ms as f64 / 1000.0;
-                    let packs = file.packs.iter().map(|p| Arc::<str>::from(p.as_str())).collect();
+                    let packs: Vec<Arc<str>> =
+                        file.packs.iter().map(|p| Arc::<str>::from(p.as_str())).collect();
+                    // The owner's blob index, from the entries, which are then let go.
+                    let index = inner.owners.entry(file.record.owner.clone()).or_default();
+                    for e in std::mem::take(&mut file.entries) {
+                        if let (Some(d), Some(i)) = (e.digest, e.pack)
+                            && e.size > 0
+                        {
+                            let pack = packs[i as usize].clone();
+                            index.entry(d).or_insert(Loc {
+                                pack,
+                                offset: e.offset,
+                            });
+                        }
+                    }
                     inner.records.insert(
                         id.to_string(),
                         Arc::new(Stored {
@@ -499,10 +515,7 @@ impl Store {
                 ps.refs += 1;
             }
         }
-        let owners: HashSet<Option<String>> = stored.iter().map(|s| s.file.record.owner.clone()).collect();
-        for o in owners {
-            rebuild_owner(&mut inner, &o);
-        }
+        inner.owners.retain(|_, index| !index.is_empty());
         tracing::info!(
             dir = %self.dir.display(),
             snapshots = inner.records.len(),
@@ -808,6 +821,7 @@ impl Store {
 
         let owner = file.record.owner.clone();
         let record = file.record.clone();
+        file.entries = Vec::new();
         let stored = Arc::new(Stored {
             file,
             record_len: json.len() as u64,
@@ -859,7 +873,14 @@ impl Store {
         }
         let ps = inner.packs.remove(pack).expect("looked up above");
         inner.used -= ps.len;
-        rebuild_owner(inner, &ps.owner);
+        // Blobs the owner also holds in another pack (two puts of the same new files side by
+        // side) are forgotten too: a later put stores them again, nothing worse.
+        if let Some(index) = inner.owners.get_mut(&ps.owner) {
+            index.retain(|_, loc| loc.pack != *pack);
+            if index.is_empty() {
+                inner.owners.remove(&ps.owner);
+            }
+        }
     }
 
     /// The record of snapshot `id`.
@@ -932,13 +953,22 @@ impl Store {
             .get(id)
             .cloned()
             .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        // Opened under the lock: a delete after this point does not cut the stream short.
+        let record_path = self.record_path(id);
+        let mut record_file = File::open(&record_path).map_err(io_err("opening", &record_path))?;
         let mut files = Vec::with_capacity(stored.packs.len());
         for p in &stored.packs {
             let path = self.pack_path(p);
             files.push(File::open(&path).map_err(io_err("opening", path))?);
         }
         drop(inner);
-        Ok(Box::new(TarReader::new(stored, files)))
+        let mut json = Vec::with_capacity(stored.record_len as usize);
+        record_file
+            .read_to_end(&mut json)
+            .map_err(io_err("reading", &record_path))?;
+        let file: RecordFile = serde_json::from_slice(&json)
+            .map_err(|e| io_err("parsing", &record_path)(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+        Ok(Box::new(TarReader::new(file, files)))
     }
 
     /// The directory holding snapshot `id`'s full state (a tier's `Backend::restore` reads
@@ -957,28 +987,5 @@ impl Store {
             budget_bytes: self.budget,
             snapshots: inner.records.len() as u64,
         }
-    }
-}
-
-/// Rebuilds an owner's blob index from its records (after a pack went away).
-fn rebuild_owner(inner: &mut Inner, owner: &Option<String>) {
-    let mut index: HashMap<Digest, Loc> = HashMap::new();
-    for s in inner.records.values().filter(|s| &s.file.record.owner == owner) {
-        for e in &s.file.entries {
-            if let (Some(d), Some(p)) = (e.digest, e.pack)
-                && let Some(pack) = s.packs.get(p as usize)
-                && e.size > 0
-            {
-                index.entry(d).or_insert_with(|| Loc {
-                    pack: pack.clone(),
-                    offset: e.offset,
-                });
-            }
-        }
-    }
-    if index.is_empty() {
-        inner.owners.remove(owner);
-    } else {
-        inner.owners.insert(owner.clone(), index);
     }
 }
