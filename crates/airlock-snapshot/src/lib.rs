@@ -43,7 +43,8 @@
 //! The price is granularity: a pack lives as long as any record points into it, so deleting
 //! an old snapshot frees nothing while a newer one still shares one of its blobs (a later
 //! compaction could rewrite such packs; not done). An in-memory index per owner (digest ->
-//! pack, offset) is rebuilt from the records at open.
+//! pack, offset) is built from the records at open; the entries themselves stay on disk
+//! (`tar` reads the record again), so memory grows with unique blobs, not with snapshots.
 //!
 //! Small files (up to 1 MiB) are read into 2 MiB batches and hashed on up to four threads at
 //! once; the new ones go to the pack straight from the batch, one `pwrite` per run. SHA-256

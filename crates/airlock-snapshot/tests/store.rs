@@ -710,6 +710,23 @@ fn concurrent_puts_tars_and_deletes() {
 }
 
 #[test]
+fn an_empty_snapshot_round_trips() {
+    let t = tempdir();
+    let dir = store_dir(&t);
+    let store = Store::open(&dir, GIB).unwrap();
+    let input = build(&[]);
+    assert_eq!(input.len(), 1024);
+    let rec = store.put(snap(None), &mut &input[..]).unwrap();
+    assert_eq!((rec.files, rec.bytes), (0, 0));
+    assert!(tar_of(&store, &rec.id) == input);
+    assert_eq!(names(&dir, "packs"), Vec::<String>::new());
+    assert!(matches!(
+        store.put(snap(None), &mut &b""[..]),
+        Err(StoreError::InvalidTar { .. })
+    ));
+}
+
+#[test]
 fn store_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<Store>();
