@@ -32,7 +32,9 @@ fn main() {
     let mut index = Index::default();
     time("scan", 200, &mut || index = Index::scan(&roots).unwrap());
     let again = Index::scan(&roots).unwrap();
-    time("diff (nothing changed)", 200, &mut || assert!(diff(&index, &again).0.is_empty()));
+    time("diff (nothing changed)", 200, &mut || {
+        assert!(diff(&index, &again).0.is_empty())
+    });
     let empty = Index::default();
     time("diff (all created)", 200, &mut || drop(diff(&empty, &again)));
     let mut tar = Vec::with_capacity((files * (each + 1024)) as usize);
