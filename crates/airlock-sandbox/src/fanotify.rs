@@ -192,3 +192,20 @@ fn fsid_of(dir: BorrowedFd<'_>) -> io::Result<u64> {
     }
     Ok(fsid)
 }
+
+/// Whether this host can watch a tmpfs this way: a group, and a mark on the host's
+/// /dev/shm (a tmpfs on every distribution; notification only, gone with the group a
+/// moment later).
+pub(crate) fn probe() -> Result<(), String> {
+    let changes = Arc::new(Changes::new().map_err(|e| format!("no fanotify group with file ids: {e}"))?);
+    let shm = std::fs::File::open("/dev/shm").map_err(|e| format!("/dev/shm: {e}"))?;
+    let fs = nix::sys::statfs::fstatfs(&shm).map_err(|e| format!("/dev/shm: {e}"))?;
+    if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return Err("/dev/shm is not a tmpfs to probe with".into());
+    }
+    let marked = changes
+        .mark(std::os::fd::AsFd::as_fd(&shm))
+        .map_err(|e| format!("a tmpfs cannot be marked: {e}"))?;
+    drop(marked);
+    Ok(())
+}
