@@ -73,6 +73,16 @@ impl Changes {
     /// Marks the whole filesystem `dir` is on (a sandbox's scratch tmpfs).
     pub(crate) fn mark(self: &Arc<Self>, dir: BorrowedFd<'_>) -> io::Result<Marked> {
         let fsid = fsid_of(dir)?;
+        // Two live filesystems with one id could not be told apart: the second is not
+        // watched (it is walked instead).
+        if self
+            .owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&fsid)
+        {
+            return Err(io::Error::other("another watched filesystem has the same id"));
+        }
         let flags = libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM;
         // SAFETY: `dir` is a valid fd; a null path marks what `dir` itself is on.
         let ret = unsafe {
