@@ -155,7 +155,7 @@ pub fn serve(booted: crate::boot::Booted, init_ms: u64) -> Result<(), String> {
         };
         match frame.msg {
             AgentRequest::Common(msg) => state.handle(&engine, &port, msg, frame.payload),
-            AgentRequest::Vm(msg) => state.handle_vm(&port, msg),
+            AgentRequest::Vm(msg) => state.handle_vm(&port, msg, &frame.payload),
         }
         .map_err(|e| format!("port: {e}"))?;
     }
@@ -473,11 +473,33 @@ impl State {
     }
 
     /// Handles a request only the micro-VM's agent serves.
-    fn handle_vm(&mut self, port: &Port, msg: ToVmGuest) -> io::Result<()> {
+    fn handle_vm(&mut self, port: &Port, msg: ToVmGuest, payload: &[u8]) -> io::Result<()> {
         if self.frozen {
             return port.error("this VM is a template: it serves nothing before `resume`");
         }
         match msg {
+            ToVmGuest::Restored { unix_time_ns } => {
+                let need = proto::RESUME_SEED + 2 * proto::RESYNC_MARKER;
+                if payload.len() < need {
+                    return port.error(format!("restored needs {need} random bytes, got {}", payload.len()));
+                }
+                let (seed, markers) = payload.split_at(proto::RESUME_SEED);
+                let (host_marker, own_marker) = markers.split_at(proto::RESYNC_MARKER);
+                // A restored VM starts with its snapshot's random state and clock: both
+                // are replaced before anything else runs, as in a template's clone.
+                if let Err(e) = sys::reseed_random(seed) {
+                    return port.error(format!("reseeding the random generator: {e}"));
+                }
+                if let Err(e) = sys::set_realtime(unix_time_ns) {
+                    return port.error(format!("setting the clock: {e}"));
+                }
+                if let Some(mux) = &self.mux
+                    && let Err(e) = egress::restored(mux, host_marker, &own_marker[..proto::RESYNC_MARKER])
+                {
+                    return port.error(format!("the egress port: {e}"));
+                }
+                port.send(&ToHost::Ok, &[])
+            }
             ToVmGuest::Spawn {
                 command,
                 env,

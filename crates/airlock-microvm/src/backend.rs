@@ -146,6 +146,21 @@ impl Backend for VmBackend {
         true
     }
 
+    /// A VM restored from a full snapshot ([`MicroVmHost::restore`]), of the snapshot's
+    /// VM size; `shape`'s image and disk must be the snapshot's. The same for every
+    /// purpose: it runs on from the snapshot, its sandbox built.
+    fn restore(
+        &self,
+        shape: &Shape,
+        dir: &std::path::Path,
+        _purpose: Purpose,
+    ) -> Result<Box<dyn airlock_backend::Sandbox>, Error> {
+        self.check_shape(shape)?;
+        let host = self.host()?;
+        let vm = host.restore(dir, shape.image.as_ref(), shape.limits.disk_bytes)?;
+        Ok(Box::new(vm))
+    }
+
     fn serves(&self, pooled: &Shape, wanted: &Shape) -> bool {
         let (have, need) = (
             VmSize::for_limits(&pooled.limits),
@@ -238,6 +253,21 @@ impl airlock_backend::Sandbox for BootedVm {
 
     fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
         BootedVm::egress(self)
+    }
+
+    /// QMP's stop: see [`BootedVm::pause`].
+    fn pause(&mut self) -> Result<(), Error> {
+        Ok(BootedVm::pause(self)?)
+    }
+
+    /// QMP's cont, then the guest's clock is set: see [`BootedVm::resume`].
+    fn resume(&mut self) -> Result<(), Error> {
+        Ok(BootedVm::resume(self)?)
+    }
+
+    /// RAM and device state: see [`BootedVm::checkpoint`].
+    fn checkpoint(&mut self, dir: &std::path::Path) -> Result<bool, Error> {
+        Ok(BootedVm::checkpoint(self, dir)?)
     }
 }
 

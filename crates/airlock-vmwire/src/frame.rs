@@ -138,6 +138,18 @@ pub enum ToVmGuest {
         /// The egress port's stream ids of its stdio: three for pipes, one for a terminal.
         streams: Vec<u32>,
     },
+    /// This VM was just restored from a full snapshot of a running one (a checkpoint
+    /// saved while its agent waited for a request): as `ToGuest::Resume` (the payload's first
+    /// [`RESUME_SEED`] bytes reseed the random generator, the clock is set), and the
+    /// egress port starts over with the new host ([`crate::mux`] version 4): the agent
+    /// sends the payload's next [`RESYNC_MARKER`] bytes on it and skips what arrives
+    /// until it reads them back from the host; the streams the snapshot's host had open
+    /// are cut from it (its spawned programs run on, their output dropped, their stdin
+    /// left open; connections are reset). Answered by `Ok` or `Error`.
+    Restored {
+        /// The host's CLOCK_REALTIME, in nanoseconds since the epoch.
+        unix_time_ns: u64,
+    },
 }
 
 /// Any request the micro-VM's agent reads: a [`ToGuest`] or a [`ToVmGuest`] (both
@@ -153,6 +165,10 @@ pub enum AgentRequest {
 
 /// Random bytes a `Resume` carries: a full key for the guest kernel's generator.
 pub const RESUME_SEED: usize = 32;
+
+/// Random bytes that mark where a restored VM's egress port starts over (`Restored`):
+/// fresh per restore, so nothing a program sent before the snapshot can contain them.
+pub const RESYNC_MARKER: usize = 32;
 
 /// Guest -> host.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
