@@ -481,7 +481,10 @@ impl State {
             ToVmGuest::Restored { unix_time_ns } => {
                 let need = proto::RESUME_SEED + 2 * proto::RESYNC_MARKER;
                 if payload.len() < need {
-                    return port.error(format!("restored needs {need} random bytes, got {}", payload.len()));
+                    return port.error(format!(
+                        "restored needs {need} random bytes, got {}",
+                        payload.len()
+                    ));
                 }
                 let (seed, markers) = payload.split_at(proto::RESUME_SEED);
                 let (host_marker, own_marker) = markers.split_at(proto::RESYNC_MARKER);

@@ -650,85 +650,85 @@ fn read_port(mut port: File, shared: &Arc<Shared>) {
 
 /// Hands one frame from the host to its connection, query or program.
 fn dispatch(frame: MuxFrame, shared: &Arc<Shared>) {
-        match frame {
-            MuxFrame::Data(id, data) => {
-                if let Some(c) = shared.get(id) {
-                    let sent = c
-                        .to_socket
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .as_ref()
-                        .is_some_and(|tx| tx.send(Some(data)).is_ok());
-                    if !sent {
-                        c.reset();
-                    }
-                }
-            }
-            MuxFrame::Eof(id) => {
-                if let Some(c) = shared.get(id)
-                    && let Some(tx) = c.to_socket.lock().unwrap_or_else(|e| e.into_inner()).take()
-                {
-                    let _ = tx.send(None);
-                }
-            }
-            MuxFrame::Reset(id) => {
-                if let Some(c) = shared.get(id) {
+    match frame {
+        MuxFrame::Data(id, data) => {
+            if let Some(c) = shared.get(id) {
+                let sent = c
+                    .to_socket
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .is_some_and(|tx| tx.send(Some(data)).is_ok());
+                if !sent {
                     c.reset();
                 }
             }
-            MuxFrame::Ack(id, n) => {
-                if let Some(c) = shared.get(id) {
-                    let mut credit = c.credit.lock().unwrap_or_else(|e| e.into_inner());
-                    credit.0 = credit.0.saturating_add(n).min(WINDOW);
-                    c.credit_changed.notify_all();
-                }
-            }
-            MuxFrame::DnsAnswer(id, answer) => {
-                let asker = shared
-                    .queries
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-                if let (Some((to, _)), Some(dns)) = (asker, shared.dns.get()) {
-                    let _ = dns.send_to(&answer, to);
-                }
-            }
-            MuxFrame::DnsNone(id) => {
-                shared
-                    .queries
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-            }
-            MuxFrame::Connect(id, port) => connect(shared, id, port),
-            MuxFrame::Signal(id, signal) => {
-                let p = shared
-                    .procs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&id)
-                    .cloned();
-                if let Some(p) = p {
-                    p.signal(signal);
-                }
-            }
-            MuxFrame::Resize(id, rows, cols) => {
-                let p = shared
-                    .procs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&id)
-                    .cloned();
-                if let Some(p) = p {
-                    p.resize(rows, cols);
-                }
-            }
-            // Only the guest opens connections this way and asks.
-            MuxFrame::Open(id) | MuxFrame::OpenTo(id, _) => {
-                let _ = shared.send(&MuxFrame::Reset(id));
-            }
-            MuxFrame::DnsQuery(..) | MuxFrame::Connected(_) | MuxFrame::Exited(..) => {}
         }
+        MuxFrame::Eof(id) => {
+            if let Some(c) = shared.get(id)
+                && let Some(tx) = c.to_socket.lock().unwrap_or_else(|e| e.into_inner()).take()
+            {
+                let _ = tx.send(None);
+            }
+        }
+        MuxFrame::Reset(id) => {
+            if let Some(c) = shared.get(id) {
+                c.reset();
+            }
+        }
+        MuxFrame::Ack(id, n) => {
+            if let Some(c) = shared.get(id) {
+                let mut credit = c.credit.lock().unwrap_or_else(|e| e.into_inner());
+                credit.0 = credit.0.saturating_add(n).min(WINDOW);
+                c.credit_changed.notify_all();
+            }
+        }
+        MuxFrame::DnsAnswer(id, answer) => {
+            let asker = shared
+                .queries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+            if let (Some((to, _)), Some(dns)) = (asker, shared.dns.get()) {
+                let _ = dns.send_to(&answer, to);
+            }
+        }
+        MuxFrame::DnsNone(id) => {
+            shared
+                .queries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+        }
+        MuxFrame::Connect(id, port) => connect(shared, id, port),
+        MuxFrame::Signal(id, signal) => {
+            let p = shared
+                .procs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&id)
+                .cloned();
+            if let Some(p) = p {
+                p.signal(signal);
+            }
+        }
+        MuxFrame::Resize(id, rows, cols) => {
+            let p = shared
+                .procs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&id)
+                .cloned();
+            if let Some(p) = p {
+                p.resize(rows, cols);
+            }
+        }
+        // Only the guest opens connections this way and asks.
+        MuxFrame::Open(id) | MuxFrame::OpenTo(id, _) => {
+            let _ = shared.send(&MuxFrame::Reset(id));
+        }
+        MuxFrame::DnsQuery(..) | MuxFrame::Connected(_) | MuxFrame::Exited(..) => {}
+    }
 }
 
 /// The resolver's datagrams, to the host, each under an id of its own; at most

@@ -154,10 +154,7 @@ impl VmControl for Qmp {
     }
 
     fn ram_address(&mut self) -> Result<u64, VmError> {
-        let out = self.execute(
-            "human-monitor-command",
-            json!({ "command-line": "gpa2hva 0" }),
-        )?;
+        let out = self.execute("human-monitor-command", json!({ "command-line": "gpa2hva 0" }))?;
         // "Host virtual address for 0x0 (ram) is 0x7f4b2c000000"
         let text = out.as_str().unwrap_or_default();
         text.rsplit_once(" is 0x")

@@ -135,7 +135,15 @@ pub(crate) fn fingerprint(image: &GuestImage, drive: Option<&ImageDrive>) -> Str
         let id = fs::metadata(path).map_or((0, 0, 0, 0, 0), |m| {
             (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec())
         });
-        parts.push(format!("{}:{}:{}:{}:{}.{}", path.display(), id.0, id.1, id.2, id.3, id.4));
+        parts.push(format!(
+            "{}:{}:{}:{}:{}.{}",
+            path.display(),
+            id.0,
+            id.1,
+            id.2,
+            id.3,
+            id.4
+        ));
     }
     if let Some(d) = drive {
         parts.push(format!(
@@ -207,7 +215,12 @@ impl BootedVm {
     /// Has the agent set the guest's clock to the host's (and reseed its generator).
     fn set_clock(&mut self) -> Result<(), VmError> {
         let seed = random(RESUME_SEED)?;
-        self.send(&ToGuest::Resume { unix_time_ns: now_ns() }, &seed)?;
+        self.send(
+            &ToGuest::Resume {
+                unix_time_ns: now_ns(),
+            },
+            &seed,
+        )?;
         self.expect_ok("setting the clock")
     }
 
@@ -281,9 +294,7 @@ impl BootedVm {
             ram_stored_bytes: stored,
         };
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| VmError::Host(format!("snapshot: {e}")))?;
-        create(META)?
-            .write_all(&json)
-            .map_err(|e| host_err(META, e))
+        create(META)?.write_all(&json).map_err(|e| host_err(META, e))
     }
 }
 
@@ -330,10 +341,22 @@ impl RamCache {
                 format!("its RAM file holds {} bytes, its VM had {len}", m.len()),
             ));
         }
-        let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec());
+        let key = (
+            m.dev(),
+            m.ino(),
+            m.len(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        );
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
         files.retain(|(_, f)| f.strong_count() > 0);
-        if let Some(ram) = files.iter().find(|(k, _)| *k == key).and_then(|(_, f)| f.upgrade()) {
+        if let Some(ram) = files
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, f)| f.upgrade())
+        {
             return Ok(ram);
         }
         let ram = sys::memfd(c"airlock-vm-ram").map_err(host_err)?;
@@ -390,15 +413,22 @@ impl Saved {
             unix_time_ns: now_ns(),
         };
         vm.channel()?.send(&msg, &payload)?;
-        match vm.channel()?.recv(deadline.max(Instant::now() + REQUEST_TIMEOUT), &[]) {
+        match vm
+            .channel()?
+            .recv(deadline.max(Instant::now() + REQUEST_TIMEOUT), &[])
+        {
             Ok(frame) => match frame.msg {
                 ToHost::Ok => {}
                 ToHost::Error { message, .. } => {
                     return Err(vm.boot_failed(&format!("resuming the snapshot: {message}")));
                 }
-                other => return Err(vm.boot_failed(&format!("resuming the snapshot: unexpected reply {other:?}"))),
+                other => {
+                    return Err(vm.boot_failed(&format!("resuming the snapshot: unexpected reply {other:?}")));
+                }
             },
-            Err(Recv::Timeout) => return Err(vm.boot_failed("resuming the snapshot: the guest did not answer")),
+            Err(Recv::Timeout) => {
+                return Err(vm.boot_failed("resuming the snapshot: the guest did not answer"));
+            }
             Err(Recv::Closed) => return Err(vm.boot_failed("the VM stopped while resuming the snapshot")),
             Err(Recv::Cancelled) => unreachable!("no cancel fds"),
             Err(Recv::Failed(e)) => return Err(vm.boot_failed(&e.to_string())),
@@ -426,7 +456,12 @@ impl MicroVmHost {
     /// while one of them lives). `dir` is only read, and may be removed once this
     /// returns. Its VM size is the snapshot's; `image` must be the image the snapshot's
     /// VM ran (its drive unchanged in the cache) and `disk_bytes` its sandbox's disk.
-    pub fn restore(&self, dir: &Path, image: Option<&ImageRoot>, disk_bytes: u64) -> Result<BootedVm, VmError> {
+    pub fn restore(
+        &self,
+        dir: &Path,
+        image: Option<&ImageRoot>,
+        disk_bytes: u64,
+    ) -> Result<BootedVm, VmError> {
         let meta = read_meta(dir)?;
         if meta.format != FORMAT {
             return Err(unusable(
@@ -511,7 +546,10 @@ fn read_meta(dir: &Path) -> Result<Meta, VmError> {
     File::open(&path)
         .and_then(|f| f.take(MAX_META).read_to_end(&mut text))
         .map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => unusable("snapshot", format!("{} holds no micro-VM snapshot", dir.display())),
+            io::ErrorKind::NotFound => unusable(
+                "snapshot",
+                format!("{} holds no micro-VM snapshot", dir.display()),
+            ),
             _ => VmError::Host(format!("{}: {e}", path.display())),
         })?;
     serde_json::from_slice(&text).map_err(|e| unusable("snapshot", format!("{}: {e}", path.display())))
