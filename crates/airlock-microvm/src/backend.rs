@@ -146,6 +146,12 @@ impl Backend for VmBackend {
         true
     }
 
+    /// Micro-VMs take full snapshots (but in proxy mode, where a checkpoint answers
+    /// `false`).
+    fn checkpoints(&self) -> bool {
+        true
+    }
+
     /// A VM restored from a full snapshot ([`MicroVmHost::restore`]), of the snapshot's
     /// VM size; `shape`'s image and disk must be the snapshot's. The same for every
     /// purpose: it runs on from the snapshot, its sandbox built.
@@ -263,6 +269,26 @@ impl airlock_backend::Sandbox for BootedVm {
     /// QMP's cont, then the guest's clock is set: see [`BootedVm::resume`].
     fn resume(&mut self) -> Result<(), Error> {
         Ok(BootedVm::resume(self)?)
+    }
+
+    /// A tar stream made by the guest as it goes (cancel fds are not watched: every
+    /// frame is bounded by the request timeout).
+    fn export_files(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        _cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), Error> {
+        Ok(BootedVm::export_files(self, out)?)
+    }
+
+    /// Streamed to the guest, which unpacks it as it arrives (cancel fds are not
+    /// watched, as for a file's write).
+    fn import_files(
+        &mut self,
+        input: &mut dyn std::io::Read,
+        _cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), Error> {
+        Ok(BootedVm::import_files(self, input)?)
     }
 
     /// RAM and device state: see [`BootedVm::checkpoint`].

@@ -957,6 +957,10 @@ impl BootedVm {
         for chunk in spec.stdin.chunks(CHUNK) {
             self.send(&ToGuest::Stdin, chunk)?;
         }
+        if !spec.files_changed_in.is_empty() && self.info.mux_version >= 4 {
+            let roots = spec.files_changed_in.clone();
+            self.send(&airlock_vmwire::frame::ToVmGuest::ChangesIn { roots }, &[])?;
+        }
         let exec = ToGuest::Exec {
             command: spec.command.clone(),
             env: spec.env.clone(),

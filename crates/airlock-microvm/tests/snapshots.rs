@@ -234,3 +234,120 @@ fn a_snapshot_of_another_image_or_disk_is_refused_and_a_missing_one_is_invalid()
     assert_eq!(err.kind(), ErrorKind::Invalid, "{err}");
     assert!(err.to_string().contains("snapshot"), "{err}");
 }
+
+#[test]
+fn an_exec_reports_its_file_changes_and_the_files_go_out_and_back_as_tar() {
+    if !have_qemu() {
+        return;
+    }
+    let host = MicroVmHost::new(&common::options()).expect("micro-VM host");
+    let mut vm = session(&host);
+    vm.write_file("keep.txt", 0o644, b"keep").expect("write");
+    vm.write_file("old.txt", 0o644, b"old").expect("write");
+    vm.write_file("gone.txt", 0o644, b"gone").expect("write");
+
+    // Created, modified, deleted, renamed (a delete and a create), in /workspace and /tmp.
+    let mut spec = sh(
+        "mkdir d && echo new > d/new.txt && echo more >> old.txt && rm gone.txt \
+         && mv keep.txt kept.txt && echo t > /tmp/t.txt && ln -s kept.txt link",
+    );
+    spec.files_changed_in = vec!["/workspace".into(), "/tmp".into()];
+    let r = ok(vm.exec(&spec, &mut Capture, &[]).expect("exec"));
+    let got: Vec<(String, String, String, u64)> = r
+        .files_changed
+        .iter()
+        .map(|c| {
+            let v = serde_json::to_value(c).unwrap();
+            (
+                c.path.clone(),
+                v["change"].as_str().unwrap().to_owned(),
+                v["kind"].as_str().unwrap().to_owned(),
+                c.bytes,
+            )
+        })
+        .collect();
+    let want = [
+        ("/tmp/t.txt", "created", "file", 2),
+        ("/workspace/d", "created", "dir", 0),
+        ("/workspace/d/new.txt", "created", "file", 4),
+        ("/workspace/gone.txt", "deleted", "file", 4),
+        ("/workspace/keep.txt", "deleted", "file", 4),
+        ("/workspace/kept.txt", "created", "file", 4),
+        ("/workspace/link", "created", "symlink", 8),
+        ("/workspace/old.txt", "modified", "file", 8),
+    ];
+    let want: Vec<(String, String, String, u64)> = want
+        .iter()
+        .map(|(p, c, k, b)| (p.to_string(), c.to_string(), k.to_string(), *b))
+        .collect();
+    assert_eq!(got, want, "{:?}", r.files_changed);
+    assert!(!r.files_changed_truncated);
+    // Nothing changed, nothing listed; none asked for, none given.
+    let r = ok(vm.exec(&sh("cat kept.txt"), &mut Capture, &[]).expect("exec"));
+    assert!(r.files_changed.is_empty(), "{:?}", r.files_changed);
+    let mut quiet = sh("echo x > quiet.txt");
+    quiet.files_changed_in = Vec::new();
+    assert!(
+        ok(vm.exec(&quiet, &mut Capture, &[]).expect("exec"))
+            .files_changed
+            .is_empty()
+    );
+
+    // A 10 MB, 1,000-file workspace out and back in.
+    let mut fill = Spec::new(vec![
+        "python3".into(),
+        "-c".into(),
+        "import os\nos.mkdir('big')\nfor i in range(1000): open(f'big/f{i}', 'wb').write(os.urandom(10000))"
+            .into(),
+    ]);
+    fill.limits.timeout_ms = 120_000;
+    let r = ok(vm.exec(&fill, &mut Capture, &[]).expect("exec"));
+    // 1,001 changes (the directory and its files): the list stops at its bound, and says so.
+    assert_eq!(r.files_changed.len(), airlock_spec::MAX_FILES_CHANGED);
+    assert!(r.files_changed_truncated);
+    let sums = "find /workspace /tmp -type f | sort | xargs sha256sum; find /workspace -printf '%p %y %m %u\\n' | sort";
+    let mut sums = sh(sums);
+    sums.limits.timeout_ms = 120_000;
+    let sums = |vm: &mut BootedVm| ok(vm.exec(&sums, &mut Capture, &[]).expect("exec")).stdout;
+    let before = sums(&mut vm);
+    let t = Instant::now();
+    let mut tar = Vec::new();
+    vm.export_files(&mut tar).expect("export");
+    let export_ms = t.elapsed().as_secs_f64() * 1e3;
+    assert!(tar.len() > 10_000_000, "{} bytes", tar.len());
+    ok(vm
+        .exec(
+            &sh("rm -rf /workspace/* /tmp/t.txt && echo stray > /workspace/stray"),
+            &mut Capture,
+            &[],
+        )
+        .expect("exec"));
+    let t = Instant::now();
+    vm.import_files(&mut tar.as_slice()).expect("import");
+    let import_ms = t.elapsed().as_secs_f64() * 1e3;
+    eprintln!(
+        "10 MB, 1,000 files: export {export_ms:.0} ms ({} bytes of tar), import {import_ms:.0} ms",
+        tar.len()
+    );
+    assert_eq!(sums(&mut vm), before);
+    assert_eq!(
+        stdout(&mut vm, "stat -c '%u:%g' kept.txt big/f1 d"),
+        "1000:1000\n1000:1000\n1000:1000\n"
+    );
+    assert_eq!(stdout(&mut vm, "readlink link"), "kept.txt\n");
+
+    // A stream that does not fit the disk.
+    let mut huge = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    let size = Limits::default().disk_bytes + (1 << 20);
+    header.set_size(size);
+    header.set_mode(0o644);
+    header.set_cksum();
+    huge.append_data(&mut header, "workspace/huge", std::io::repeat(7).take(size))
+        .expect("tar");
+    let huge = huge.into_inner().expect("tar");
+    let err: airlock_backend::Error = vm.import_files(&mut huge.as_slice()).unwrap_err().into();
+    assert_eq!(err.kind(), ErrorKind::DiskFull, "{err}");
+    assert!(vm.agent_alive());
+    ok(vm.exec(&sh("true"), &mut Capture, &[]).expect("the VM goes on"));
+}

@@ -554,3 +554,113 @@ fn read_meta(dir: &Path) -> Result<Meta, VmError> {
         })?;
     serde_json::from_slice(&text).map_err(|e| unusable("snapshot", format!("{}: {e}", path.display())))
 }
+
+impl BootedVm {
+    /// Writes the guest sandbox's /workspace, /tmp and /dev/shm to `out` as a tar stream
+    /// (airlock-fstree's format), as the guest makes it. A failure to write `out` is
+    /// returned after the guest's stream has been read to its end (the VM stays usable).
+    pub fn export_files(&mut self, out: &mut dyn Write) -> Result<(), VmError> {
+        self.check_running()?;
+        self.needs_files_wire()?;
+        self.send(&ToVmGuest::ExportFiles, &[])?;
+        let mut failed: Option<io::Error> = None;
+        loop {
+            let deadline = Instant::now() + REQUEST_TIMEOUT;
+            let frame = match self.channel()?.recv(deadline, &[]) {
+                Ok(f) => f,
+                Err(e) => return Err(self.lost("exporting files", e)),
+            };
+            match frame.msg {
+                ToHost::FileChunk { last } => {
+                    if failed.is_none()
+                        && let Err(e) = out.write_all(&frame.payload)
+                    {
+                        failed = Some(e);
+                    }
+                    if last {
+                        break;
+                    }
+                }
+                ToHost::Error { kind, field, message } => {
+                    return Err(crate::agent_error(Some("exporting files"), kind, field, message));
+                }
+                other => return Err(self.desync("exporting files", &other)),
+            }
+        }
+        match failed {
+            Some(e) => Err(VmError::Host(format!("writing the exported files: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Replaces the guest sandbox's /workspace, /tmp and /dev/shm with the tar stream
+    /// `input` (what is not in it is gone; everything is owned by the sandbox's user),
+    /// sent in chunks as it is read and unpacked by the guest as they arrive. A stream
+    /// that does not fit the sandbox's disk is [`VmError::DiskFull`].
+    pub fn import_files(&mut self, input: &mut dyn Read) -> Result<(), VmError> {
+        self.check_running()?;
+        self.needs_files_wire()?;
+        let mut buf = vec![0u8; airlock_vmwire::frame::CHUNK];
+        let mut sent = 0u64;
+        let mut read_error = None;
+        loop {
+            let mut n = 0;
+            // Whole chunks where the input gives them: fewer frames.
+            while n < buf.len() {
+                match input.read(&mut buf[n..]) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        read_error = Some(e);
+                        break;
+                    }
+                }
+            }
+            let last = n < buf.len();
+            let msg = ToVmGuest::ImportFiles {
+                last,
+                abort: read_error.is_some(),
+            };
+            self.send(&msg, &buf[..n])?;
+            sent += n as u64;
+            if last {
+                break;
+            }
+        }
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let answer = match self.channel()?.recv(deadline, &[]) {
+            Ok(f) => f.msg,
+            Err(e) => return Err(self.lost("importing files", e)),
+        };
+        if let Some(e) = read_error {
+            return Err(VmError::Host(format!("reading the files to import: {e}")));
+        }
+        match answer {
+            ToHost::Ok => Ok(()),
+            ToHost::NoRoom {
+                free_bytes,
+                memory_bytes,
+            } => Err(VmError::DiskFull(airlock_backend::DiskFull {
+                path: "/workspace".into(),
+                bytes: sent,
+                disk_bytes: self.sandbox_disk.unwrap_or(0),
+                free_bytes,
+                memory_bytes,
+            })),
+            ToHost::Error { kind, field, message } => Err(crate::agent_error(None, kind, field, message)),
+            other => Err(self.desync("importing files", &other)),
+        }
+    }
+
+    /// Refuses export and import to an agent that predates them.
+    fn needs_files_wire(&self) -> Result<(), VmError> {
+        if self.info.mux_version < 4 {
+            return Err(VmError::Host(format!(
+                "the guest agent speaks version {} of the wire, exporting and importing files needs 4: rebuild airlock-guest with this airlock",
+                self.info.mux_version
+            )));
+        }
+        Ok(())
+    }
+}
