@@ -202,6 +202,8 @@ pub(crate) struct MuxRelay {
     next_id: AtomicU32,
     /// The next id of a connection to a port (see [`Ports`]).
     next_port_id: Arc<AtomicU32>,
+    /// The VM is paused ([`MuxRelay::set_paused`]).
+    paused: Arc<std::sync::atomic::AtomicBool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -270,6 +272,7 @@ impl MuxRelay {
             out,
             next_id: AtomicU32::new(ids[0]),
             next_port_id: Arc::new(AtomicU32::new(ids[1])),
+            paused: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -283,6 +286,11 @@ impl MuxRelay {
             self.next_id.load(Ordering::Relaxed),
             self.next_port_id.load(Ordering::Relaxed),
         ]
+    }
+
+    /// Says whether the VM is paused: its ports refuse connections meanwhile.
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
     }
 
     /// A fresh host id.
@@ -324,6 +332,7 @@ impl MuxRelay {
         Ports {
             cmds: self.cmds.clone(),
             next: Arc::clone(&self.next_port_id),
+            paused: Arc::clone(&self.paused),
         }
     }
 }
@@ -345,11 +354,19 @@ pub(crate) struct Ports {
     cmds: mpsc::UnboundedSender<Cmd>,
     /// Ids of connections, in a range of their own: `HOST_IDS | PORT_IDS | n`.
     next: Arc<AtomicU32>,
+    /// The VM is paused: a connection is refused at once rather than waited for.
+    paused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl airlock_backend::PortConnector for Ports {
     fn connect(&self, port: u16) -> Result<OwnedFd, airlock_backend::Error> {
         let gone = || airlock_backend::Error::Gone("the VM is gone".into());
+        if self.paused.load(Ordering::Relaxed) {
+            return Err(airlock_backend::Error::invalid(
+                "sandbox",
+                "is paused: resume it first",
+            ));
+        }
         let id = HOST_IDS | PORT_IDS | (self.next.fetch_add(1, Ordering::Relaxed) & !(HOST_IDS | PORT_IDS));
         let (caller, relayed) =
             UnixStream::pair().map_err(|e| airlock_backend::Error::host("a socketpair", e))?;

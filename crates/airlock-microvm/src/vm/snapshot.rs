@@ -65,6 +65,9 @@ const MAX_META: u64 = 1 << 20;
 const PAGE: usize = 4096;
 /// Bytes of RAM copied per read.
 const COPY_CHUNK: usize = 2 << 20;
+/// A VM's device state is tens of kilobytes; a VMM that wrote more than this (one taken
+/// over by its guest) made no snapshot.
+const MAX_DEVICES: u64 = 64 << 20;
 
 /// What `vm.json` says.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -185,7 +188,8 @@ impl BootedVm {
 
     /// Stops the guest's CPUs: its programs (execs, spawned ones) and its clock stand
     /// still until [`BootedVm::resume`]. Every request but resume, checkpoint and the
-    /// purge is refused meanwhile (on `sandbox`). Pausing a paused VM does nothing.
+    /// purge is refused meanwhile (on `sandbox`), connections to its ports too; a
+    /// spawned program's signals wait for the resume. Pausing a paused VM does nothing.
     pub fn pause(&mut self) -> Result<(), VmError> {
         if self.paused {
             return Ok(());
@@ -195,6 +199,9 @@ impl BootedVm {
         }
         self.control()?.stop()?;
         self.paused = true;
+        if let Some(mux) = &self.mux {
+            mux.set_paused(true);
+        }
         Ok(())
     }
 
@@ -209,6 +216,9 @@ impl BootedVm {
         }
         self.control()?.cont()?;
         self.paused = false;
+        if let Some(mux) = &self.mux {
+            mux.set_paused(false);
+        }
         self.set_clock()
     }
 
@@ -271,6 +281,10 @@ impl BootedVm {
         };
         let devices = create(DEVICES)?;
         self.control()?.save_devices(devices.as_fd())?;
+        let written = devices.metadata().map_err(|e| host_err(DEVICES, e))?.len();
+        if written > MAX_DEVICES {
+            return Err(VmError::Vmm(format!("the device state has {written} bytes")));
+        }
         drop(devices);
         let hva = self.control()?.ram_address()?;
         let ram = create(RAM)?;
@@ -436,7 +450,6 @@ impl Saved {
         let (host_marker, guest_marker) = payload[RESUME_SEED..].split_at(RESYNC_MARKER);
         vm.info = self.meta.info.clone();
         vm.sandbox_disk = self.meta.sandbox_disk;
-        vm.used = true;
         vm.resync = Some(super::egress::Resync {
             ids: self.meta.mux_ids,
             host_marker: host_marker.to_vec(),
