@@ -154,7 +154,10 @@ impl Backend for VmBackend {
 
     /// A VM restored from a full snapshot ([`MicroVmHost::restore`]), of the snapshot's
     /// VM size; `shape`'s image and disk must be the snapshot's. The same for every
-    /// purpose: it runs on from the snapshot, its sandbox built.
+    /// purpose: it runs on from the snapshot, its sandbox built. As for
+    /// [`Backend::create`], its VMM dies with the calling thread: restore on a thread
+    /// that lives as long as the sandbox (not tokio's `spawn_blocking`, whose idle
+    /// threads exit).
     fn restore(
         &self,
         shape: &Shape,

@@ -469,6 +469,8 @@ impl MicroVmHost {
     /// while one of them lives). `dir` is only read, and may be removed once this
     /// returns. Its VM size is the snapshot's; `image` must be the image the snapshot's
     /// VM ran (its drive unchanged in the cache) and `disk_bytes` its sandbox's disk.
+    ///
+    /// Like [`MicroVmHost::boot`], the VMM dies with the calling thread.
     pub fn restore(
         &self,
         dir: &Path,
