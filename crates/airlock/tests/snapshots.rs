@@ -756,3 +756,8 @@ fn tier_snapshots(tier: &'static str) {
 fn gvisor_takes_full_snapshots_and_forks() {
     tier_snapshots("gvisor");
 }
+
+#[test]
+fn microvm_takes_full_snapshots_and_forks() {
+    tier_snapshots("microvm");
+}
