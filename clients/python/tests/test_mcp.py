@@ -129,7 +129,10 @@ class _deadline:
 def start_daemon(tmp: Path, *args: str) -> Daemon:
     """Starts the daemon and reads its address from the first stdout line."""
     log = tmp / "stderr"
-    argv = [airlock_bin(), "serve", "--listen", "127.0.0.1:0", "--pool", "1", *args]
+    argv = [
+        airlock_bin(), "serve", "--listen", "127.0.0.1:0", "--snapshot-dir", str(tmp / "snapshots"),
+        "--pool", "1", *args,
+    ]
     env = {k: v for k, v in os.environ.items() if k != "AIRLOCK_API_KEYS"}
     with open(log, "wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
