@@ -32,6 +32,23 @@ def airlock_bin() -> Path:
     return Path(os.environ.get("AIRLOCK_BIN") or REPO / "target" / "debug" / "airlock")
 
 
+_SNAPSHOT_ROOT: list[str] = []
+
+
+def snapshot_dir() -> str:
+    """A fresh snapshot store for one ``airlock serve`` or ``airlock mcp``
+    (``--snapshot-dir``): two of them never share one, and none uses the host's default
+    (/var/lib/airlock/snapshots). All are removed when the test process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not _SNAPSHOT_ROOT:
+        _SNAPSHOT_ROOT.append(tempfile.mkdtemp(prefix="airlock-sdk-test-snapshots-"))
+        atexit.register(shutil.rmtree, _SNAPSHOT_ROOT[0], True)
+    return tempfile.mkdtemp(dir=_SNAPSHOT_ROOT[0])
+
+
 @dataclass
 class Daemon:
     """A running ``airlock serve``."""

@@ -44,6 +44,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
+from conftest import snapshot_dir
+
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
@@ -182,7 +184,7 @@ async def negotiate(session: ClientSession, era: str) -> None:
 
 @asynccontextmanager
 async def stdio_session(era: str) -> AsyncIterator[ClientSession]:
-    params = StdioServerParameters(command=airlock_bin(), args=["mcp", "--pool", "1"])
+    params = StdioServerParameters(command=airlock_bin(), args=["mcp", "--pool", "1", "--snapshot-dir", snapshot_dir()])
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await negotiate(session, era)
@@ -722,7 +724,7 @@ class RawStdio:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [airlock_bin(), "mcp", "--pool", "1"],
+            [airlock_bin(), "mcp", "--pool", "1", "--snapshot-dir", snapshot_dir()],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
@@ -782,7 +784,7 @@ def test_stdio_exits_cleanly_when_stdin_closes() -> None:
 
 
 def test_stdio_exits_cleanly_when_stdin_closes_before_any_message() -> None:
-    done = subprocess.run([airlock_bin(), "mcp"], stdin=subprocess.DEVNULL, capture_output=True,
+    done = subprocess.run([airlock_bin(), "mcp", "--snapshot-dir", snapshot_dir()], stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
@@ -836,12 +838,12 @@ def inspector(*args: str, status: int = 0) -> dict[str, Any]:
 
 
 def test_inspector_cli_over_stdio() -> None:
-    listed = inspector(airlock_bin(), "mcp", "--pool", "1", "--method", "tools/list")
+    listed = inspector(airlock_bin(), "mcp", "--pool", "1", "--snapshot-dir", snapshot_dir(), "--method", "tools/list")
     assert {t["name"] for t in listed["tools"]} == TOOLS
     run_code = next(t for t in listed["tools"] if t["name"] == "run_code")
     assert run_code["annotations"]["readOnlyHint"] is False  # with sandbox_id it changes a kernel's state
     result = inspector(
-        airlock_bin(), "mcp", "--pool", "1",
+        airlock_bin(), "mcp", "--pool", "1", "--snapshot-dir", snapshot_dir(),
         "--method", "tools/call", "--tool-name", "run_code",
         "--tool-arg", "language=python", "--tool-arg", "code=print(6*7)",
     )
@@ -916,7 +918,7 @@ def test_a_denied_connection_is_put_to_the_user_by_elicitation() -> None:
     )
 
     async def main() -> None:
-        params = StdioServerParameters(command=airlock_bin(), args=["mcp", "--pool", "1"])
+        params = StdioServerParameters(command=airlock_bin(), args=["mcp", "--pool", "1", "--snapshot-dir", snapshot_dir()])
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write, elicitation_callback=on_elicit) as s:
                 await s.initialize()
@@ -985,7 +987,8 @@ def test_create_sandbox_names_a_secret_the_service_holds() -> None:
     async def main() -> None:
         env = dict(os.environ, API_TOKEN=value)
         params = StdioServerParameters(
-            command=airlock_bin(), args=["mcp", "--pool", "1", "--secret", f"API_TOKEN@localhost:{port}"], env=env
+            command=airlock_bin(), args=["mcp", "--pool", "1", "--snapshot-dir", snapshot_dir(), "--secret", f"API_TOKEN@localhost:{port}"],
+            env=env,
         )
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write) as s:
