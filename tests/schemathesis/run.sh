@@ -52,6 +52,7 @@ AIRLOCK_VM_STATE="$work/not-a-directory/vm" "$AIRLOCK" serve \
     --listen 127.0.0.1:0 --api-keys "$work/keys" --pool 2 --image-store "$work/images" \
     --max-timeout 5s --max-memory 512M --max-disk 256M --max-output 1M --max-pids 256 \
     --max-cpus 1 --default-ttl 30s --max-ttl 60s --queue-timeout 2s --per-key-concurrency 256 \
+    --snapshot-dir "$work/snapshots" --snapshot-budget 64M --max-fork 4 \
     >"$work/serve.out" 2>"$work/serve.log" &
 daemon=$!
 base=""

@@ -160,9 +160,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
             && pooled.network == wanted.network
     }
 
+    /// Whether its sandboxes take full snapshots ([`Sandbox::checkpoint`]): what the
+    /// service asks before making room for one.
+    fn checkpoints(&self) -> bool {
+        false
+    }
+
     /// A sandbox of `shape` restored from `dir`, a full snapshot this tier's
     /// [`Sandbox::checkpoint`] wrote (blocking): its memory and processes as they were.
-    /// `dir` is only read: many sandboxes may be restored from one snapshot (a fork).
+    /// `dir` is only read: many sandboxes may be restored from one snapshot (a fork), and
+    /// it may be deleted once this returns (what the sandbox still needs of it, it holds
+    /// open).
     fn restore(&self, _shape: &Shape, _dir: &Path, _purpose: Purpose) -> Result<Box<dyn Sandbox>, Error> {
         Err(Error::Unavailable {
             tier: self.isolation(),

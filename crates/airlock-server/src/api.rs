@@ -12,7 +12,7 @@ use crate::config::ServerConfig;
 use crate::error::ApiError;
 
 /// Per-request limits; each absent one takes the server's default.
-#[derive(Debug, Default, Clone, Deserialize, Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     /// Memory cap in bytes.
@@ -110,6 +110,9 @@ pub struct ExecRequest {
     /// or the session ends.
     #[serde(default)]
     pub background: bool,
+    /// Where the result's `files_changed` looks: `"/workspace"` (the default), `"/tmp"`;
+    /// `[]` for no changeset.
+    pub files_changed_in: Option<Vec<String>>,
 }
 
 /// `POST /v1/sandboxes`.
@@ -130,6 +133,79 @@ pub struct CreateSandboxRequest {
     pub isolation: Option<Isolation>,
     /// An image from the service's image store: every exec of the session runs in it.
     pub image: Option<String>,
+    /// A snapshot (`snap-…`) the session starts from: its files (and, for a full
+    /// snapshot, its memory and processes), its image and isolation; its limits and
+    /// network unless given here.
+    pub from_snapshot: Option<String>,
+    /// What happens when the session has had no request for `idle_timeout_s`: `none`
+    /// (default) or `pause` (frozen until the next request that needs it).
+    pub on_idle: Option<OnIdle>,
+    /// Seconds without a request before `on_idle` applies (default 60).
+    #[serde(default, deserialize_with = "integer")]
+    pub idle_timeout_s: Option<u64>,
+}
+
+/// What an idle session does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnIdle {
+    /// Nothing: it runs until deleted or expired.
+    #[default]
+    None,
+    /// It pauses (frozen, no CPU) and resumes by itself at the next request that needs it.
+    Pause,
+}
+
+impl OnIdle {
+    /// Its name in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnIdle::None => "none",
+            OnIdle::Pause => "pause",
+        }
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/snapshots`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// `auto` (default: `full` where the tier can, else `filesystem`), `filesystem` or
+    /// `full`.
+    pub kind: Option<SnapshotKindRequest>,
+}
+
+/// What a snapshot is asked to hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotKindRequest {
+    /// The most the tier can hold.
+    #[default]
+    Auto,
+    /// The writable filesystem only.
+    Filesystem,
+    /// Memory, processes and files (micro-VMs).
+    Full,
+}
+
+/// `POST /v1/sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many copies (1 to the server's `--max-fork`).
+    #[serde(deserialize_with = "required_integer")]
+    pub count: u64,
+    /// Each copy's lifetime in seconds (default: the server's default TTL).
+    #[serde(default, deserialize_with = "integer")]
+    pub ttl_s: Option<u64>,
+}
+
+/// `POST /v1/sandboxes/{id}/restore`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// The snapshot to roll the session back to.
+    pub snapshot_id: String,
 }
 
 /// The result of an exec: the CLI's `ExecResult` plus the time spent queued.
@@ -170,6 +246,11 @@ pub(crate) fn integer<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Resul
     T::try_from(value)
         .map(Some)
         .map_err(|_| D::Error::custom(format!("{n} is too large")))
+}
+
+/// A required non-negative integer, spelled as [`integer`] allows.
+fn required_integer<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    integer::<D, u64>(d)?.ok_or_else(|| D::Error::custom("expected a non-negative integer, got null"))
 }
 
 /// A struct from a JSON object only: serde's derive also builds one from an array of its
@@ -537,6 +618,9 @@ impl ExecRequest {
         spec.isolation = self.isolation.unwrap_or_default();
         spec.image = self.image.clone();
         spec.workdir = self.workdir.clone();
+        if let Some(dirs) = &self.files_changed_in {
+            spec.files_changed_in = dirs.clone();
+        }
         // No file may be a directory of another: `d/f` and `d` cannot both be written.
         let dirs: std::collections::HashSet<&str> = self
             .files

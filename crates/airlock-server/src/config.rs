@@ -51,7 +51,16 @@ pub struct ServerConfig {
     /// Secrets the service holds (`--secret NAME@HOST`, values from its own environment):
     /// MCP's `create_sandbox` names them, so a model never sees a value.
     pub secrets: Vec<airlock_spec::Secret>,
+    /// Where snapshots are stored (`--snapshot-dir`); `None`: snapshots are unavailable.
+    pub snapshot_dir: Option<std::path::PathBuf>,
+    /// The snapshot store's disk budget (`--snapshot-budget`).
+    pub snapshot_budget: u64,
+    /// Most sandboxes one fork request may make (`--max-fork`).
+    pub max_fork: usize,
 }
+
+/// Where snapshots are stored by default.
+pub const DEFAULT_SNAPSHOT_DIR: &str = "/var/lib/airlock/snapshots";
 
 /// One image's warm pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +122,9 @@ impl Default for ServerConfig {
             image_store_max: None,
             image_pools: Vec::new(),
             secrets: Vec::new(),
+            snapshot_dir: None,
+            snapshot_budget: 10 << 30,
+            max_fork: 16,
         }
     }
 }

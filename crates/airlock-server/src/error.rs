@@ -67,6 +67,30 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "busy", what)
     }
 
+    /// 409 `paused`: the session was paused by request and must be resumed first.
+    pub fn paused(id: &str) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "paused",
+            format!("sandbox {id} is paused; resume it first (POST /v1/sandboxes/{id}/resume)"),
+        )
+    }
+
+    /// 409 `incompatible_snapshot`: the snapshot cannot go into this session.
+    pub fn incompatible_snapshot(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "incompatible_snapshot", message)
+    }
+
+    /// 507 `snapshot_budget`: the snapshot store's disk budget would be passed.
+    pub fn snapshot_budget(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INSUFFICIENT_STORAGE, "snapshot_budget", message)
+    }
+
+    /// 503 `snapshots_unavailable`: this service has no usable snapshot store.
+    pub fn snapshots_unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "snapshots_unavailable", message)
+    }
+
     /// 413.
     pub fn too_large(limit: usize) -> Self {
         Self::new(

@@ -265,6 +265,7 @@ async fn reap_sessions(state: Arc<AppState>) {
             () = tokio::time::sleep(REAP_EVERY) => {}
             () = stopped(&mut stop) => return,
         }
+        service::snapshots::pause_idle(&state);
         let now = std::time::Instant::now();
         let expired: Vec<String> = state
             .sessions

@@ -57,6 +57,18 @@ pub struct Session {
     pub kernel: tokio::sync::Mutex<Option<crate::service::kernel::Kernel>>,
     /// The sandbox and what it has used; locked by one exec or file operation at a time.
     pub inner: tokio::sync::Mutex<SessionInner>,
+    /// The network policy it was created with (what a fork gets).
+    pub network: airlock_spec::NetworkPolicy,
+    /// What it does when idle (fixed at creation).
+    pub on_idle: crate::api::OnIdle,
+    /// How long without a request counts as idle.
+    pub idle_timeout: std::time::Duration,
+    /// The snapshot it started from, if any.
+    pub from_snapshot: Option<String>,
+    /// Whether it is paused, and why.
+    pub paused: Mutex<Paused>,
+    /// When a request last needed it (what idleness is measured from).
+    pub last_used: Mutex<Instant>,
     /// Readable once the session is deleted or expired: its running exec is cancelled.
     pub cancel: Arc<OwnedFd>,
     /// Dropping it makes `cancel` readable.
@@ -98,9 +110,79 @@ impl Session {
                 permit: Some(permit),
                 slot: Some(slot),
             }),
+            network: airlock_spec::NetworkPolicy::None,
+            on_idle: crate::api::OnIdle::None,
+            idle_timeout: std::time::Duration::from_secs(60),
+            from_snapshot: None,
+            paused: Mutex::new(Paused::No),
+            last_used: Mutex::new(Instant::now()),
             cancel: Arc::new(cancel),
             cancel_trigger: Mutex::new(Some(trigger)),
         })
+    }
+
+    /// The same session, doing `on_idle` after `timeout` without a request.
+    pub fn with_idle(mut self, on_idle: crate::api::OnIdle, timeout: std::time::Duration) -> Session {
+        self.on_idle = on_idle;
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// The same session, created with the network policy `network`.
+    pub fn with_network(mut self, network: airlock_spec::NetworkPolicy) -> Session {
+        self.network = network;
+        self
+    }
+
+    /// The same session, started from the snapshot `id`.
+    pub fn with_origin(mut self, id: Option<String>) -> Session {
+        self.from_snapshot = id;
+        self
+    }
+
+    /// Whether it is paused now, and why.
+    pub fn pause_state(&self) -> Paused {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Pauses (`Some(why)`) or resumes (`None`) its sandbox, waiting for a running exec
+    /// or file operation to end first.
+    pub async fn set_paused(self: &Arc<Self>, to: Paused) -> Result<(), ApiError> {
+        let session = Arc::clone(self);
+        self.with_sandbox(move |sb| {
+            let mut state = session.paused.lock().unwrap_or_else(|e| e.into_inner());
+            let done = match (to, *state) {
+                (Paused::No, Paused::No) => Ok(()),
+                (Paused::No, _) => sb.resume(),
+                (_, Paused::No) => sb.pause(),
+                // Paused already: only the reason changes (an explicit pause of an idle
+                // one stays paused until resumed).
+                _ => Ok(()),
+            };
+            if done.is_ok() {
+                *state = to;
+            }
+            done
+        })
+        .await?
+        .map_err(ApiError::from)
+    }
+
+    /// Marks it used now, and makes it ready for a request that needs its sandbox: an
+    /// idle-paused session resumes; one paused by request is a 409 `paused`.
+    pub async fn wake(self: &Arc<Self>) -> Result<(), ApiError> {
+        if let Ok(mut t) = self.last_used.lock() {
+            *t = Instant::now();
+        }
+        match self.pause_state() {
+            Paused::No => Ok(()),
+            Paused::Idle => {
+                self.set_paused(Paused::No).await?;
+                tracing::info!(id = %self.id, "idle session resumed");
+                Ok(())
+            }
+            Paused::Requested => Err(ApiError::paused(&self.id)),
+        }
     }
 
     /// The same session, running `image` (its config merged under every exec).
@@ -155,6 +237,17 @@ impl Session {
     }
 }
 
+/// Whether a session is paused, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paused {
+    /// It runs.
+    No,
+    /// `POST …/pause`: it stays paused until `POST …/resume`.
+    Requested,
+    /// It was idle (`on_idle: pause`): the next request that needs it resumes it.
+    Idle,
+}
+
 /// The mutable part of a session.
 #[derive(Debug)]
 pub struct SessionInner {
@@ -195,6 +288,8 @@ pub struct AppState {
     pub cancel_trigger: Mutex<Option<OwnedFd>>,
     /// True once shutdown began.
     pub stopping: watch::Sender<bool>,
+    /// The snapshot store (`--snapshot-dir`), or why the service has none.
+    pub snapshots: Result<Arc<airlock_snapshot::Store>, String>,
     /// The image store (`--image-store`), shared with other airlock processes on the
     /// host through its locks.
     pub images: Option<Arc<airlock_image::Store>>,
@@ -248,6 +343,10 @@ impl AppState {
             cancel: Arc::new(cancel),
             cancel_trigger: Mutex::new(Some(trigger)),
             stopping: watch::Sender::new(false),
+            snapshots: crate::service::snapshots::open_store(
+                config.snapshot_dir.as_deref(),
+                config.snapshot_budget,
+            ),
             images,
             config,
         })

@@ -80,6 +80,9 @@ pub(crate) struct CreateSandboxInput {
     /// An image from the service's image store: every exec of the sandbox runs in it
     /// (`python:3.12-slim`); default: the host's system directories.
     pub image: Option<String>,
+    /// A snapshot from snapshot_sandbox to start from: the new sandbox has its files
+    /// (and its image and isolation).
+    pub from_snapshot: Option<String>,
 }
 
 /// What `create_sandbox` answers.
@@ -180,6 +183,7 @@ impl AirlockMcp {
             network,
             isolation: input.isolation.map(Into::into),
             image: input.image,
+            from_snapshot: input.from_snapshot,
             ..CreateSandboxRequest::default()
         };
         match unless_cancelled(&ctx, create_session(&self.state, &key, &req)).await? {

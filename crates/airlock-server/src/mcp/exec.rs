@@ -65,6 +65,9 @@ times out or exceeds its memory limit returns isError with the reason.",
             Ok(s) => s,
             Err(e) => return Ok(no_sandbox(&e)),
         };
+        if let Err(e) = session.wake().await {
+            return Ok(refused(&e));
+        }
         let timeout_ms = match timeout_ms(&state, input.timeout_s) {
             Ok(t) => t,
             Err(e) => return Ok(refused(&e)),

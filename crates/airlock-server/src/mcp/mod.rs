@@ -24,6 +24,7 @@ pub mod jsonrpc;
 mod read_file;
 mod result;
 mod run_code;
+mod snapshots;
 mod update_network;
 mod write_file;
 
@@ -133,7 +134,8 @@ impl AirlockMcp {
             + Self::write_file_router()
             + Self::read_file_router()
             + Self::close_sandbox_router()
-            + Self::update_network_router();
+            + Self::update_network_router()
+            + Self::snapshots_router();
         // The lifetime is the server's setting, so the description says it here.
         if let Some(route) = router.map.get_mut("create_sandbox") {
             route.attr.description = Some(create_sandbox::description(config).into());
@@ -504,7 +506,7 @@ mod tests {
     }
 
     #[test]
-    fn seven_tools_each_with_schemas_and_annotations() {
+    fn ten_tools_each_with_schemas_and_annotations() {
         let names: Vec<String> = tools()
             .iter()
             .map(|t| t["name"].as_str().unwrap().to_owned())
@@ -515,8 +517,11 @@ mod tests {
                 "close_sandbox",
                 "create_sandbox",
                 "exec",
+                "fork_sandbox",
                 "read_file",
+                "restore_sandbox",
                 "run_code",
+                "snapshot_sandbox",
                 "update_network",
                 "write_file"
             ]

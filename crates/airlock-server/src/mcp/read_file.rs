@@ -57,6 +57,9 @@ bytes that are not UTF-8 are replaced by U+FFFD.",
             Ok(s) => s,
             Err(e) => return Ok(no_sandbox(&e)),
         };
+        if let Err(e) = session.wake().await {
+            return Ok(refused(&e));
+        }
         let path = match check_path(&input.path) {
             Ok(p) => p,
             Err(e) => return Ok(refused(&e)),

@@ -81,6 +81,9 @@ notebook, the last expression's value and displayed tables come back as results,
                 Ok(s) => s,
                 Err(e) => return Ok(no_sandbox(&e)),
             };
+            if let Err(e) = session.wake().await {
+                return Ok(refused(&e));
+            }
             let misplaced = [
                 ("stdin", input.stdin.is_some()),
                 ("files", !input.files.is_empty()),

@@ -59,6 +59,9 @@ replacing it if it exists; exec then finds it in its working directory.",
             Ok(s) => s,
             Err(e) => return Ok(no_sandbox(&e)),
         };
+        if let Err(e) = session.wake().await {
+            return Ok(refused(&e));
+        }
         let path = match check_path(&input.path) {
             Ok(p) => p,
             Err(e) => return Ok(refused(&e)),

@@ -38,6 +38,7 @@ pub async fn run(
     JsonBody(req): JsonBody<CodeRequest>,
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
+    session.wake().await?;
     if let Some(language) = req.language.as_deref()
         && language != "python"
     {
@@ -108,6 +109,7 @@ pub async fn restart(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let session = state.session(&id, &key)?;
+    session.wake().await?;
     kernel::restart(&state, &session).await?;
     Ok(Json(json!({ "restarted": true })))
 }

@@ -38,6 +38,7 @@ pub async fn put(
         ));
     }
     let session = state.session(&id, &key)?;
+    session.wake().await?;
     let path = check_path(
         q.path
             .as_deref()
@@ -61,6 +62,7 @@ pub async fn get(
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
+    session.wake().await?;
     match q.path.as_deref().map(check_path).transpose()? {
         Some(path) => {
             let data = read_file(&session, path, state.config.max_body as u64).await?;

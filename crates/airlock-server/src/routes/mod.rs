@@ -13,6 +13,7 @@ mod processes;
 mod pty;
 pub(crate) mod sandbox_exec;
 pub(crate) mod sandboxes;
+mod snapshots;
 
 use axum::Router;
 use axum::extract::Request;
@@ -63,6 +64,16 @@ pub fn router(state: Arc<AppState>, addr: SocketAddr) -> Router {
         .route(
             "/v1/sandboxes/{id}/processes/{process}/wait",
             post(processes::wait),
+        )
+        .route("/v1/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/v1/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/v1/sandboxes/{id}/restore", post(snapshots::restore))
+        .route("/v1/sandboxes/{id}/pause", post(snapshots::pause))
+        .route("/v1/sandboxes/{id}/resume", post(snapshots::resume))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{sid}",
+            get(snapshots::show).delete(snapshots::delete),
         )
         .route("/v1/sandboxes/{id}/approvals", get(network::approvals))
         .route("/v1/sandboxes/{id}/approvals/{approval}", post(network::decide))

@@ -55,6 +55,10 @@ pub fn document(config: &ServerConfig) -> Bytes {
     let ttl = &mut doc["components"]["schemas"]["CreateSandboxRequest"]["properties"]["ttl_s"];
     ttl["maximum"] = json!(config.max_ttl.as_secs());
     ttl["default"] = json!(config.default_ttl.as_secs());
+    doc["components"]["schemas"]["ForkRequest"]["properties"]["count"]["maximum"] = json!(config.max_fork);
+    let fork_ttl = &mut doc["components"]["schemas"]["ForkRequest"]["properties"]["ttl_s"];
+    fork_ttl["maximum"] = json!(config.max_ttl.as_secs());
+    fork_ttl["default"] = json!(config.default_ttl.as_secs());
     Bytes::from(serde_json::to_vec_pretty(&doc).expect("a Value serializes"))
 }
 
@@ -81,6 +85,13 @@ mod tests {
             ("/metrics", &["get"]),
             ("/openapi.json", &["get"]),
             ("/mcp", &["post", "get", "delete"]),
+            ("/v1/sandboxes/{id}/snapshots", &["post"]),
+            ("/v1/sandboxes/{id}/fork", &["post"]),
+            ("/v1/sandboxes/{id}/restore", &["post"]),
+            ("/v1/sandboxes/{id}/pause", &["post"]),
+            ("/v1/sandboxes/{id}/resume", &["post"]),
+            ("/v1/snapshots", &["get"]),
+            ("/v1/snapshots/{sid}", &["get", "delete"]),
         ] {
             let entry = paths.get(path).unwrap_or_else(|| panic!("{path} missing"));
             for m in methods {

@@ -95,10 +95,15 @@ async fn forward_to(
         // Neither: the auth layer let nothing else through; refuse, never guess.
         (_, None) => return ApiError::unauthorized().into_response(),
     };
-    match state.session(&target.id, &owner) {
-        Ok(session) => ports::forward(state, session, port, req, &target.path_and_query).await,
-        Err(e) => e.into_response(),
+    let session = match state.session(&target.id, &owner) {
+        Ok(session) => session,
+        Err(e) => return e.into_response(),
+    };
+    // An idle-paused session wakes for its port's traffic; one paused by request answers 409.
+    if let Err(e) = session.wake().await {
+        return e.into_response();
     }
+    ports::forward(state, session, port, req, &target.path_and_query).await
 }
 
 /// Any method on `/v1/sandboxes/{id}/ports/{port}/` and below.

@@ -81,6 +81,7 @@ pub async fn handle(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
+    session.wake().await?;
     let rows = side_param("rows", query.rows.as_deref(), 24)?;
     let cols = side_param("cols", query.cols.as_deref(), 80)?;
     let upgrade = upgrade.map_err(|e| {

@@ -24,6 +24,7 @@ pub async fn handle(
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Response, ApiError> {
     let session = state.session(&id, &key)?;
+    session.wake().await?;
     let spec = session_spec(&state, &session, &req)?;
     if req.background {
         let process = super::processes::start(&state, &session, &req, spec).await?;

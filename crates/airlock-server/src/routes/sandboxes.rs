@@ -17,9 +17,9 @@ use crate::state::{AppState, KeyName, Session};
 
 /// What `POST /v1/sandboxes` answers.
 #[derive(Serialize)]
-struct Created {
-    id: String,
-    expires_at: f64,
+pub(crate) struct Created {
+    pub id: String,
+    pub expires_at: f64,
 }
 
 /// One entry of `GET /v1/sandboxes`.
@@ -31,6 +31,12 @@ pub struct Info {
     image: Option<ImageInfo>,
     created_at: f64,
     expires_at: f64,
+    /// `running` or `paused`.
+    status: &'static str,
+    /// What it does when idle: `none` or `pause`.
+    on_idle: &'static str,
+    /// The snapshot it started from.
+    from_snapshot: Option<String>,
     usage: Usage,
 }
 
@@ -48,7 +54,7 @@ struct Usage {
     memory_peak_bytes: u64,
 }
 
-async fn info(s: &Session) -> Info {
+pub(crate) async fn info(s: &Session) -> Info {
     let inner = s.inner.lock().await;
     Info {
         id: s.id.clone(),
@@ -59,6 +65,12 @@ async fn info(s: &Session) -> Info {
         }),
         created_at: epoch(s.created),
         expires_at: epoch(s.expires),
+        status: match s.pause_state() {
+            crate::state::Paused::No => "running",
+            _ => "paused",
+        },
+        on_idle: s.on_idle.as_str(),
+        from_snapshot: s.from_snapshot.clone(),
         usage: Usage {
             execs: inner.execs,
             cpu_ms: inner.cpu_ms,

@@ -416,7 +416,7 @@ impl Kernel {
         .ok()
     }
 
-    async fn kill(&self) {
+    pub(crate) async fn kill(&self) {
         let handle = Arc::clone(&self.handle);
         let _ = tokio::task::spawn_blocking(move || handle.signal(libc::SIGKILL)).await;
     }

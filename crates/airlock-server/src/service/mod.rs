@@ -10,3 +10,4 @@ pub mod ports;
 pub mod processes;
 pub mod runner;
 pub mod sessions;
+pub mod snapshots;

@@ -348,6 +348,22 @@ impl Processes {
         procs.iter().map(|p| p.info()).collect()
     }
 
+    /// Kills every running process and waits a little for them to end (a restore
+    /// ends what ran on the files it replaces).
+    pub async fn kill_all(&self) {
+        let running: Vec<Arc<Proc>> = self
+            .registry
+            .lock()
+            .map(|r| r.procs.values().filter(|p| !p.ended()).cloned().collect())
+            .unwrap_or_default();
+        for p in &running {
+            let _ = p.signal(libc::SIGKILL).await;
+        }
+        for p in &running {
+            p.wait(Duration::from_secs(5)).await;
+        }
+    }
+
     /// A place for one more running process (409 at [`MAX_RUNNING`]).
     fn check_room(&self) -> Result<(), ApiError> {
         let running = self

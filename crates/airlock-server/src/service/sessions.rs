@@ -11,6 +11,8 @@ use crate::api::{CreateSandboxRequest, ExecRequest, limits};
 use crate::error::ApiError;
 use crate::state::{AppState, KeyName, Session, purge_session};
 
+use super::snapshots::Origin;
+
 /// Seconds since the epoch, with millisecond precision.
 pub(crate) fn epoch(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
@@ -18,7 +20,7 @@ pub(crate) fn epoch(t: SystemTime) -> f64 {
 }
 
 /// Creates a session owned by `key`: admission, a sandbox of its tier (warm when the
-/// tier's pool can serve it), then the registry.
+/// tier's pool can serve it, or restored from a snapshot), then the registry.
 pub(crate) async fn create_session(
     state: &Arc<AppState>,
     key: &KeyName,
@@ -27,7 +29,71 @@ pub(crate) async fn create_session(
     if *state.stopping.borrow() {
         return Err(ApiError::shutting_down());
     }
-    let ttl = Duration::from_secs(req.ttl_s.unwrap_or(state.config.default_ttl.as_secs()));
+    let plan = match &req.from_snapshot {
+        Some(id) => super::snapshots::plan_from(state, key, req, id)?,
+        None => Plan {
+            ttl_s: req.ttl_s,
+            limits: limits(&req.limits, &state.config, &state.config.defaults)?,
+            network: req.network.clone().unwrap_or_default(),
+            isolation: req.isolation.unwrap_or_default(),
+            image: req.image.clone(),
+            image_name: None,
+            on_idle: req.on_idle.unwrap_or_default(),
+            idle_timeout: Duration::from_secs(req.idle_timeout_s.unwrap_or(DEFAULT_IDLE_S)),
+            origin: Origin::Fresh,
+        },
+    };
+    if req.network.is_some() {
+        crate::api::check_network(req.network.as_ref())?;
+    }
+    if let Some(t) = req.idle_timeout_s
+        && !(1..=MAX_IDLE_S).contains(&t)
+    {
+        return Err(ApiError::invalid(
+            "idle_timeout_s",
+            format!("must be between 1 and {MAX_IDLE_S} seconds, got {t}"),
+        ));
+    }
+    open(state, key, plan).await
+}
+
+/// A session's idle timeout when the request gives none.
+const DEFAULT_IDLE_S: u64 = 60;
+
+/// The longest idle timeout a request may give (a day).
+const MAX_IDLE_S: u64 = 86_400;
+
+/// Everything a new session is made of, whoever asked for it (a create, a create from a
+/// snapshot, a fork).
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    /// Its lifetime in seconds (`None`: the server's default).
+    pub ttl_s: Option<u64>,
+    /// Its limits, checked against the server's maxima.
+    pub limits: airlock_spec::Limits,
+    /// Its network.
+    pub network: airlock_spec::NetworkPolicy,
+    /// Its tier.
+    pub isolation: airlock_spec::Isolation,
+    /// Its image, as a reference or digest the store resolves.
+    pub image: Option<String>,
+    /// The name to record the image under, when `image` is a digest.
+    pub image_name: Option<String>,
+    /// What it does when idle.
+    pub on_idle: crate::api::OnIdle,
+    /// After how long without a request.
+    pub idle_timeout: Duration,
+    /// Where its contents come from.
+    pub origin: Origin,
+}
+
+/// Makes the session `plan` describes, owned by `key`: the key's quota, admission, its
+/// sandbox, the registry.
+pub(crate) async fn open(state: &Arc<AppState>, key: &KeyName, plan: Plan) -> Result<Arc<Session>, ApiError> {
+    if *state.stopping.borrow() {
+        return Err(ApiError::shutting_down());
+    }
+    let ttl = Duration::from_secs(plan.ttl_s.unwrap_or(state.config.default_ttl.as_secs()));
     if ttl.is_zero() || ttl > state.config.max_ttl {
         let max = state.config.max_ttl;
         return Err(ApiError::invalid(
@@ -40,13 +106,12 @@ pub(crate) async fn create_session(
             ),
         ));
     }
-    let limits = limits(&req.limits, &state.config, &state.config.defaults)?;
-    crate::api::check_network(req.network.as_ref())?;
+    let limits = plan.limits.clone();
     let mut spec = Spec::new(vec!["true".into()]);
     spec.limits = limits.clone();
-    spec.network = req.network.clone().unwrap_or_default();
-    spec.isolation = req.isolation.unwrap_or_default();
-    spec.image = req.image.clone();
+    spec.network = plan.network.clone();
+    spec.isolation = plan.isolation;
+    spec.image = plan.image.clone();
     // Validated once here, not at each exec.
     spec.validate()
         .map_err(|e| ApiError::invalid(e.field, e.message))?;
@@ -58,20 +123,39 @@ pub(crate) async fn create_session(
     let memory = limits.memory_bytes + tier.backend.overhead_bytes();
     let (permit, _) = super::runner::admit(state, key, memory).await?;
     // A warm sandbox serves a session too: limits are applied at each exec.
-    let (spec, image) = super::runner::resolve_image(state, spec).await?;
+    let (spec, mut image) = match super::runner::resolve_image(state, spec).await {
+        Err(e) if plan.image_name.is_some() => {
+            return Err(ApiError::incompatible_snapshot(format!(
+                "the snapshot's image {} is not usable here: {}",
+                plan.image_name.as_deref().unwrap_or_default(),
+                e.message
+            )));
+        }
+        r => r?,
+    };
+    if let (Some(image), Some(name)) = (image.as_mut(), &plan.image_name) {
+        image.name = name.clone();
+    }
     let mut shape = Shape::of(&spec);
     shape.image = image.as_ref().map(|i| i.root.clone());
-    let sandbox = tier.for_session(&shape, &state.metrics).await?;
+    let sandbox = super::snapshots::build(state, tier, &shape, &plan.origin).await?;
+    let from = match &plan.origin {
+        Origin::Snapshot(id) | Origin::Full(_, Some(id)) => Some(id.clone()),
+        _ => None,
+    };
     let session = Arc::new(
         Session::new(sandbox, spec.isolation, ttl, key.0.clone(), limits, permit, slot)
             .map_err(|e| ApiError::internal(format!("pipe: {e}")))?
-            .with_image(image),
+            .with_image(image)
+            .with_network(plan.network.clone())
+            .with_idle(plan.on_idle, plan.idle_timeout)
+            .with_origin(from),
     );
     if let Ok(mut map) = state.sessions.lock() {
         map.insert(session.id.clone(), Arc::clone(&session));
     }
     state.metrics.sandboxes_active.set(state.active() as i64);
-    tracing::info!(id = %session.id, key = key.0.as_deref().unwrap_or("-"), ttl_s = ttl.as_secs(), isolation = session.isolation.as_str(), "session created");
+    tracing::info!(id = %session.id, key = key.0.as_deref().unwrap_or("-"), ttl_s = ttl.as_secs(), isolation = session.isolation.as_str(), from_snapshot = session.from_snapshot.as_deref().unwrap_or("-"), "session created");
     Ok(session)
 }
 

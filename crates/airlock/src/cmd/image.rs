@@ -23,6 +23,34 @@ pub struct StoreArgs {
     pub image_store_max: Option<u64>,
 }
 
+/// Where the service keeps snapshots (`serve` and `mcp`).
+#[derive(Debug, Clone, Args)]
+pub struct SnapshotArgs {
+    /// The snapshot store's directory: snapshots outlive the daemon there. One daemon
+    /// uses it at a time; another finds snapshots unavailable (503) and says why.
+    #[arg(long, value_name = "DIR", env = "AIRLOCK_SNAPSHOT_DIR", default_value = airlock_server::config::DEFAULT_SNAPSHOT_DIR)]
+    pub snapshot_dir: PathBuf,
+    /// The most disk snapshots may take; a snapshot that would pass it is refused (507).
+    #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = size)]
+    pub snapshot_budget: u64,
+    /// The most sandboxes one fork request may make.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub max_fork: usize,
+}
+
+impl SnapshotArgs {
+    /// Puts these settings into `c`.
+    pub fn apply(&self, c: &mut airlock_server::ServerConfig) -> anyhow::Result<()> {
+        if self.max_fork == 0 {
+            anyhow::bail!("--max-fork must be at least 1");
+        }
+        c.snapshot_dir = Some(self.snapshot_dir.clone());
+        c.snapshot_budget = self.snapshot_budget;
+        c.max_fork = self.max_fork;
+        Ok(())
+    }
+}
+
 impl StoreArgs {
     /// Opens (creating if needed) the store.
     pub fn open(&self) -> anyhow::Result<Store> {

@@ -32,6 +32,8 @@ pub struct McpArgs {
     /// Where the tools' `image` is looked up.
     #[command(flatten)]
     store: super::image::StoreArgs,
+    #[command(flatten)]
+    snapshots: super::image::SnapshotArgs,
     /// A secret create_sandbox may name (`"network": {"mode": "proxy", "secrets":
     /// ["NAME"]}`): its value is this process's variable NAME, and it goes only to HOSTs
     /// (the model names it, never sees it); repeatable.
@@ -62,6 +64,7 @@ impl McpArgs {
         c.max_ttl = self.max_ttl;
         c.image_store = Some(self.store.image_store.clone());
         c.image_store_max = self.store.image_store_max;
+        self.snapshots.apply(&mut c)?;
         c.secrets = self
             .secrets
             .iter()

@@ -21,6 +21,8 @@ pub struct ServeArgs {
     /// images with `airlock image pull|import` against the same store).
     #[command(flatten)]
     store: super::image::StoreArgs,
+    #[command(flatten)]
+    snapshots: super::image::SnapshotArgs,
     /// A secret MCP's create_sandbox may name (`"secrets": ["NAME"]` in its proxy
     /// network): its value is this process's variable NAME, and it goes only to HOSTs;
     /// repeatable.
@@ -210,6 +212,7 @@ impl ServeArgs {
         c.max_ttl = self.max_session_ttl;
         c.image_store = Some(self.store.image_store.clone());
         c.image_store_max = self.store.image_store_max;
+        self.snapshots.apply(&mut c)?;
         c.secrets = self
             .secrets
             .iter()

@@ -64,6 +64,9 @@ pub struct Daemon {
     log: Arc<Mutex<String>>,
     stderr_reader: Option<std::thread::JoinHandle<()>>,
     exited: Option<ExitStatus>,
+    /// Its snapshot store, made for it (removed when it is dropped); `None` when the
+    /// test gave `--snapshot-dir` itself.
+    snapshots: Option<PathBuf>,
 }
 
 /// How `airlock serve` ended before it listened.
@@ -77,11 +80,23 @@ pub struct StartFailure {
     pub stdout: String,
 }
 
-fn serve_command(args: &[&str], env: &[(&str, &str)]) -> Command {
+/// A snapshot store directory of one daemon's own: daemons of one test binary run side
+/// by side, and a store serves one daemon at a time.
+fn fresh_snapshot_dir() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("airlock-test-snapshots-{}-{n}", std::process::id()))
+}
+
+/// `airlock serve ARGS`; without `--snapshot-dir` in them, with `snapshots` as its store.
+fn serve_command_in(args: &[&str], env: &[(&str, &str)], snapshots: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_airlock"));
     cmd.arg("serve");
     if !args.contains(&"--listen") {
         cmd.args(["--listen", "127.0.0.1:0"]);
+    }
+    if !args.contains(&"--snapshot-dir") {
+        cmd.arg("--snapshot-dir").arg(snapshots);
     }
     cmd.args(args)
         .env_remove("AIRLOCK_API_KEYS")
@@ -95,8 +110,12 @@ fn serve_command(args: &[&str], env: &[(&str, &str)]) -> Command {
 
 /// Runs `airlock serve ARGS` expecting it to refuse to start; returns how it ended.
 pub fn serve_refuses(args: &[&str]) -> StartFailure {
-    let mut child = serve_command(args, &[]).spawn().expect("spawn airlock serve");
+    let snapshots = fresh_snapshot_dir();
+    let mut child = serve_command_in(args, &[], &snapshots)
+        .spawn()
+        .expect("spawn airlock serve");
     let status = poll(START_TIMEOUT, || child.try_wait().expect("try_wait"));
+    let _ = std::fs::remove_dir_all(&snapshots);
     let Some(status) = status else {
         let _ = child.kill();
         let _ = child.wait();
@@ -128,7 +147,10 @@ impl Daemon {
 
     /// Same, for a caller that already holds [`start_lock`].
     pub fn start_locked(args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let mut child = serve_command(args, env).spawn().expect("spawn airlock serve");
+        let snapshots = (!args.contains(&"--snapshot-dir")).then(fresh_snapshot_dir);
+        let mut child = serve_command_in(args, env, snapshots.as_deref().unwrap_or(Path::new("")))
+            .spawn()
+            .expect("spawn airlock serve");
         let pid = child.id();
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().unwrap();
@@ -189,6 +211,7 @@ impl Daemon {
             log,
             stderr_reader: Some(stderr_reader),
             exited: None,
+            snapshots,
         }
     }
 
@@ -287,6 +310,9 @@ impl Drop for Daemon {
             }
         }
         let _ = self.child.wait();
+        if let Some(dir) = &self.snapshots {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         // Read the rest of its stderr (bounded: a leaked descendant could hold the pipe).
         if let Some(reader) = self.stderr_reader.take() {
             let _ = poll(Duration::from_secs(5), || reader.is_finished().then_some(()));
