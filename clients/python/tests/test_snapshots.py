@@ -404,7 +404,11 @@ def test_readme_snapshots_example(daemon: Daemon, tmp_path: Path) -> None:
     assert len(blocks) == 1, blocks
     script = tmp_path / "example.py"
     script.write_text(blocks[0])
-    env = {**os.environ, "AIRLOCK_URL": daemon.url}
+    import airlock
+
+    # the SDK under test, not whatever version is installed
+    sdk = str(Path(airlock.__file__).resolve().parents[1])
+    env = {**os.environ, "AIRLOCK_URL": daemon.url, "PYTHONPATH": sdk}
     env.pop("AIRLOCK_API_KEY", None)
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
