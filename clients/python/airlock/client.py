@@ -417,8 +417,8 @@ class Airlock:
     # --- snapshots -------------------------------------------------------------------
 
     def list_snapshots(self) -> SnapshotList:
-        """The caller's snapshots (a list of :class:`~airlock.Snapshot`), with the store's
-        ``used_bytes`` and ``budget_bytes``."""
+        """The caller's snapshots (a list of :class:`~airlock.Snapshot`, oldest first),
+        with the store's ``used_bytes`` and ``budget_bytes``."""
         return SnapshotList.from_dict(_core.parse_json(self._send("GET", "/v1/snapshots")))
 
     def get_snapshot(self, snapshot: Snapshot | str) -> Snapshot:

@@ -527,10 +527,10 @@ class Snapshot:
 
 class SnapshotList(list):  # type: ignore[type-arg]
     """:meth:`Airlock.list_snapshots <airlock.Airlock.list_snapshots>`: the caller's
-    snapshots (a ``list`` of :class:`Snapshot`) and the store's usage."""
+    snapshots (a ``list`` of :class:`Snapshot`, oldest first) and the store's usage."""
 
     used_bytes: int
-    """Bytes the server's snapshot store holds on disk."""
+    """Bytes the server's snapshot store holds on disk (every API key's snapshots)."""
     budget_bytes: int
     """The store's budget (``--snapshot-budget``)."""
 

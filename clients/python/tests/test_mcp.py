@@ -53,7 +53,10 @@ REPO = Path(__file__).resolve().parents[3]
 INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
 KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdef0"}
 
-TOOLS = {"run_code", "create_sandbox", "exec", "write_file", "read_file", "close_sandbox", "update_network"}
+TOOLS = {
+    "run_code", "create_sandbox", "exec", "write_file", "read_file", "close_sandbox", "update_network",
+    "snapshot_sandbox", "restore_sandbox", "fork_sandbox",
+}
 # (readOnlyHint, destructiveHint, idempotentHint, openWorldHint) as each tool declares them.
 ANNOTATIONS = {
     # With sandbox_id it changes that sandbox's kernel state: neither read-only nor idempotent.
@@ -64,6 +67,10 @@ ANNOTATIONS = {
     "read_file": (True, False, True, False),
     "close_sandbox": (False, True, True, False),
     "update_network": (False, False, True, True),
+    "snapshot_sandbox": (False, False, False, False),
+    # A restore throws away what was written since the snapshot; twice is the same as once.
+    "restore_sandbox": (False, True, True, False),
+    "fork_sandbox": (False, False, False, False),
 }
 REQUIRED = {
     "run_code": {"language", "code"},
@@ -73,6 +80,9 @@ REQUIRED = {
     "read_file": {"sandbox_id", "path"},
     "close_sandbox": {"sandbox_id"},
     "update_network": {"sandbox_id"},
+    "snapshot_sandbox": {"sandbox_id"},
+    "restore_sandbox": {"sandbox_id", "snapshot_id"},
+    "fork_sandbox": {"sandbox_id", "count"},
 }
 # JSON-RPC "invalid params": a call that does not fit the tool, or an unknown tool.
 INVALID_PARAMS = -32602
@@ -569,6 +579,56 @@ def test_session_flow(connect: Callable[[], Any]) -> None:
             check_refused(r, rf"no sandbox {sid}.*create_sandbox")
             r = await s.call_tool("read_file", {"sandbox_id": sid, "path": "out.txt"})
             check_refused(r, rf"no sandbox {sid}")
+
+    run(go)
+
+
+def test_snapshot_restore_fork_and_from_snapshot(connect: Callable[[], Any]) -> None:
+    async def go() -> None:
+        async with connect() as s:
+            schemas = await output_schemas(s)
+            sid = check_structured(schemas, "create_sandbox", await s.call_tool("create_sandbox", {"ttl_s": 120}))["sandbox_id"]
+            made: list[str] = [sid]
+            try:
+                r = await s.call_tool("exec", {"sandbox_id": sid, "cmd": ["sh", "-c", "echo v1 > state.txt"]})
+                changed = check_structured(schemas, "exec", r)["files_changed"]
+                assert changed == [{"path": "/workspace/state.txt", "change": "created", "kind": "file", "bytes": 3}]
+
+                r = await s.call_tool("snapshot_sandbox", {"sandbox_id": sid})
+                assert r.is_error is False, texts(r)
+                snap = check_structured(schemas, "snapshot_sandbox", r)
+                assert re.fullmatch(r"snap-[0-9a-f]{16}", snap["snapshot_id"]) and snap["kind"] == "filesystem"
+
+                await s.call_tool("write_file", {"sandbox_id": sid, "path": "state.txt", "content": "v2\n"})
+                await s.call_tool("write_file", {"sandbox_id": sid, "path": "later.txt", "content": "x"})
+                r = await s.call_tool("restore_sandbox", {"sandbox_id": sid, "snapshot_id": snap["snapshot_id"]})
+                assert r.is_error is False, texts(r)
+                assert check_structured(schemas, "restore_sandbox", r) == {"sandbox_id": sid, "snapshot_id": snap["snapshot_id"]}
+                r = await s.call_tool("exec", {"sandbox_id": sid, "cmd": ["sh", "-c", "cat state.txt; ls"]})
+                assert check_structured(schemas, "exec", r)["stdout"] == "v1\nstate.txt\n"
+
+                r = await s.call_tool("fork_sandbox", {"sandbox_id": sid, "count": 2})
+                assert r.is_error is False, texts(r)
+                forks = [f["sandbox_id"] for f in check_structured(schemas, "fork_sandbox", r)["sandboxes"]]
+                made += forks
+                assert len(set(forks + [sid])) == 3
+                await s.call_tool("write_file", {"sandbox_id": forks[0], "path": "state.txt", "content": "fork\n"})
+                for f, want in [(forks[0], "fork\n"), (forks[1], "v1\n"), (sid, "v1\n")]:
+                    r = await s.call_tool("read_file", {"sandbox_id": f, "path": "state.txt"})
+                    assert check_structured(schemas, "read_file", r)["content"] == want
+
+                r = await s.call_tool("create_sandbox", {"from_snapshot": snap["snapshot_id"]})
+                assert r.is_error is False, texts(r)
+                child = check_structured(schemas, "create_sandbox", r)["sandbox_id"]
+                made.append(child)
+                r = await s.call_tool("read_file", {"sandbox_id": child, "path": "state.txt"})
+                assert check_structured(schemas, "read_file", r)["content"] == "v1\n"
+
+                r = await s.call_tool("restore_sandbox", {"sandbox_id": sid, "snapshot_id": "snap-0123456789abcdef"})
+                check_refused(r, r"no snapshot snap-0123456789abcdef")
+            finally:
+                for m in made:
+                    await s.call_tool("close_sandbox", {"sandbox_id": m})
 
     run(go)
 

@@ -19,6 +19,7 @@ from airlock import (
     AsyncAirlock,
     AsyncSandbox,
     FileChange,
+    IncompatibleSnapshot,
     InvalidRequest,
     Sandbox,
     SandboxConflict,
@@ -29,7 +30,7 @@ from airlock import (
     SnapshotList,
     SnapshotNotFound,
 )
-from conftest import Daemon, start_daemon
+from conftest import Daemon, ImageStore, start_daemon
 
 # What a session's files look like, from inside: every path under /workspace and /tmp with
 # its type and content (symlinks by target), sorted.
@@ -320,6 +321,31 @@ def test_over_the_budget_is_refused_and_nothing_is_kept(small_budget: Daemon) ->
         assert listed.budget_bytes == 64 * 1024 and listed.used_bytes <= listed.budget_bytes
         al.delete_snapshot(kept)
         assert al.list_snapshots().used_bytes == 0
+
+
+def test_a_snapshot_keeps_its_image_and_refuses_another(image_daemon: Daemon, image_store: ImageStore) -> None:
+    with Airlock(image_daemon.url) as al, al.sandbox(image=image_store.busybox) as bb:
+        bb.files.write("a.txt", "in busybox\n")
+        snap = bb.snapshot()
+        image = bb.info().image
+        assert snap.image == image and snap.image_digest == bb.info().image_digest and image
+        try:
+            with Sandbox.from_snapshot(al, snap) as child:  # the image comes with it
+                info = child.info()
+                assert (info.image, info.from_snapshot) == (image, snap.snapshot_id)
+                r = child.exec(["sh", "-c", "cat a.txt; test -e /usr/bin/python3 || echo no-python"])
+                assert r.stdout == "in busybox\nno-python\n", r
+            with al.sandbox(image=image_store.python) as py:
+                py.files.write("mine.txt", "kept")
+                with pytest.raises(IncompatibleSnapshot) as e:
+                    py.restore(snap)
+                assert e.value.status == 409 and e.value.code == "incompatible_snapshot"
+                assert py.files.read_text("mine.txt") == "kept"  # nothing changed
+            with pytest.raises(InvalidRequest) as ei:
+                al.sandbox(from_snapshot=snap, image=image_store.python)
+            assert ei.value.field == "image"
+        finally:
+            al.delete_snapshot(snap)
 
 
 # --- async ---------------------------------------------------------------------------------

@@ -225,8 +225,9 @@ export interface Snapshot {
 
 /** `GET /v1/snapshots`: the caller's snapshots and the store's usage. */
 export interface SnapshotList {
+  /** Oldest first. */
   snapshots: Snapshot[];
-  /** Bytes the server's snapshot store holds on disk. */
+  /** Bytes the server's snapshot store holds on disk (every API key's snapshots). */
   used_bytes: number;
   /** Its budget (`--snapshot-budget`). */
   budget_bytes: number;
