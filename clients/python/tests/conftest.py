@@ -84,7 +84,8 @@ def start_daemon(
     env: dict[str, str] | None = None,
 ) -> Daemon:
     """Starts ``airlock serve --listen 127.0.0.1:0 --snapshot-dir TMP/snapshots ARGS``
-    (with ``env`` added to its environment) and waits until it is ready."""
+    (without ``--snapshot-dir`` when ARGS give one; with ``env`` added to its
+    environment) and waits until it is ready."""
     binary = airlock_bin()
     if not binary.exists():
         pytest.fail(
@@ -94,9 +95,10 @@ def start_daemon(
     tmp.mkdir(parents=True, exist_ok=True)
     out = tmp / "stdout"
     log = tmp / "stderr"
-    # Every daemon gets a snapshot store of its own: two daemons never share one (the
-    # default, /var/lib/airlock/snapshots, is held by one daemon at a time).
-    argv = [str(binary), "serve", "--listen", "127.0.0.1:0", "--snapshot-dir", str(tmp / "snapshots"), *args]
+    # Every daemon gets a snapshot store of its own unless ARGS name one: two daemons never
+    # share one (the default, /var/lib/airlock/snapshots, is held by one daemon at a time).
+    own = [] if "--snapshot-dir" in args else ["--snapshot-dir", str(tmp / "snapshots")]
+    argv = [str(binary), "serve", "--listen", "127.0.0.1:0", *own, *args]
     environ = {k: v for k, v in os.environ.items() if k != "AIRLOCK_API_KEYS"} | (env or {})
     with open(out, "wb") as o, open(log, "wb") as e:
         proc = subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=environ)

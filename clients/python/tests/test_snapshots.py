@@ -29,6 +29,7 @@ from airlock import (
     SnapshotBudgetExceeded,
     SnapshotList,
     SnapshotNotFound,
+    SnapshotsUnavailable,
 )
 from conftest import Daemon, ImageStore, start_daemon
 
@@ -346,6 +347,46 @@ def test_a_snapshot_keeps_its_image_and_refuses_another(image_daemon: Daemon, im
             assert ei.value.field == "image"
         finally:
             al.delete_snapshot(snap)
+
+
+def test_a_store_in_use_by_another_daemon_is_unavailable(tmp_path: Path, daemon: Daemon) -> None:
+    """The reason every daemon of these tests has a store of its own: a second daemon on
+    the same directory serves everything but snapshots (503, not retried)."""
+    store = str(tmp_path / "shared")
+    first = start_daemon(tmp_path / "first", "--pool", "0", "--snapshot-dir", store)
+    try:
+        second = start_daemon(tmp_path / "second", "--pool", "0", "--snapshot-dir", store)
+        try:
+            with Airlock(second.url) as al:
+                t0 = time.monotonic()
+                with pytest.raises(SnapshotsUnavailable) as e:
+                    al.list_snapshots()
+                assert e.value.status == 503 and e.value.code == "snapshots_unavailable"
+                assert time.monotonic() - t0 < 5  # not retried
+                assert al.health()
+        finally:
+            second.stop()
+        with Airlock(first.url) as al:
+            assert al.list_snapshots() == []
+    finally:
+        first.stop()
+
+
+def test_paused_session_refuses_a_stream_and_keeps_its_processes(sb: Sandbox) -> None:
+    p = sb.processes.start(["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done"])
+    time.sleep(0.3)
+    sb.pause()
+    with pytest.raises(SandboxPaused):
+        sb.stream(cmd=["true"]).wait()
+    with pytest.raises(SandboxPaused):
+        sb.run_code("1")
+    frozen = sb.processes.get(p)  # it can be looked at, frozen
+    assert frozen.running
+    sb.resume()
+    first = int(sb.exec(["cat", "/tmp/n"]).stdout)
+    time.sleep(0.3)
+    assert int(sb.exec(["cat", "/tmp/n"]).stdout) > first  # it goes on after the resume
+    assert sb.processes.get(p).running
 
 
 # --- async ---------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 // daemon (namespaces tier: filesystem snapshots) with a snapshot store of its own.
 
 import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import {
   Airlock,
@@ -12,6 +15,7 @@ import {
   SandboxPaused,
   SnapshotBudgetExceeded,
   SnapshotNotFound,
+  SnapshotsUnavailable,
 } from "airlock-sandbox";
 import { Daemon, startDaemon } from "./daemon.js";
 
@@ -268,5 +272,31 @@ describe("snapshot budget", () => {
     assert.equal(listed.budget_bytes, 64 * 1024);
     await c.deleteSnapshot(kept);
     assert.equal((await c.listSnapshots()).used_bytes, 0);
+  });
+});
+
+describe("a store in use by another daemon", () => {
+  test("the second daemon serves everything but snapshots: SnapshotsUnavailable, not retried", async () => {
+    const store = mkdtempSync(join(tmpdir(), "airlock-ts-test-store-"));
+    const first = await startDaemon(["--pool", "0", "--snapshot-dir", store]);
+    try {
+      const second = await startDaemon(["--pool", "0", "--snapshot-dir", store]);
+      try {
+        const c = new Airlock({ url: second.url });
+        const t0 = Date.now();
+        await assert.rejects(
+          c.listSnapshots(),
+          (e: unknown) => e instanceof SnapshotsUnavailable && e.status === 503 && e.code === "snapshots_unavailable",
+        );
+        assert.ok(Date.now() - t0 < 5000, "retried");
+        assert.equal(await c.health(), true);
+      } finally {
+        await second.stop();
+      }
+      assert.deepEqual((await new Airlock({ url: first.url }).listSnapshots()).snapshots, []);
+    } finally {
+      await first.stop();
+      rmSync(store, { recursive: true, force: true });
+    }
   });
 });
