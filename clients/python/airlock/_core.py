@@ -145,7 +145,7 @@ def exec_body(
         body["image"] = image
     if files_changed_in is not None:
         # [] is meaningful: no changeset at all.
-        body["files_changed_in"] = list(_strings("files_changed_in", files_changed_in))
+        body["files_changed_in"] = _strings("files_changed_in", files_changed_in)
     return body
 
 
