@@ -182,13 +182,24 @@ fn scan_dir(dir: &OwnedFd, dev: u64, path: &mut Vec<u8>, depth: usize, index: &m
     Ok(())
 }
 
+/// Whether a path that exists before and after is the same: for a directory, the same
+/// directory with the same mode (entries made or removed in it are changes of their
+/// own, not of it); for anything else, the same metadata.
+fn unchanged(before: &Meta, after: &Meta) -> bool {
+    if before.kind == FileKind::Dir && after.kind == FileKind::Dir {
+        return before.ino == after.ino && before.mode == after.mode;
+    }
+    before == after
+}
+
 /// What changed between two scans of the same roots, sorted by path, at most
 /// [`MAX_FILES_CHANGED`] entries, and whether more changed than listed.
 ///
 /// Created: in `after` only. Deleted: in `before` only (kind and size as they were).
 /// Modified: in both, and kind, size, mode, mtime, ctime or inode differ (a rewrite to the
 /// same size shows in mtime/ctime; a kind change is `modified` with the new kind). A
-/// directory whose entries changed has a new mtime, so it is listed as modified too.
+/// directory is modified only when its mode changed or another directory took its place:
+/// entries made or removed in it are listed themselves.
 ///
 /// When either scan was truncated its paths past the cap are unknown, so nothing reliable
 /// can be said: the list is empty and the flag is set.
@@ -222,7 +233,7 @@ pub fn diff(before: &Index, after: &Index) -> (Vec<FileChange>, bool) {
                 std::cmp::Ordering::Equal => {
                     a.next();
                     b.next();
-                    if ma == mb {
+                    if unchanged(ma, mb) {
                         continue;
                     }
                     (pb, Change::Modified, mb)

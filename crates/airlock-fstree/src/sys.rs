@@ -37,13 +37,19 @@ pub(crate) fn reopen_dir(dir: &OwnedFd) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat(dir, c".", DIR_FLAGS, Mode::empty())?)
 }
 
-/// Calls `f` with each name in `dir` (not `.` and `..`) until it returns `Ok(false)`.
+/// Calls `f` with each name in `dir` (not `.` and `..`) until it returns `Ok(false)`; a
+/// directory removed meanwhile has no names.
 pub(crate) fn read_dir(dir: &OwnedFd, mut f: impl FnMut(&CStr) -> io::Result<bool>) -> io::Result<()> {
     let mut buf: Vec<MaybeUninit<u8>> = Vec::with_capacity(16 * 1024);
     buf.resize(16 * 1024, MaybeUninit::uninit());
     let mut entries = RawDir::new(dir.as_fd(), &mut buf);
     while let Some(entry) = entries.next() {
-        let entry = entry?;
+        let entry = match entry {
+            Ok(entry) => entry,
+            // Removed since it was opened (the program is still running): empty now.
+            Err(Errno::NOENT) => break,
+            Err(e) => return Err(e.into()),
+        };
         let name = entry.file_name();
         if name == c"." || name == c".." {
             continue;

@@ -137,6 +137,31 @@ impl airlock_backend::Sandbox for Sandbox {
         Ok(Sandbox::spawn(self, spec, stdio)?)
     }
 
+    /// Read from the host through the sandbox's scratch tmpfs (see `scratch`); served
+    /// while paused too.
+    fn export_files(&mut self, out: &mut dyn std::io::Write, cancel: &[BorrowedFd<'_>]) -> Result<(), Error> {
+        Ok(Sandbox::export_files(self, out, cancel)?)
+    }
+
+    /// Written from the host into the sandbox's scratch tmpfs, owned by the sandbox user.
+    fn import_files(
+        &mut self,
+        input: &mut dyn std::io::Read,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), Error> {
+        Ok(Sandbox::import_files(self, input, cancel)?)
+    }
+
+    /// The sandbox's cgroup frozen; execs, spawns and file operations are refused
+    /// (`invalid`: `sandbox` is paused) until resumed.
+    fn pause(&mut self) -> Result<(), Error> {
+        Ok(Sandbox::pause(self)?)
+    }
+
+    fn resume(&mut self) -> Result<(), Error> {
+        Ok(Sandbox::resume(self)?)
+    }
+
     /// Connections made from the host in the sandbox's own network namespace (see
     /// `ports`); in every network mode.
     fn ports(&self) -> Option<std::sync::Arc<dyn airlock_backend::PortConnector>> {

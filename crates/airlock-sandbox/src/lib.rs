@@ -35,6 +35,7 @@ pub mod privileges;
 mod procs;
 mod protocol;
 mod sandbox;
+mod scratch;
 mod spawn;
 mod supervisor;
 pub mod sys;
@@ -99,6 +100,15 @@ pub enum SandboxError {
     /// the file was left behind).
     #[error("{0}")]
     DiskFull(DiskFull),
+    /// Reading or writing the sandbox's files from the host failed (an export, an import,
+    /// the scans of `files_changed`).
+    #[error("{what}: {source}")]
+    Files {
+        /// What was being done.
+        what: &'static str,
+        /// What failed.
+        source: std::io::Error,
+    },
 }
 
 // The causes are printed in each message, so they are not also `#[source]`s (a chain
@@ -145,6 +155,7 @@ impl From<SandboxError> for airlock_backend::Error {
                 airlock_spec::Isolation::Namespaces,
             ),
             SandboxError::DiskFull(e) => Error::DiskFull(e),
+            SandboxError::Files { what, source } => Error::host(what, source),
         }
     }
 }

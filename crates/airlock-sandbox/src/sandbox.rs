@@ -5,6 +5,7 @@
 //! the cgroup, on every path, which purges everything the sandbox owned (its tmpfs dies
 //! with its mount namespace).
 
+use airlock_fstree::Index;
 use airlock_spec::{ExecResult, FileEntry, NetworkPolicy, Spec};
 use std::ffi::CString;
 use std::io;
@@ -20,6 +21,7 @@ use nix::sys::wait::WaitStatus;
 use crate::cgroup::{Cgroup, CgroupLimits, Usage};
 use crate::egress::{self, EgressProxy, EgressSockets};
 use crate::protocol::{self, CHUNK, Frame, Reply, Request};
+use crate::scratch::{Cancellable, SNAPSHOT_ROOTS, Scratch, Watch};
 use crate::supervisor::{self, OutputSink};
 use crate::{Engine, SandboxError, init::INIT_ARG, sys};
 
@@ -154,6 +156,15 @@ pub struct Sandbox {
     spawned: bool,
     /// What connects to its ports (see `ports`), made at the first ask; closed on drop.
     ports: std::sync::OnceLock<Arc<crate::ports::Ports>>,
+    /// Its scratch tmpfs's roots, opened from the host when first needed (see `scratch`).
+    scratch: Scratch,
+    /// The tree as the last session exec left it (`files_changed_in`, the index), for the
+    /// next exec's before-scan: only while nothing else can have changed it since (no
+    /// spawned program, no file operation; an exec's processes all end with it).
+    last_index: Option<(Vec<String>, Index)>,
+    /// Frozen by [`Sandbox::pause`]: nothing but exports, imports, resume and drop is
+    /// served until [`Sandbox::resume`].
+    paused: bool,
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
@@ -266,6 +277,9 @@ impl Sandbox {
             image: config.image.is_some(),
             spawned: false,
             ports: std::sync::OnceLock::new(),
+            scratch: Scratch::default(),
+            last_index: None,
+            paused: false,
         };
 
         // The child waits on the control socket: map its ids, then go.
@@ -496,6 +510,7 @@ impl Sandbox {
         if !self.is_alive() {
             return Err(SandboxError::Gone);
         }
+        self.refuse_paused()?;
         let t0 = Instant::now();
         let limits = cgroup_limits(spec);
         if limits != self.limits {
@@ -530,7 +545,165 @@ impl Sandbox {
         for file in &spec.files {
             self.write_file_cancellable(&file.path, file.mode, &file.content, file_cancel)?;
         }
-        supervisor::exec(self, spec, sink, cancel, one_shot, t0)
+        // The tree before the program (the spec's files are in it already), through fds
+        // that outlive a one-shot's init.
+        let watch = self.watch(spec)?;
+        let mut result = supervisor::exec(self, spec, sink, cancel, one_shot, t0)?;
+        if let Some(Watch { names, roots, before }) = watch {
+            match Index::scan(&roots) {
+                Ok(after) => {
+                    (result.files_changed, result.files_changed_truncated) =
+                        airlock_fstree::diff(&before, &after);
+                    if !one_shot && !self.spawned {
+                        self.last_index = Some((names, after));
+                    }
+                }
+                // The result stands; what changed is unknown.
+                Err(_) => result.files_changed_truncated = true,
+            }
+        }
+        Ok(result)
+    }
+
+    /// The before-scan of `spec.files_changed_in`: the last session exec's after-scan when
+    /// nothing can have changed the tree since, else a scan now.
+    fn watch(&mut self, spec: &Spec) -> Result<Option<Watch>, SandboxError> {
+        let last = self.last_index.take();
+        if spec.files_changed_in.is_empty() {
+            return Ok(None);
+        }
+        let names: Vec<&str> = spec.files_changed_in.iter().map(String::as_str).collect();
+        let roots = self.scratch.roots(self.pid, &names)?;
+        let before = match last {
+            Some((n, index)) if n == spec.files_changed_in && !self.spawned => index,
+            _ => Index::scan(&roots).map_err(|source| SandboxError::Files {
+                what: "scanning the sandbox's files before the program",
+                source,
+            })?,
+        };
+        Ok(Some(Watch {
+            names: spec.files_changed_in.clone(),
+            roots,
+            before,
+        }))
+    }
+
+    /// Refuses a request init would have to serve while the sandbox is frozen.
+    pub(crate) fn refuse_paused(&self) -> Result<(), SandboxError> {
+        if self.paused {
+            return Err(SandboxError::Spec(airlock_spec::SpecError::new(
+                "sandbox",
+                "is paused",
+            )));
+        }
+        Ok(())
+    }
+
+    /// Notes that something other than an exec may have changed the tree: the next exec
+    /// scans afresh.
+    pub(crate) fn forget_index(&mut self) {
+        self.last_index = None;
+    }
+
+    /// Writes /workspace, /tmp and /dev/shm to `out` as a tar stream (airlock-fstree's
+    /// format), read from the host through the scratch tmpfs: served while paused too (a
+    /// frozen tree exports consistently). Gives up with [`SandboxError::Cancelled`] once a
+    /// `cancel` fd is readable.
+    pub fn export_files(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), SandboxError> {
+        if self.reaped.is_some() || !self.is_alive() {
+            return Err(SandboxError::Gone);
+        }
+        let roots = self.scratch.roots(self.pid, &SNAPSHOT_ROOTS)?;
+        let mut out = Cancellable::new(out, cancel);
+        match airlock_fstree::export(&roots, &mut out) {
+            Ok(_) => Ok(()),
+            Err(_) if out.cancelled => Err(SandboxError::Cancelled),
+            Err(source) => Err(SandboxError::Files {
+                what: "exporting the sandbox's files",
+                source,
+            }),
+        }
+    }
+
+    /// Replaces what /workspace, /tmp and /dev/shm hold with a tar stream's content (what
+    /// [`Sandbox::export_files`] wrote), owned by the sandbox user. Running out of room is
+    /// [`SandboxError::DiskFull`]; the tree is then partly imported (import again, or
+    /// into a larger sandbox).
+    pub fn import_files(
+        &mut self,
+        input: &mut dyn std::io::Read,
+        cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), SandboxError> {
+        if self.reaped.is_some() || !self.is_alive() {
+            return Err(SandboxError::Gone);
+        }
+        self.forget_index();
+        let roots = self.scratch.roots(self.pid, &SNAPSHOT_ROOTS)?;
+        let owner = (self.host_user, self.host_user);
+        let mut input = Cancellable::new(input, cancel);
+        // With the sandbox user's filesystem ids: see `sys::with_fs_ids`.
+        let imported = sys::with_fs_ids(self.host_user, || {
+            airlock_fstree::import(&roots, &mut input, owner)
+        })
+        .map_err(SandboxError::Spawn)?;
+        match imported {
+            Ok(_) => Ok(()),
+            Err(_) if input.cancelled => Err(SandboxError::Cancelled),
+            Err(e) if crate::scratch::no_room(&e) => Err(SandboxError::DiskFull(crate::DiskFull {
+                path: "(the snapshot's files)".into(),
+                bytes: 0,
+                disk_bytes: self.disk_bytes,
+                free_bytes: crate::scratch::free_bytes(&roots[0]),
+                memory_bytes: None,
+            })),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(SandboxError::Spec(
+                airlock_spec::SpecError::new("snapshot", e.to_string()),
+            )),
+            Err(source) => Err(SandboxError::Files {
+                what: "importing files into the sandbox",
+                source,
+            }),
+        }
+    }
+
+    /// Freezes every process of the sandbox (init, execs, spawned programs) through its
+    /// cgroup; idempotent. Execs, spawns and file operations are refused until
+    /// [`Sandbox::resume`] (`invalid`: `sandbox` is paused); exports and imports are served.
+    pub fn pause(&mut self) -> Result<(), SandboxError> {
+        if !self.is_alive() {
+            return Err(SandboxError::Gone);
+        }
+        if self.paused {
+            return Ok(());
+        }
+        let Some(cg) = &self.cgroup else {
+            return Err(SandboxError::Host("this sandbox has no cgroup to freeze".into()));
+        };
+        // Marked first: a freeze that half happened is thawed by resume or drop.
+        self.paused = true;
+        cg.freeze(true)?;
+        Ok(())
+    }
+
+    /// Thaws what [`Sandbox::pause`] froze; idempotent.
+    pub fn resume(&mut self) -> Result<(), SandboxError> {
+        if !self.paused {
+            return Ok(());
+        }
+        if let Some(cg) = &self.cgroup {
+            cg.freeze(false)?;
+        }
+        self.paused = false;
+        Ok(())
+    }
+
+    /// Whether it is paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused
     }
 
     /// Writes (creates or replaces) a file under /workspace, owned by the sandbox user.
@@ -553,6 +726,8 @@ impl Sandbox {
         content: &[u8],
         cancel: &[BorrowedFd<'_>],
     ) -> Result<(), SandboxError> {
+        self.refuse_paused()?;
+        self.forget_index();
         let disk_bytes = self.disk_bytes;
         let no_room = |free_bytes, memory_bytes| {
             SandboxError::DiskFull(crate::DiskFull {
@@ -661,6 +836,7 @@ impl Sandbox {
 
     /// Reads a file under /workspace (at most `max_bytes`).
     pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, SandboxError> {
+        self.refuse_paused()?;
         self.send(
             &Request::ReadFile {
                 path: path.to_owned(),
@@ -690,6 +866,7 @@ impl Sandbox {
 
     /// Lists /workspace recursively.
     pub fn list_files(&mut self) -> Result<Vec<FileEntry>, SandboxError> {
+        self.refuse_paused()?;
         self.send(&Request::ListFiles, &[])?;
         match self.file_reply()? {
             Reply::Listing { entries } => Ok(entries),
@@ -834,6 +1011,11 @@ impl Sandbox {
         let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
         if let Some(cg) = &self.cgroup {
             let _ = cg.kill();
+            // A paused sandbox's tasks act on SIGKILL once thawed (v1's freezer holds
+            // them; cgroup2's lets fatal signals through, and thawing does no harm).
+            if self.paused {
+                let _ = cg.freeze(false);
+            }
         }
     }
 

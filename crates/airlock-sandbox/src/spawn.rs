@@ -41,6 +41,8 @@ impl Sandbox {
         if !self.is_alive() {
             return Err(SandboxError::Gone);
         }
+        self.refuse_paused()?;
+        self.forget_index();
         self.leave_background()?;
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,

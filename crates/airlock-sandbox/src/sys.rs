@@ -288,6 +288,62 @@ pub fn effective_capabilities() -> io::Result<u64> {
     Ok(u64::from(data[0].effective) | (u64::from(data[1].effective) << 32))
 }
 
+/// Runs `f` with this thread's filesystem uid and gid set to `id` (its capabilities kept
+/// effective), then puts back uid and gid 0. For writing into a sandbox's tmpfs from the
+/// host: that tmpfs belongs to the sandbox's user namespace, where the kernel refuses to
+/// create an inode for an fsuid the namespace does not map (`EOVERFLOW`), and host root is
+/// not mapped there. fsuid and fsgid are per thread: the process's other threads keep
+/// theirs. Only for a caller whose fsuid is 0.
+pub fn with_fs_ids<T>(id: u32, f: impl FnOnce() -> T) -> io::Result<T> {
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: libc::c_int,
+    }
+    /// Puts fsuid and fsgid back to 0 on every path out, unwinding too.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: setfsuid/setfsgid take integers and only change this thread's
+            // filesystem ids; going back to 0 also gives back the filesystem
+            // capabilities the kernel took from the effective set.
+            unsafe {
+                libc::setfsgid(0);
+                libc::setfsuid(0);
+            }
+        }
+    }
+    let header = CapHeader {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: the v3 header and two CapData the kernel writes into.
+    check(unsafe { libc::syscall(libc::SYS_capget, &header as *const CapHeader, data.as_mut_ptr()) })?;
+    let restore = Restore;
+    // SAFETY: integer arguments; they change this thread's filesystem ids only.
+    unsafe {
+        libc::setfsgid(id);
+        libc::setfsuid(id);
+    }
+    // setfsuid reports the old value, never an error: ask again (an invalid id changes
+    // nothing and returns the current one).
+    // SAFETY: as above; u32::MAX is never a valid id, so nothing changes.
+    if unsafe { libc::setfsuid(u32::MAX) } as u32 != id {
+        return Err(io::Error::other("setfsuid did not take"));
+    }
+    // Leaving fsuid 0 dropped the filesystem capabilities (CAP_CHOWN, CAP_DAC_OVERRIDE,
+    // CAP_FOWNER...) from the effective set: raise them again from the permitted set.
+    for d in &mut data {
+        d.effective = d.permitted;
+    }
+    // SAFETY: the v3 layout; pid 0 is this thread; only raises effective within permitted.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })?;
+    let out = f();
+    drop(restore);
+    Ok(out)
+}
+
 /// `prctl` with integer arguments, errno as error.
 pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
     // SAFETY: every prctl option used by this crate takes integer arguments only.

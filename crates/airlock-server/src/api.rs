@@ -696,6 +696,17 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(
             let field = if path == "." { name.to_owned() } else { path };
             return ApiError::invalid(field, format!("unknown field ({at})"));
         }
+        // … and missing ones as: missing field `name`.
+        if let Some(rest) = text.strip_prefix("missing field `")
+            && let Some(name) = rest.split('`').next()
+        {
+            let field = if path == "." {
+                name.to_owned()
+            } else {
+                format!("{path}.{name}")
+            };
+            return ApiError::invalid(field, format!("is required ({at})"));
+        }
         let field = if path == "." { "body".to_owned() } else { path };
         ApiError::invalid(field, text)
     })?;

@@ -22,6 +22,9 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 pub(crate) struct RecordFile {
     pub version: u32,
     pub record: Record,
+    /// `record.created` in milliseconds: what `created` is set from at load (a float does not
+    /// always come back from JSON bit for bit).
+    pub created_ms: u64,
     /// Bytes of the full state directory (allocated blocks) when the record was written.
     #[serde(default)]
     pub full_bytes: u64,

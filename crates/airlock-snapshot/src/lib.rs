@@ -43,7 +43,14 @@
 //! The price is granularity: a pack lives as long as any record points into it, so deleting
 //! an old snapshot frees nothing while a newer one still shares one of its blobs (a later
 //! compaction could rewrite such packs; not done). An in-memory index per owner (digest ->
-//! pack, offset) is rebuilt from the records at open.
+//! pack, offset) is built from the records at open; the entries themselves stay on disk
+//! (`tar` reads the record again), so memory grows with unique blobs, not with snapshots.
+//!
+//! Small files (up to 1 MiB) are read into 2 MiB batches and hashed on up to four threads at
+//! once; the new ones go to the pack straight from the batch, one `pwrite` per run. SHA-256
+//! is most of a put's time (about 1 GB/s per core here, with the SHA extensions), so a second
+//! put of the same files costs about what hashing them does. Larger files are streamed: read,
+//! hashed and written a MiB at a time, and cut off the pack again when they turn out known.
 //!
 //! Dedup never crosses owners (`NewSnapshot::owner`, the API key): whether a put costs bytes
 //! would tell a tenant whether another tenant holds a file.
@@ -54,6 +61,14 @@
 //! blocks are rebuilt with the `tar` crate's `Builder` (what airlock-fstree writes with) when
 //! that reproduces them exactly, otherwise kept verbatim in the record; the end-of-archive
 //! zeros are kept by count.
+//!
+//! # What is refused
+//!
+//! Hard links, devices, FIFOs, sparse files, global PAX headers, absolute paths, `.`/`..` or
+//! empty components, paths outside `workspace/`, `tmp/`, `dev/shm/`, a root that is not a
+//! directory, an entry beneath a symlink of the same stream, a bad checksum, a stream cut
+//! short or with data after its end. The importer (airlock-fstree) must still not trust what
+//! it unpacks; these are a second line.
 //!
 //! # Durability
 //!

@@ -12,7 +12,7 @@ use rustix::fs::FlockOperation;
 
 use crate::error::io_err;
 use crate::format::{Bytes, Digest, Entry, FORMAT_VERSION, Kind, Raw, RecordFile};
-use crate::pack::PackWriter;
+use crate::pack::{Batch, PackWriter};
 use crate::tarin::{Next, Parsed, TarIn};
 use crate::tarout::{HeaderMaker, TarReader, VARIANTS};
 use crate::{NewSnapshot, Record, SnapshotKind, Staging, StoreError, Usage};
@@ -21,7 +21,9 @@ use crate::{NewSnapshot, Record, SnapshotKind, Staging, StoreError, Usage};
 /// keeps a hostile stream from growing a record without end.
 const MAX_ENTRIES: u64 = 1_000_000;
 
-/// A snapshot as the store holds it in memory: its record file and what it costs on disk.
+/// A snapshot as the store holds it in memory: its record file without the entries (they
+/// stay on disk, read again by `tar`: a store of many large snapshots would otherwise hold
+/// every path in memory) and what it costs on disk.
 #[derive(Debug)]
 pub(crate) struct Stored {
     pub file: RecordFile,
@@ -71,14 +73,19 @@ pub struct Store {
     tmp_dir: PathBuf,
     /// The store directory, flock'd exclusively for the store's life (closing releases it).
     _lock: File,
+    /// Threads that hash a batch of small files.
+    workers: usize,
+    /// Batch buffers kept between puts (at most `SPARE_BUFFERS`).
+    spare: Mutex<Vec<Vec<u8>>>,
     inner: Mutex<Inner>,
 }
 
-fn now() -> f64 {
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// 16 hex digits from the OS's random source.
@@ -182,6 +189,134 @@ impl Drop for Pins<'_> {
     }
 }
 
+/// Small files' content is hashed in batches of this many bytes (on `workers` threads).
+const BATCH_BYTES: usize = 2 << 20;
+/// Batch buffers kept for the next puts (3 MiB each).
+const SPARE_BUFFERS: usize = 2;
+/// Files larger than this are streamed into the pack, hashed on one thread.
+const BIG_FILE: u64 = 1 << 20;
+
+fn empty_digest() -> Digest {
+    use sha2::Digest as _;
+    Digest(sha2::Sha256::digest([]).into())
+}
+
+/// A put's dedup decisions: which blobs the owner holds, which go into this snapshot's pack.
+struct Placer<'a> {
+    store: &'a Store,
+    /// This snapshot's id: the name of its pack.
+    own_name: Arc<str>,
+    owner: Option<String>,
+    pins: Pins<'a>,
+    /// The record's pack table, and each name's index in it.
+    table: Vec<Arc<str>>,
+    table_idx: HashMap<Arc<str>, u32>,
+    /// This snapshot's pack in `table`, once it holds a blob.
+    own: Option<u32>,
+    /// Blobs already in this snapshot's pack: digest -> offset.
+    local: HashMap<Digest, u64>,
+    pack: PackWriter,
+    /// Bytes the pack may take before the put is over budget (a first check; the real one
+    /// is made under the lock at commit).
+    room: u64,
+}
+
+impl Placer<'_> {
+    /// Where the blob already is (this pack, or one of the owner's): (table index, offset).
+    fn known(&mut self, digest: &Digest) -> Option<(u32, u64)> {
+        if let Some(&off) = self.local.get(digest) {
+            return Some((self.own.expect("local blobs are in the own pack"), off));
+        }
+        let mut inner = self.store.lock();
+        let loc = inner.owners.get(&self.owner)?.get(digest)?.clone();
+        if let Some(&i) = self.table_idx.get(&loc.pack) {
+            return Some((i, loc.offset));
+        }
+        // Pinned: the pack stays until this put ends, whatever deletes happen meanwhile.
+        inner.packs.get_mut(&loc.pack)?.pins += 1;
+        self.pins.packs.push(loc.pack.clone());
+        let i = self.table.len() as u32;
+        self.table.push(loc.pack.clone());
+        self.table_idx.insert(loc.pack, i);
+        Some((i, loc.offset))
+    }
+
+    /// A new blob at `offset` of this snapshot's pack; its table index.
+    fn added(&mut self, digest: Digest, offset: u64) -> u32 {
+        self.local.insert(digest, offset);
+        match self.own {
+            Some(i) => i,
+            None => {
+                let i = self.table.len() as u32;
+                self.table.push(self.own_name.clone());
+                self.table_idx.insert(self.own_name.clone(), i);
+                self.own = Some(i);
+                i
+            }
+        }
+    }
+
+    fn check_room(&mut self, pending: u64) {
+        if !self.pack.discarding() && self.pack.pos() + pending > self.room {
+            self.pack.discard();
+        }
+    }
+
+    /// Hashes the batch, decides each file, writes the new blobs (runs of them at once).
+    fn place_batch(
+        &mut self,
+        batch: &mut Batch,
+        entries: &mut [Entry],
+        workers: usize,
+    ) -> Result<(), StoreError> {
+        if batch.files.is_empty() {
+            return Ok(());
+        }
+        let digests = batch.digests(workers);
+        // The run of new blobs not written yet: [start, end) of the batch buffer.
+        let (mut run_start, mut run_end) = (0usize, 0usize);
+        for (&(ei, start, len), digest) in batch.files.iter().zip(digests) {
+            let e = &mut entries[ei];
+            e.digest = Some(digest);
+            if let Some((i, off)) = self.known(&digest) {
+                (e.pack, e.offset) = (Some(i), off);
+                continue;
+            }
+            if run_end != start {
+                self.pack.write(&batch.buf[run_start..run_end])?;
+                (run_start, run_end) = (start, start);
+            }
+            let offset = self.pack.pos() + (run_end - run_start) as u64;
+            run_end = start + len;
+            let i = self.added(digest, offset);
+            (e.pack, e.offset) = (Some(i), offset);
+            self.check_room((run_end - run_start) as u64);
+        }
+        self.pack.write(&batch.buf[run_start..run_end])?;
+        batch.clear();
+        Ok(())
+    }
+
+    /// A large file, streamed into the pack and taken back if known; false when the stream
+    /// ended first.
+    fn place_streamed(&mut self, r: &mut dyn Read, size: u64, e: &mut Entry) -> Result<bool, StoreError> {
+        let start = self.pack.pos();
+        let Some(digest) = self.pack.append_stream(r, size)? else {
+            return Ok(false);
+        };
+        e.digest = Some(digest);
+        if let Some((i, off)) = self.known(&digest) {
+            self.pack.rollback(start)?;
+            (e.pack, e.offset) = (Some(i), off);
+        } else {
+            let i = self.added(digest, start);
+            (e.pack, e.offset) = (Some(i), start);
+            self.check_room(0);
+        }
+        Ok(true)
+    }
+}
+
 /// A file removed on drop unless disarmed.
 struct TmpFile(Option<PathBuf>);
 
@@ -244,6 +379,8 @@ impl Store {
             staging_dir,
             tmp_dir,
             _lock: lock,
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            spare: Mutex::new(Vec::new()),
             inner: Mutex::new(Inner::default()),
         };
         store.load()?;
@@ -301,8 +438,23 @@ impl Store {
                 },
             };
             match problem {
-                Ok((file, record_len)) => {
-                    let packs = file.packs.iter().map(|p| Arc::<str>::from(p.as_str())).collect();
+                Ok((mut file, record_len)) => {
+                    file.record.created = file.created_ms as f64 / 1000.0;
+                    let packs: Vec<Arc<str>> =
+                        file.packs.iter().map(|p| Arc::<str>::from(p.as_str())).collect();
+                    // The owner's blob index, from the entries, which are then let go.
+                    let index = inner.owners.entry(file.record.owner.clone()).or_default();
+                    for e in std::mem::take(&mut file.entries) {
+                        if let (Some(d), Some(i)) = (e.digest, e.pack)
+                            && e.size > 0
+                        {
+                            let pack = packs[i as usize].clone();
+                            index.entry(d).or_insert(Loc {
+                                pack,
+                                offset: e.offset,
+                            });
+                        }
+                    }
                     inner.records.insert(
                         id.to_string(),
                         Arc::new(Stored {
@@ -363,10 +515,7 @@ impl Store {
                 ps.refs += 1;
             }
         }
-        let owners: HashSet<Option<String>> = stored.iter().map(|s| s.file.record.owner.clone()).collect();
-        for o in owners {
-            rebuild_owner(&mut inner, &o);
-        }
+        inner.owners.retain(|_, index| !index.is_empty());
         tracing::info!(
             dir = %self.dir.display(),
             snapshots = inner.records.len(),
@@ -451,28 +600,6 @@ impl Store {
         }
     }
 
-    /// Where the owner already holds `digest`; pins that pack for this put.
-    fn lookup(
-        &self,
-        owner: &Option<String>,
-        digest: &Digest,
-        table: &mut Vec<Arc<str>>,
-        table_idx: &mut HashMap<Arc<str>, u32>,
-        pins: &mut Pins<'_>,
-    ) -> Option<(u32, u64)> {
-        let mut inner = self.lock();
-        let loc = inner.owners.get(owner)?.get(digest)?.clone();
-        if let Some(&i) = table_idx.get(&loc.pack) {
-            return Some((i, loc.offset));
-        }
-        inner.packs.get_mut(&loc.pack)?.pins += 1;
-        pins.packs.push(loc.pack.clone());
-        let i = table.len() as u32;
-        table.push(loc.pack.clone());
-        table_idx.insert(loc.pack, i);
-        Some((i, loc.offset))
-    }
-
     /// Stores a snapshot: the files of `tar` (airlock-fstree's export format) and, with
     /// `new.full`, a full state a tier wrote into a [`Store::staging`] directory.
     ///
@@ -497,20 +624,38 @@ impl Store {
             None => 0,
         };
         let id = self.new_id()?;
-        let mut pins = Pins {
+        let used_start = self.lock().used;
+        let mut placer = Placer {
             store: self,
-            packs: Vec::new(),
+            own_name: Arc::from(id.as_str()),
+            owner,
+            pins: Pins {
+                store: self,
+                packs: Vec::new(),
+            },
+            table: Vec::new(),
+            table_idx: HashMap::new(),
+            own: None,
+            local: HashMap::new(),
+            pack: PackWriter::new(self.tmp_dir.join(format!("{id}.pack"))),
+            room: self.budget.saturating_sub(used_start + full_bytes),
         };
-        let mut pack = PackWriter::new(self.tmp_dir.join(format!("{id}.pack")));
-        let mut table: Vec<Arc<str>> = Vec::new();
-        let mut table_idx: HashMap<Arc<str>, u32> = HashMap::new();
-        let mut own: Option<u32> = None;
-        let mut local: HashMap<Digest, u64> = HashMap::new();
+        // A batch buffer from the last put: fresh pages cost a fault each (2 MiB: 512 faults).
+        let mut batch = Batch {
+            buf: self
+                .spare
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+                .unwrap_or_default(),
+            files: Vec::new(),
+        };
+        batch.buf.clear();
+        batch.buf.reserve(BATCH_BYTES + BIG_FILE as usize);
         let mut entries = Vec::new();
         let (mut bytes, mut files) = (0u64, 0u64);
         let mut maker = HeaderMaker::new();
         let mut hint = 0u8;
-        let used_start = self.lock().used;
 
         let mut input = TarIn::new(tar);
         let trailer = loop {
@@ -532,7 +677,7 @@ impl Store {
                 mtime,
                 size,
             } = p;
-            let mut e = Entry {
+            entries.push(Entry {
                 path: Bytes(path),
                 kind,
                 mode,
@@ -546,53 +691,57 @@ impl Store {
                 link: link.map(Bytes),
                 variant,
                 raw,
-            };
+            });
             if kind == Kind::File {
                 files += 1;
                 bytes += size;
-                let start = pack.pos();
-                let digest = pack.append_from(input.input(), size)?;
-                let Some(digest) = digest else {
-                    return Err(input.invalid("the stream ends in the middle of a file (truncated archive)"));
-                };
-                input.skip_padding(size)?;
-                e.digest = Some(digest);
-                if size > 0 {
-                    if let Some(&off) = local.get(&digest) {
-                        pack.rollback(start)?;
-                        (e.pack, e.offset) = (own, off);
-                    } else if let Some((i, off)) =
-                        self.lookup(&owner, &digest, &mut table, &mut table_idx, &mut pins)
-                    {
-                        pack.rollback(start)?;
-                        (e.pack, e.offset) = (Some(i), off);
-                    } else {
-                        local.insert(digest, start);
-                        let i = *own.get_or_insert_with(|| {
-                            let name: Arc<str> = Arc::from(id.as_str());
-                            table.push(name.clone());
-                            table_idx.insert(name, table.len() as u32 - 1);
-                            table.len() as u32 - 1
-                        });
-                        (e.pack, e.offset) = (Some(i), start);
-                        if !pack.discarding() && used_start + full_bytes + pack.pos() > self.budget {
-                            pack.discard();
-                        }
+                let complete = if size == 0 {
+                    entries.last_mut().expect("pushed above").digest = Some(empty_digest());
+                    true
+                } else if size <= BIG_FILE {
+                    let ok = batch.read(entries.len() - 1, input.input(), size)?;
+                    if batch.buf.len() >= BATCH_BYTES {
+                        placer.place_batch(&mut batch, &mut entries, self.workers)?;
                     }
+                    ok
+                } else {
+                    placer.place_batch(&mut batch, &mut entries, self.workers)?;
+                    placer.place_streamed(input.input(), size, entries.last_mut().expect("pushed above"))?
+                };
+                if !complete {
+                    return Err(input.invalid("the stream ends in the middle of a file (truncated archive)"));
                 }
+                input.skip_padding(size)?;
             }
-            entries.push(e);
             input.index += 1;
         };
+        placer.place_batch(&mut batch, &mut entries, self.workers)?;
+        {
+            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(std::mem::take(&mut batch.buf));
+            }
+        }
+        let Placer {
+            pins,
+            table,
+            own,
+            local,
+            mut pack,
+            owner,
+            ..
+        } = placer;
+        let mut pins = pins;
 
         let kind = if full.is_some() {
             SnapshotKind::Full
         } else {
             SnapshotKind::Filesystem
         };
+        let created_ms = now_ms();
         let record = Record {
             id: id.clone(),
-            created: now(),
+            created: created_ms as f64 / 1000.0,
             owner,
             session,
             kind,
@@ -604,6 +753,7 @@ impl Store {
         let mut file = RecordFile {
             version: FORMAT_VERSION,
             record,
+            created_ms,
             full_bytes,
             packs: table.iter().map(|p| p.to_string()).collect(),
             trailer,
@@ -620,7 +770,7 @@ impl Store {
                 budget: self.budget,
             });
         }
-        let pack_len = pack.finish()?;
+        let pack_len = pack.finish();
         let tmp_record = self.tmp_dir.join(format!("{id}.json"));
         let mut tmp_guard = TmpFile(Some(tmp_record.clone()));
         {
@@ -671,6 +821,7 @@ impl Store {
 
         let owner = file.record.owner.clone();
         let record = file.record.clone();
+        file.entries = Vec::new();
         let stored = Arc::new(Stored {
             file,
             record_len: json.len() as u64,
@@ -722,7 +873,14 @@ impl Store {
         }
         let ps = inner.packs.remove(pack).expect("looked up above");
         inner.used -= ps.len;
-        rebuild_owner(inner, &ps.owner);
+        // Blobs the owner also holds in another pack (two puts of the same new files side by
+        // side) are forgotten too: a later put stores them again, nothing worse.
+        if let Some(index) = inner.owners.get_mut(&ps.owner) {
+            index.retain(|_, loc| loc.pack != *pack);
+            if index.is_empty() {
+                inner.owners.remove(&ps.owner);
+            }
+        }
     }
 
     /// The record of snapshot `id`.
@@ -795,13 +953,22 @@ impl Store {
             .get(id)
             .cloned()
             .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        // Opened under the lock: a delete after this point does not cut the stream short.
+        let record_path = self.record_path(id);
+        let mut record_file = File::open(&record_path).map_err(io_err("opening", &record_path))?;
         let mut files = Vec::with_capacity(stored.packs.len());
         for p in &stored.packs {
             let path = self.pack_path(p);
             files.push(File::open(&path).map_err(io_err("opening", path))?);
         }
         drop(inner);
-        Ok(Box::new(TarReader::new(stored, files)))
+        let mut json = Vec::with_capacity(stored.record_len as usize);
+        record_file
+            .read_to_end(&mut json)
+            .map_err(io_err("reading", &record_path))?;
+        let file: RecordFile = serde_json::from_slice(&json)
+            .map_err(|e| io_err("parsing", &record_path)(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+        Ok(Box::new(TarReader::new(file, files)))
     }
 
     /// The directory holding snapshot `id`'s full state (a tier's `Backend::restore` reads
@@ -820,28 +987,5 @@ impl Store {
             budget_bytes: self.budget,
             snapshots: inner.records.len() as u64,
         }
-    }
-}
-
-/// Rebuilds an owner's blob index from its records (after a pack went away).
-fn rebuild_owner(inner: &mut Inner, owner: &Option<String>) {
-    let mut index: HashMap<Digest, Loc> = HashMap::new();
-    for s in inner.records.values().filter(|s| &s.file.record.owner == owner) {
-        for e in &s.file.entries {
-            if let (Some(d), Some(p)) = (e.digest, e.pack)
-                && let Some(pack) = s.packs.get(p as usize)
-                && e.size > 0
-            {
-                index.entry(d).or_insert_with(|| Loc {
-                    pack: pack.clone(),
-                    offset: e.offset,
-                });
-            }
-        }
-    }
-    if index.is_empty() {
-        inner.owners.remove(owner);
-    } else {
-        inner.owners.insert(owner.clone(), index);
     }
 }

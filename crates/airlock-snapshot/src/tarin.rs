@@ -18,8 +18,11 @@ use crate::format::Kind;
 const MAX_LONG_NAME: u64 = 64 << 10;
 /// Bound on a PAX extended header's data: the keys we accept are short.
 const MAX_PAX: u64 = 1 << 20;
-/// Bound on a path: PATH_MAX.
-const MAX_PATH: usize = 4096;
+/// Bound on a path: airlock-fstree walks 128 levels of up to 255-byte names through *at()
+/// calls, past PATH_MAX.
+const MAX_PATH: usize = 64 << 10;
+/// Bound on a symlink target: the kernel's (PATH_MAX).
+const MAX_LINK: usize = 4096;
 /// Bound on the zeros after the end-of-archive marker (GNU tar pads to 10 KiB records).
 const MAX_TRAILER: u64 = 1 << 20;
 
@@ -54,6 +57,9 @@ pub(crate) struct TarIn<'a> {
     /// The current entry's header blocks exactly as read (extension entries first).
     pub prefix: Vec<u8>,
     path_seen: String,
+    /// Symlinks of the stream so far (paths without a trailing `/`): nothing may come beneath
+    /// one (the classic way to make an unpacker write through a link).
+    symlinks: std::collections::HashSet<Vec<u8>>,
 }
 
 fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> Result<usize, StoreError> {
@@ -80,6 +86,7 @@ impl<'a> TarIn<'a> {
             index: 0,
             prefix: Vec::with_capacity(2048),
             path_seen: String::new(),
+            symlinks: std::collections::HashSet::new(),
         }
     }
 
@@ -168,9 +175,12 @@ impl<'a> TarIn<'a> {
                 _ => return Err(self.invalid("bad header checksum (not a tar stream?)")),
             }
             self.prefix.extend_from_slice(&block);
-            let size = h
-                .entry_size()
-                .map_err(|e| self.invalid(format!("bad size field: {e}")))?;
+            let size = match h.entry_size() {
+                Ok(s) => s,
+                // Left blank: 0, as for the other numeric fields below.
+                Err(_) if block[124..136].iter().all(|&b| b == 0) => 0,
+                Err(e) => return Err(self.invalid(format!("bad size field: {e}"))),
+            };
             let kind = match h.entry_type().as_byte() {
                 b'L' => {
                     let mut d = self.extension_data(size, MAX_LONG_NAME, "GNU long name")?;
@@ -224,13 +234,26 @@ impl<'a> TarIn<'a> {
                 .unwrap_or_else(|| h.path_bytes().into_owned());
             self.path_seen = String::from_utf8_lossy(&path).into_owned();
             check_path(&path, kind).map_err(|e| self.invalid(e))?;
+            let trimmed = path.strip_suffix(b"/").unwrap_or(&path);
+            if !self.symlinks.is_empty() {
+                let beneath = trimmed
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &b)| b == b'/' && self.symlinks.contains(&trimmed[..i]));
+                if beneath {
+                    return Err(self.invalid("an entry beneath a symlink of the same stream"));
+                }
+            }
+            if kind == Kind::Symlink {
+                self.symlinks.insert(trimmed.to_vec());
+            }
             let link = match kind {
                 Kind::Symlink => {
                     let l = long_link
                         .or(pax_link)
                         .or_else(|| h.link_name_bytes().map(|l| l.into_owned()))
                         .unwrap_or_default();
-                    if l.is_empty() || l.contains(&0) || l.len() > MAX_PATH {
+                    if l.is_empty() || l.contains(&0) || l.len() > MAX_LINK {
                         return Err(
                             self.invalid("symlink target empty, longer than 4096 bytes or with a NUL")
                         );
@@ -243,11 +266,16 @@ impl<'a> TarIn<'a> {
             if kind != Kind::File && size != 0 {
                 return Err(self.invalid("a directory or symlink with content"));
             }
-            let bad = |what: &str| format!("bad {what} field");
-            let mode = h.mode().map_err(|_| self.invalid(bad("mode")))?;
-            let uid = h.uid().map_err(|_| self.invalid(bad("uid")))?;
-            let gid = h.gid().map_err(|_| self.invalid(bad("gid")))?;
-            let mtime = h.mtime().map_err(|_| self.invalid(bad("mtime")))?;
+            // A numeric field left blank (all NUL: a producer that did not set it) reads as 0.
+            let field = |r: std::ops::Range<usize>, v: io::Result<u64>, what: &str| match v {
+                Ok(v) => Ok(v),
+                Err(_) if block[r].iter().all(|&b| b == 0) => Ok(0),
+                Err(_) => Err(self.invalid(format!("bad {what} field"))),
+            };
+            let mode = field(100..108, h.mode().map(u64::from), "mode")? as u32;
+            let uid = field(108..116, h.uid(), "uid")?;
+            let gid = field(116..124, h.gid(), "gid")?;
+            let mtime = field(136..148, h.mtime(), "mtime")?;
             return Ok(Next::Entry(Parsed {
                 kind,
                 path,
@@ -324,7 +352,7 @@ pub(crate) fn check_path(p: &[u8], kind: Kind) -> Result<(), &'static str> {
         return Err("NUL in path");
     }
     if p.len() > MAX_PATH {
-        return Err("path longer than 4096 bytes");
+        return Err("path longer than 64 KiB");
     }
     let trimmed = p.strip_suffix(b"/").unwrap_or(p);
     let comps: Vec<&[u8]> = trimmed.split(|&b| b == b'/').collect();
@@ -334,6 +362,10 @@ pub(crate) fn check_path(p: &[u8], kind: Kind) -> Result<(), &'static str> {
             b"." | b".." => return Err("`.` or `..` path component"),
             _ => {}
         }
+    }
+    let root = matches!(comps[..], [b"workspace"] | [b"tmp"] | [b"dev"] | [b"dev", b"shm"]);
+    if root && kind != Kind::Dir {
+        return Err("a root (workspace, tmp, dev/shm) that is not a directory");
     }
     let ok = match comps[0] {
         b"workspace" | b"tmp" => true,
@@ -352,6 +384,9 @@ mod tests {
 
     #[test]
     fn paths() {
+        assert!(check_path(b"workspace", Kind::Symlink).is_err());
+        assert!(check_path(b"dev/shm/", Kind::File).is_err());
+        assert_eq!(check_path(b"tmp/", Kind::Dir), Ok(()));
         for ok in [
             "workspace",
             "workspace/",
@@ -362,7 +397,7 @@ mod tests {
             "workspace/..a/b..",
             "workspace/.x",
         ] {
-            assert_eq!(check_path(ok.as_bytes(), Kind::File), Ok(()), "{ok}");
+            assert_eq!(check_path(ok.as_bytes(), Kind::Dir), Ok(()), "{ok}");
         }
         assert_eq!(check_path(b"dev", Kind::Dir), Ok(()));
         for bad in [

@@ -12,12 +12,10 @@ use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
 
 use tar::{Builder, EntryType, Header};
 
-use crate::format::{Entry, Kind};
-use crate::store::Stored;
+use crate::format::{Entry, Kind, RecordFile};
 
 /// Number of header variants `HeaderMaker` knows.
 pub(crate) const VARIANTS: u8 = 4;
@@ -102,7 +100,8 @@ const HEADER_BATCH: usize = 64 << 10;
 
 /// The tar stream of one snapshot.
 pub(crate) struct TarReader {
-    stored: Arc<Stored>,
+    /// The snapshot's record, read from disk for this stream (entries are not kept in memory).
+    file: RecordFile,
     /// Open pack files, by index in the record's pack table.
     packs: Vec<File>,
     maker: HeaderMaker,
@@ -119,16 +118,16 @@ pub(crate) struct TarReader {
 impl std::fmt::Debug for TarReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TarReader")
-            .field("id", &self.stored.file.record.id)
+            .field("id", &self.file.record.id)
             .field("next", &self.next)
             .finish()
     }
 }
 
 impl TarReader {
-    pub fn new(stored: Arc<Stored>, packs: Vec<File>) -> Self {
+    pub fn new(file: RecordFile, packs: Vec<File>) -> Self {
         TarReader {
-            stored,
+            file,
             packs,
             maker: HeaderMaker::new(),
             buf: Vec::with_capacity(HEADER_BATCH + 4096),
@@ -144,8 +143,7 @@ impl TarReader {
         self.buf.clear();
         self.buf_pos = 0;
         self.buf.resize(pad, 0);
-        let stored = Arc::clone(&self.stored);
-        let entries = &stored.file.entries;
+        let entries = &self.file.entries;
         while self.next < entries.len() && self.buf.len() < HEADER_BATCH {
             let e = &entries[self.next];
             self.next += 1;
@@ -167,7 +165,7 @@ impl TarReader {
         }
         if self.next >= entries.len() && !self.done {
             self.done = true;
-            self.buf.resize(self.buf.len() + stored.file.trailer as usize, 0);
+            self.buf.resize(self.buf.len() + self.file.trailer as usize, 0);
         }
         Ok(())
     }
