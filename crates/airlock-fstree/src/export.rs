@@ -7,7 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use airlock_spec::FileKind;
-use rustix::fs::Stat;
+use rustix::fs::{FileType, Stat};
 use rustix::io::Errno;
 use tar::{EntryType, Header};
 
@@ -74,41 +74,56 @@ fn export_dir(
     builder: &mut tar::Builder<&mut dyn Write>,
     stats: &mut Exported,
 ) -> io::Result<()> {
-    let mut names: Vec<Vec<u8>> = Vec::new();
-    sys::read_dir(dir, |name| {
-        names.push(name.to_bytes().to_vec());
+    let mut names: Vec<(Vec<u8>, FileType)> = Vec::new();
+    sys::read_dir(dir, |name, kind| {
+        names.push((name.to_bytes().to_vec(), kind));
         Ok(true)
     })?;
-    names.sort_unstable();
-    for name in names {
+    names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    for (name, listed) in names {
         let len = path.len();
         path.push(b'/');
         path.extend_from_slice(&name);
-        let result = export_entry(dir, &name, dev, path, depth, builder, stats);
+        let result = export_entry(dir, &name, listed, dev, path, depth, builder, stats);
         path.truncate(len);
         result?;
     }
     Ok(())
 }
 
+// Each argument is a different piece of the walk's state.
+#[allow(clippy::too_many_arguments)]
 fn export_entry(
     dir: &OwnedFd,
     name: &[u8],
+    listed: FileType,
     dev: u64,
     path: &mut Vec<u8>,
     depth: usize,
     builder: &mut tar::Builder<&mut dyn Write>,
     stats: &mut Exported,
 ) -> io::Result<()> {
-    let Some(st) = sys::lstat_at(dir, &cstr(name)?)? else {
-        stats.skipped += 1;
-        return Ok(());
+    // What the listing says it is spares a stat for files and directories: they are
+    // opened (never following a symlink) and what was opened is checked.
+    let mut lstat = None;
+    let kind = match listed {
+        FileType::RegularFile => Some(FileKind::File),
+        FileType::Directory => Some(FileKind::Dir),
+        FileType::Symlink | FileType::Unknown => {
+            let Some(st) = sys::lstat_at(dir, &cstr(name)?)? else {
+                stats.skipped += 1;
+                return Ok(());
+            };
+            if st.st_dev != dev {
+                stats.skipped += 1;
+                return Ok(());
+            }
+            let kind = sys::kind_of(&st);
+            lstat = Some(st);
+            kind
+        }
+        _ => None,
     };
-    let kind = sys::kind_of(&st);
-    if kind.is_none() || st.st_dev != dev {
-        stats.skipped += 1;
-        return Ok(());
-    }
     let tar_path = Path::new(OsStr::from_bytes(path));
     match kind {
         Some(FileKind::Dir) => {
@@ -137,6 +152,10 @@ fn export_entry(
                 Err(e) => return Err(e.into()),
             };
             let target = Path::new(OsStr::from_bytes(target.to_bytes()));
+            let Some(st) = lstat else {
+                stats.skipped += 1;
+                return Ok(());
+            };
             let mut h = header(EntryType::Symlink, &st, 0);
             h.set_mode(0o777);
             builder.append_link(&mut h, tar_path, target)?;
@@ -155,13 +174,33 @@ fn export_entry(
                 file: std::fs::File::from(fd),
                 left: size,
             };
-            builder.append_data(&mut h, tar_path, &mut data)?;
+            if size <= SMALL {
+                // Read whole, in as few reads as the file allows; written in one piece.
+                SMALL_BUF.with_borrow_mut(|buf| {
+                    buf.clear();
+                    buf.resize(size as usize, 0);
+                    data.read_exact(buf)?;
+                    builder.append_data(&mut h, tar_path, &buf[..])
+                })?;
+            } else {
+                builder.append_data(&mut h, tar_path, &mut data)?;
+            }
             stats.files += 1;
             stats.bytes += size;
             Ok(())
         }
-        None => Ok(()),
+        None => {
+            stats.skipped += 1;
+            Ok(())
+        }
     }
+}
+
+/// Files up to this size are read whole into a buffer kept per thread.
+const SMALL: u64 = 1 << 20;
+
+thread_local! {
+    static SMALL_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn cstr(name: &[u8]) -> io::Result<std::ffi::CString> {

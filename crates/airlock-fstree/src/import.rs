@@ -58,7 +58,7 @@ fn clear_dir(
 ) -> io::Result<()> {
     // Names first: removing entries while getdents walks the directory can skip some.
     let mut names: Vec<Vec<u8>> = Vec::new();
-    sys::read_dir(dir, |name| {
+    sys::read_dir(dir, |name, _| {
         names.push(name.to_bytes().to_vec());
         Ok(true)
     })?;
@@ -114,6 +114,10 @@ pub fn import(roots: &[Root], input: &mut dyn Read, owner: (u32, u32)) -> io::Re
     // Directories named in the stream: (root, path beneath it, mode, mtime), fixed at the end.
     let mut dirs: Vec<(usize, Vec<u8>, u32, u64)> = Vec::new();
     let mut cache: Option<(usize, Vec<u8>, OwnedFd)> = None;
+    // Whether what this process makes needs a chown: not when its filesystem ids are the
+    // owner already (found out at the first file).
+    let mut chown = true;
+    let mut probed = false;
     for entry in archive.entries()? {
         let mut entry = entry?;
         let raw = entry.path_bytes().into_owned();
@@ -138,7 +142,9 @@ pub fn import(roots: &[Root], input: &mut dyn Read, owner: (u32, u32)) -> io::Re
                     Err(Errno::EXIST) => {}
                     Err(e) => return Err(e.into()),
                 }
-                rustix::fs::chownat(dir, name, uid(owner), gid(owner), AtFlags::SYMLINK_NOFOLLOW)?;
+                if chown {
+                    rustix::fs::chownat(dir, name, uid(owner), gid(owner), AtFlags::SYMLINK_NOFOLLOW)?;
+                }
                 dirs.push((ri, rel.clone(), mode, mtime));
             }
             EntryType::Regular | EntryType::Continuous => {
@@ -156,9 +162,16 @@ pub fn import(roots: &[Root], input: &mut dyn Read, owner: (u32, u32)) -> io::Re
                     }
                     r => r?,
                 };
-                rustix::fs::fchown(&fd, uid(owner), gid(owner))?;
+                if !probed {
+                    let st = rustix::fs::fstat(&fd)?;
+                    chown = (st.st_uid, st.st_gid) != owner;
+                    probed = true;
+                }
+                if chown {
+                    rustix::fs::fchown(&fd, uid(owner), gid(owner))?;
+                }
                 let mut file = std::fs::File::from(fd);
-                let n = io::copy(&mut entry, &mut file)?;
+                let n = copy(&mut entry, &mut file)?;
                 rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))?;
                 rustix::fs::futimens(&file, &times(mtime))?;
                 stats.files += 1;
@@ -181,7 +194,9 @@ pub fn import(roots: &[Root], input: &mut dyn Read, owner: (u32, u32)) -> io::Re
                     }
                     r => r?,
                 }
-                rustix::fs::chownat(dir, name, uid(owner), gid(owner), AtFlags::SYMLINK_NOFOLLOW)?;
+                if chown {
+                    rustix::fs::chownat(dir, name, uid(owner), gid(owner), AtFlags::SYMLINK_NOFOLLOW)?;
+                }
                 rustix::fs::utimensat(dir, name, &times(mtime), AtFlags::SYMLINK_NOFOLLOW)?;
                 stats.symlinks += 1;
             }
@@ -197,6 +212,39 @@ pub fn import(roots: &[Root], input: &mut dyn Read, owner: (u32, u32)) -> io::Re
         rustix::fs::futimens(&fd, &times(*mtime))?;
     }
     Ok(stats)
+}
+
+/// `io::copy` through a larger buffer kept per thread: a file of up to 256 KiB is one
+/// write.
+fn copy(from: &mut dyn Read, to: &mut std::fs::File) -> io::Result<u64> {
+    use std::io::Write;
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUF.with_borrow_mut(|buf| {
+        buf.resize(256 * 1024, 0);
+        let mut total = 0u64;
+        loop {
+            // Fill the buffer as far as the stream gives, then write it.
+            let mut filled = 0;
+            while filled < buf.len() {
+                match from.read(&mut buf[filled..]) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if filled == 0 {
+                return Ok(total);
+            }
+            to.write_all(&buf[..filled])?;
+            total += filled as u64;
+            if filled < buf.len() {
+                return Ok(total);
+            }
+        }
+    })
 }
 
 fn uid(owner: (u32, u32)) -> Option<Uid> {

@@ -137,7 +137,7 @@ impl Index {
 /// Scans the directory `dir` whose absolute path is `path` (restored before returning).
 fn scan_dir(dir: &OwnedFd, dev: u64, path: &mut Vec<u8>, depth: usize, index: &mut Index) -> io::Result<()> {
     let mut subdirs: Vec<Vec<u8>> = Vec::new();
-    sys::read_dir(dir, |name| {
+    sys::read_dir(dir, |name, _| {
         if index.entries.len() >= MAX_ENTRIES {
             index.truncated = true;
             return Ok(false);

@@ -37,9 +37,13 @@ pub(crate) fn reopen_dir(dir: &OwnedFd) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat(dir, c".", DIR_FLAGS, Mode::empty())?)
 }
 
-/// Calls `f` with each name in `dir` (not `.` and `..`) until it returns `Ok(false)`; a
+/// Calls `f` with each name in `dir` (not `.` and `..`) and its type as the directory
+/// lists it (`Unknown` where the filesystem does not say) until it returns `Ok(false)`; a
 /// directory removed meanwhile has no names.
-pub(crate) fn read_dir(dir: &OwnedFd, mut f: impl FnMut(&CStr) -> io::Result<bool>) -> io::Result<()> {
+pub(crate) fn read_dir(
+    dir: &OwnedFd,
+    mut f: impl FnMut(&CStr, FileType) -> io::Result<bool>,
+) -> io::Result<()> {
     let mut buf: Vec<MaybeUninit<u8>> = Vec::with_capacity(16 * 1024);
     buf.resize(16 * 1024, MaybeUninit::uninit());
     let mut entries = RawDir::new(dir.as_fd(), &mut buf);
@@ -54,7 +58,7 @@ pub(crate) fn read_dir(dir: &OwnedFd, mut f: impl FnMut(&CStr) -> io::Result<boo
         if name == c"." || name == c".." {
             continue;
         }
-        if !f(name)? {
+        if !f(name, entry.file_type())? {
             break;
         }
     }

@@ -412,7 +412,7 @@ fn sized_reads_keep_the_stream_well_formed() {
     let tmp = tempfile::tempdir().unwrap();
     let ws = tmp.path().join("ws");
     fs::create_dir(&ws).unwrap();
-    fs::write(ws.join("a"), vec![1u8; 100_000]).unwrap();
+    fs::write(ws.join("a"), vec![1u8; 2_000_000]).unwrap(); // past SMALL: read while written
     let roots = [root(&ws, "/workspace")];
     // A writer that truncates the file while the export writes the stream.
     struct Shrinker {
@@ -442,10 +442,14 @@ fn sized_reads_keep_the_stream_well_formed() {
     assert!(w.done);
     let mut ar = tar::Archive::new(Cursor::new(&w.out));
     let mut e = ar.entries().unwrap().next().unwrap().unwrap();
-    assert_eq!(e.size(), 100_000);
+    assert_eq!(e.size(), 2_000_000);
     let mut data = Vec::new();
     std::io::Read::read_to_end(&mut e, &mut data).unwrap();
-    assert_eq!(data.len(), 100_000);
+    assert_eq!(data.len(), 2_000_000);
+    // What was read before the cut, then zeros.
+    assert_eq!(data[0], 1);
+    assert_eq!(*data.last().unwrap(), 0, "padded with zeros");
+    assert!(data[5..].iter().all(|&b| b == 0 || b == 1));
 }
 
 /// Needs root (mount): a mount beneath a root is not crossed, and a full tmpfs is recognisable.

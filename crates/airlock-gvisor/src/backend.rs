@@ -297,7 +297,34 @@ impl Backend for GvisorBackend {
         let prepared = self.prepared()?;
         let background = matches!(purpose, Purpose::Pool { behind: true });
         let warm = matches!(purpose, Purpose::Pool { .. });
-        let sandbox = GvisorSandbox::create(prepared, shape, background, warm)?;
+        let sandbox = GvisorSandbox::create(prepared, shape, background, warm, None)?;
+        Ok(Box::new(sandbox))
+    }
+
+    /// `runsc checkpoint` saves a whole sandbox (see `GvisorSandbox::checkpoint`).
+    fn checkpoints(&self) -> bool {
+        true
+    }
+
+    /// `runsc restore` of the checkpoint in `dir` into a new sandbox of `shape` (which
+    /// must be the checkpointed sandbox's: its disk, image and network are in the
+    /// snapshot): its programs run on from where they were, with their memory; `dir`
+    /// is read only while this runs.
+    fn restore(&self, shape: &Shape, dir: &Path, purpose: Purpose) -> Result<Box<dyn Sandbox>, Error> {
+        self.check_shape(shape)?;
+        let prepared = self.prepared()?;
+        crate::sandbox::SnapshotInfo::check(
+            dir,
+            &crate::sandbox::SnapshotInfo::of(prepared.platform, shape),
+        )?;
+        if !dir.join(crate::sandbox::CHECKPOINT_FILE).is_file() {
+            return Err(Error::invalid(
+                "snapshot",
+                format!("{} holds no gVisor checkpoint", dir.display()),
+            ));
+        }
+        let background = matches!(purpose, Purpose::Pool { behind: true });
+        let sandbox = GvisorSandbox::create(prepared, shape, background, false, Some(dir))?;
         Ok(Box::new(sandbox))
     }
 

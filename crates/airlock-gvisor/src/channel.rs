@@ -1,7 +1,7 @@
 //! The host's end of the agent's frames: two pipes (the container's stdin and stdout).
 //! Reads are non-blocking and polled beside the caller's cancel fds, with a deadline.
 
-use airlock_vmwire::frame::{self as proto, Decoder, Frame, ToGuest, ToHost};
+use airlock_vmwire::frame::{self as proto, Decoder, Frame, ToHost};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use std::fs::File;
@@ -56,8 +56,8 @@ impl Channel {
         })
     }
 
-    /// Sends one frame.
-    pub fn send(&mut self, msg: &ToGuest, payload: &[u8]) -> io::Result<()> {
+    /// Sends one frame (a `ToGuest` or a `wire::ToGvAgent`).
+    pub fn send(&mut self, msg: &impl serde::Serialize, payload: &[u8]) -> io::Result<()> {
         proto::write(&mut self.to, msg, payload).map_err(|e| match e {
             proto::FrameError::Io(e) => e,
             e => io::Error::other(e),

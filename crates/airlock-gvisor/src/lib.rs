@@ -22,6 +22,14 @@
 //!   the sandbox's loopback ports (`Sandbox::ports`) go through the agent's process
 //!   keeper, which connects to a Unix socket the host serves ([`procs`] is the wire),
 //!   apart from the exec's channel, so they work while an exec runs.
+//! - Snapshots (issue 17): every exec's result lists the files it created, modified and
+//!   deleted (the agent scans `Spec::files_changed_in` before and after, with
+//!   airlock-fstree); the writable filesystem goes out and in as a tar stream in frames
+//!   on the agent's port ([`wire`]); `pause` freezes the sandbox's v2 cgroup (or runs
+//!   `runsc pause`); a full snapshot is `runsc checkpoint` (the sandbox is restored in
+//!   place after it) and `Backend::restore` is `runsc restore`, as many times as wanted.
+//!   runsc cannot save a connection to a host Unix socket, so the process keeper drops
+//!   all of them before a checkpoint and connects again after (see [`procs`]).
 //! - [`doctor`] says whether gVisor runs here, on which platform, and why not.
 //!
 //! ```no_run
@@ -51,6 +59,7 @@ pub mod platform;
 mod process;
 pub mod procs;
 mod sandbox;
+pub mod wire;
 
 pub use backend::{GvisorBackend, GvisorOptions};
 pub use platform::Platform;

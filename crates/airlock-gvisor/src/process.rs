@@ -32,6 +32,9 @@ struct State {
     closed: bool,
     /// The keeper connected.
     connected: bool,
+    /// The keeper was asked to detach: the end of its control connection is not the
+    /// sandbox's, and it connects again after.
+    detaching: bool,
     /// Answers to requests (started, connected, failed), by request.
     answers: HashMap<u64, Event>,
     /// Streams the keeper connected, by request and stream.
@@ -128,6 +131,50 @@ impl Hub {
     }
 
     /// What opens connections to the sandbox's ports.
+    /// Asks the keeper to drop every connection to the host (see
+    /// [`crate::procs::Request::Detach`]) and waits until it has closed the last one.
+    /// Until it connects again, requests wait for it (a bounded time).
+    pub(crate) fn detach(&self) -> Result<(), Error> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        self.shared.lock().detaching = true;
+        let answer = self.shared.ask(Request::Detach { id }, id, 0, ANSWER_TIMEOUT);
+        match answer {
+            Ok((Event::Detached { .. }, _)) => {}
+            Ok((other, _)) => {
+                self.shared.lock().detaching = false;
+                return Err(Error::host(
+                    "detaching the process keeper",
+                    format!("unexpected answer {other:?}"),
+                ));
+            }
+            Err(e) => {
+                self.shared.lock().detaching = false;
+                return Err(e);
+            }
+        }
+        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        let mut st = self.shared.lock();
+        while st.connected && !st.closed {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::host(
+                    "detaching the process keeper",
+                    "its control connection stayed open",
+                ));
+            }
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if st.closed {
+            return Err(gone());
+        }
+        Ok(())
+    }
+
     pub(crate) fn ports(&self) -> Arc<dyn PortConnector> {
         Arc::new(GvisorPorts {
             shared: Arc::clone(&self.shared),
@@ -294,6 +341,18 @@ fn serve(shared: &Shared, listener: &UnixListener, stop: &OwnedFd) {
         if ready.get(2).copied().unwrap_or(false) {
             let Some(c) = control.as_mut() else { break };
             match c.read(&mut buf) {
+                Ok(0) if shared.lock().detaching => {
+                    // Detached: it connects again once restored.
+                    control = None;
+                    pending.clear();
+                    *shared.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    let mut st = shared.lock();
+                    st.connected = false;
+                    st.detaching = false;
+                    drop(st);
+                    shared.changed.notify_all();
+                    continue;
+                }
                 Ok(0) => break,
                 Ok(n) => pending.extend_from_slice(&buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -316,7 +375,10 @@ fn serve(shared: &Shared, listener: &UnixListener, stop: &OwnedFd) {
                         st.exits.insert(id, exit);
                         st.ending.remove(&id);
                     }
-                    Event::Started { id, .. } | Event::Connected { id } | Event::Failed { id, .. } => {
+                    Event::Started { id, .. }
+                    | Event::Connected { id }
+                    | Event::Detached { id }
+                    | Event::Failed { id, .. } => {
                         st.answers.insert(id, event);
                     }
                 }

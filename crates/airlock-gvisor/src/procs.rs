@@ -9,8 +9,15 @@
 //! starts with one JSON line, its [`Hello`]; on the control connection, JSON lines follow
 //! both ways: [`Request`]s from the host, [`Event`]s from the keeper.
 //!
-//! A spawned program's streams are the sockets themselves inside the sandbox (no copy
-//! in between), so end of file and closing work as on pipes.
+//! A spawned program's stdio are pipes inside the sandbox whose other ends the keeper
+//! relays to and from the host's streams (a terminal's master side is relayed by the
+//! program's parent), so that no program holds a connection to the host: `runsc
+//! checkpoint` cannot save one. End of file and closing go through as on pipes.
+//!
+//! Before a checkpoint the host asks the keeper to [`Request::Detach`]: it drops every
+//! connection to the host (the programs' output is read and dropped from then on),
+//! answers [`Event::Detached`] and closes its control connection; it connects again
+//! when the agent tells it to (`wire::ToGvAgent::Reattach`).
 
 use airlock_backend::ErrorKind;
 use serde::{Deserialize, Serialize};
@@ -75,6 +82,14 @@ pub enum Request {
         /// Columns.
         cols: u16,
     },
+    /// Drop every connection to the host (programs' streams, port connections, then
+    /// the control connection itself, after the answer `Detached`) and wait for the
+    /// agent's word to connect again. Refused (`Failed`) while a program with a
+    /// terminal runs: its parent holds the host's stream.
+    Detach {
+        /// The request.
+        id: u64,
+    },
     /// Connect to a TCP port on the sandbox's loopback and relay it as stream 0 of `id`.
     Connect {
         /// The host's name for the connection.
@@ -106,6 +121,12 @@ pub enum Event {
     /// A port connection is relayed (its stream was connected before).
     Connected {
         /// The connection.
+        id: u64,
+    },
+    /// The keeper holds no connection to the host but the control one, which it
+    /// closes next.
+    Detached {
+        /// The request.
         id: u64,
     },
     /// A request failed.

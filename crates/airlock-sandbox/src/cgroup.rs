@@ -725,6 +725,20 @@ impl CgroupHost {
         })
     }
 
+    /// How a sandbox is paused here: cgroup2's `cgroup.freeze` (Linux >= 5.2; looked for
+    /// in a child cgroup, as [`CgroupHost::has_kill`] does), else the v1 freezer; `None`
+    /// when neither exists (pausing is refused).
+    pub fn freezer(&self) -> Option<&'static str> {
+        if let Some(root) = &self.cgroup2 {
+            let airlock = root.join(AIRLOCK_DIR);
+            let _ = self.fs.mkdir(&airlock, root);
+            if airlock.join("cgroup.freeze").exists() {
+                return Some("cgroup2 cgroup.freeze");
+            }
+        }
+        (!self.v2 && self.v1_mount("freezer").is_some()).then_some("v1 freezer")
+    }
+
     /// The hierarchies a sandbox gets a directory in, in attach order.
     fn plan(&self) -> Vec<Slot> {
         if self.v2 {

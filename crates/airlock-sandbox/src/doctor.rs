@@ -104,6 +104,17 @@ pub fn run() -> Vec<Check> {
                 },
                 "Linux >= 5.14 with a cgroup2 mount",
             ));
+            let freezer = host.freezer();
+            checks.push(check(
+                "pause (freezer)",
+                false,
+                freezer.is_some(),
+                match freezer {
+                    Some(how) => format!("sessions are paused with the {how}"),
+                    None => "no cgroup.freeze and no v1 freezer: pausing a session is refused".into(),
+                },
+                "Linux >= 5.2 with a cgroup2 mount, or the v1 freezer controller mounted",
+            ));
             if !host.is_v2() {
                 // Joining a v1 cgroup write-locks a global rwsem, which waits for an RCU
                 // grace period unless a cgroup hierarchy is mounted with favordynmods.
@@ -221,6 +232,18 @@ pub fn run() -> Vec<Check> {
             "enable virtualization and load kvm_intel or kvm_amd",
         ),
     });
+    let watched = crate::fanotify::probe();
+    checks.push(check(
+        "files_changed watch",
+        false,
+        watched.is_ok(),
+        match watched {
+            Ok(()) => "fanotify marks tmpfs: an exec that changed no file is not walked again".into(),
+            Err(e) if !root => format!("not checked as this user ({e})"),
+            Err(e) => format!("{e}: every exec's files are walked after the program too"),
+        },
+        "Linux >= 6.7 (tmpfs with a filesystem id, fanotify with file ids)",
+    ));
     checks
 }
 
@@ -259,5 +282,23 @@ fn proxy_mode(root: bool) -> Check {
             format!("--net proxy cannot run: {e}"),
             "a kernel with TUN and nf_tables (nat, redirect, reject) built in or as modules",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The probes of snapshots' features answer (as root, a cgroup host has a freezer; the
+    /// fanotify watch needs Linux >= 6.7, so its line is only printed).
+    #[test]
+    fn pause_and_change_watch_are_reported() {
+        let checks = super::run();
+        for name in ["pause (freezer)", "files_changed watch"] {
+            let c = checks.iter().find(|c| c.name == name).expect(name);
+            println!("{name}: {} {}", c.mark(), c.detail);
+            assert!(!c.detail.is_empty());
+            if super::is_root() && name.starts_with("pause") {
+                assert!(c.ok, "{name}: {}", c.detail);
+            }
+        }
     }
 }

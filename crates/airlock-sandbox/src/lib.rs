@@ -23,6 +23,7 @@ pub mod cgroup;
 pub mod doctor;
 mod egress;
 mod etc;
+mod fanotify;
 mod init;
 mod keeper;
 pub mod landlock;
@@ -178,6 +179,9 @@ pub struct Engine {
     /// Image roots are mounted read-write, handed to the sandbox user (`image build` only:
     /// see [`Engine::with_writable_image_root`]).
     pub(crate) writable_image: bool,
+    /// The fanotify group that tells whether an exec changed a sandbox's files (see
+    /// `fanotify`), made with the first sandbox; `None` where the kernel has none to give.
+    changes: OnceLock<Option<std::sync::Arc<fanotify::Changes>>>,
 }
 
 impl Engine {
@@ -207,6 +211,7 @@ impl Engine {
             zygote: OnceLock::new(),
             zygote_gone: AtomicBool::new(false),
             writable_image: false,
+            changes: OnceLock::new(),
         })
     }
 
@@ -285,6 +290,20 @@ impl Engine {
     /// Notes that the zygote stopped answering.
     pub(crate) fn zygote_failed(&self) {
         self.zygote_gone.store(true, Ordering::Relaxed);
+    }
+
+    /// The fanotify group of this engine's sandboxes, made at the first ask.
+    pub(crate) fn changes(&self) -> Option<std::sync::Arc<fanotify::Changes>> {
+        self.changes
+            .get_or_init(|| fanotify::Changes::new().ok().map(std::sync::Arc::new))
+            .clone()
+    }
+
+    /// Whether this engine tells an exec that changed no file without walking the tree
+    /// (a fanotify group reporting file ids: Linux >= 5.1, and a tmpfs with an id of its
+    /// own, Linux >= 6.7, for the mark to take).
+    pub fn watches_changes(&self) -> bool {
+        self.changes().is_some()
     }
 
     pub(crate) fn next_slot(&self) -> u32 {

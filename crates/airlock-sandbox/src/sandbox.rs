@@ -20,6 +20,7 @@ use nix::sys::wait::WaitStatus;
 
 use crate::cgroup::{Cgroup, CgroupLimits, Usage};
 use crate::egress::{self, EgressProxy, EgressSockets};
+use crate::fanotify::{Changes, Marked};
 use crate::protocol::{self, CHUNK, Frame, Reply, Request};
 use crate::scratch::{Cancellable, SNAPSHOT_ROOTS, Scratch, Watch};
 use crate::supervisor::{self, OutputSink};
@@ -165,6 +166,10 @@ pub struct Sandbox {
     /// Frozen by [`Sandbox::pause`]: nothing but exports, imports, resume and drop is
     /// served until [`Sandbox::resume`].
     paused: bool,
+    /// The engine's fanotify group, until the tmpfs is marked in it (see `fanotify`).
+    changes: Option<Arc<Changes>>,
+    /// The scratch tmpfs's mark: whether anything changed on it since an index was taken.
+    marked: Option<Marked>,
 }
 
 /// Moves `fd` to a number >= HIGH_FD (close-on-exec), for the child's dup2 step.
@@ -280,6 +285,8 @@ impl Sandbox {
             scratch: Scratch::default(),
             last_index: None,
             paused: false,
+            changes: engine.changes(),
+            marked: None,
         };
 
         // The child waits on the control socket: map its ids, then go.
@@ -550,12 +557,26 @@ impl Sandbox {
         let watch = self.watch(spec)?;
         let mut result = supervisor::exec(self, spec, sink, cancel, one_shot, t0)?;
         if let Some(Watch { names, roots, before }) = watch {
-            match Index::scan(&roots) {
+            // Nothing reported on the tmpfs since the before-scan, and no program of the
+            // sandbox still running (a spawned one could be writing through a shared
+            // mapping, which reports nothing): the tree is the one before.
+            let unchanged = !self.spawned && self.marked.as_ref().is_some_and(|m| !m.dirty());
+            let after = if unchanged {
+                Ok(None)
+            } else {
+                Index::scan(&roots).map(Some)
+            };
+            match after {
                 Ok(after) => {
-                    (result.files_changed, result.files_changed_truncated) =
-                        airlock_fstree::diff(&before, &after);
+                    if let Some(after) = &after {
+                        (result.files_changed, result.files_changed_truncated) =
+                            airlock_fstree::diff(&before, after);
+                    }
+                    if let Some(m) = &self.marked {
+                        m.reset();
+                    }
                     if !one_shot && !self.spawned {
-                        self.last_index = Some((names, after));
+                        self.last_index = Some((names, after.unwrap_or(before)));
                     }
                 }
                 // The result stands; what changed is unknown.
@@ -566,7 +587,8 @@ impl Sandbox {
     }
 
     /// The before-scan of `spec.files_changed_in`: the last session exec's after-scan when
-    /// nothing can have changed the tree since, else a scan now.
+    /// nothing can have changed the tree since (no spawned program, no file operation, and
+    /// no event on the tmpfs since, where the engine watches for them), else a scan now.
     fn watch(&mut self, spec: &Spec) -> Result<Option<Watch>, SandboxError> {
         let last = self.last_index.take();
         if spec.files_changed_in.is_empty() {
@@ -574,13 +596,25 @@ impl Sandbox {
         }
         let names: Vec<&str> = spec.files_changed_in.iter().map(String::as_str).collect();
         let roots = self.scratch.roots(self.pid, &names)?;
+        if self.marked.is_none()
+            && let Some(changes) = self.changes.take()
+        {
+            // Once per sandbox; without a mark (an older kernel) every exec walks twice.
+            self.marked = changes.mark(roots[0].dir.as_fd()).ok();
+        }
+        let last = last.filter(|(n, _)| {
+            *n == spec.files_changed_in && !self.spawned && !self.marked.as_ref().is_some_and(|m| m.dirty())
+        });
         let before = match last {
-            Some((n, index)) if n == spec.files_changed_in && !self.spawned => index,
-            _ => Index::scan(&roots).map_err(|source| SandboxError::Files {
+            Some((_, index)) => index,
+            None => Index::scan(&roots).map_err(|source| SandboxError::Files {
                 what: "scanning the sandbox's files before the program",
                 source,
             })?,
         };
+        if let Some(m) = &self.marked {
+            m.reset();
+        }
         Ok(Some(Watch {
             names: spec.files_changed_in.clone(),
             roots,
@@ -704,6 +738,13 @@ impl Sandbox {
     /// Whether it is paused.
     pub fn is_paused(&self) -> bool {
         self.paused
+    }
+
+    /// Whether its tmpfs is watched for changes (see `fanotify`): an exec that changed no
+    /// file then costs no walk after the program. Set at its first exec asking for
+    /// `files_changed`.
+    pub fn watches_changes(&self) -> bool {
+        self.marked.is_some()
     }
 
     /// Writes (creates or replaces) a file under /workspace, owned by the sandbox user.

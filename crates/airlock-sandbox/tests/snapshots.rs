@@ -74,6 +74,20 @@ fn changeset_names_what_an_exec_changed(engine: &Engine) {
     // Nothing changed: nothing listed (the last exec's scan serves as this one's before).
     let r = run(&mut sb, &sh("cat a b > /dev/null"));
     assert_eq!(changes(&r), vec![]);
+    assert_eq!(sb.watches_changes(), engine.watches_changes());
+    eprintln!("watched for changes: {}", sb.watches_changes());
+
+    // Writes through a shared mapping report no write event: still seen.
+    let r = run(
+        &mut sb,
+        &sh(
+            "sleep 0.02; python3 -c 'import mmap,os\nf=os.open(\"b\",os.O_RDWR)\nm=mmap.mmap(f,3)\nos.close(f)\nm[0:1]=b\"X\"\nm.flush()'",
+        ),
+    );
+    assert_eq!(changes(&r), vec![c("/workspace/b", Modified, File)]);
+    let r = run(&mut sb, &sh("cat b"));
+    assert_eq!(r.stdout, "Xb\n");
+    assert_eq!(changes(&r), vec![]);
 
     // Modified (same size too), deleted, renamed, a mode change, a kind change.
     let r = run(

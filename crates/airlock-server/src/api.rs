@@ -184,7 +184,7 @@ pub enum SnapshotKindRequest {
     Auto,
     /// The writable filesystem only.
     Filesystem,
-    /// Memory, processes and files (micro-VMs).
+    /// Memory, processes and files (gVisor and micro-VMs).
     Full,
 }
 

@@ -4,7 +4,9 @@
 //! budget, its records across a restart and a `kill -9`, and the errors of bad requests.
 //! Namespaces here; the other tiers in their own files.
 
+mod common;
 mod serverutil;
+mod tierutil;
 
 use serde_json::{Value, json};
 use serverutil::{Client, Daemon, poll};
@@ -649,4 +651,101 @@ fn readme_snapshots_block_runs_as_typed() {
          running\n\
          204\n"
     );
+}
+
+/// A tier that takes full snapshots: a session's background program (a counter kept in
+/// its memory) goes on in each fork and in a session from the snapshot, from where it
+/// was; the files come along; a fork's writes are its own; pause, changesets and an
+/// in-place restore of the files work as on the namespace tier.
+fn tier_snapshots(tier: &'static str) {
+    let Some(t) = tierutil::Tier::selected(tier, &["namespaces", "gvisor", "microvm"]) else {
+        return;
+    };
+    let d = Daemon::start_env(t.serve_args(), &[("AIRLOCK_API_KEYS", &keys())]);
+    d.wait_ready();
+    let c = d.client_with_key(KEY);
+    let id = c.create_session(&json!({"isolation": tier, "limits": {"memory_bytes": 536870912}}));
+    let r = sh(&c, &id, "echo base > f && mkdir d");
+    assert_eq!(
+        changes(&r),
+        [
+            change("/workspace/d", "created", "dir"),
+            change("/workspace/f", "created", "file")
+        ],
+        "{tier}: {r:#}"
+    );
+    // The counter lives in the program's memory; the file only shows it.
+    c.session_exec(
+        &id,
+        &json!({"cmd": ["python3", "-c", "import time\nn = 0\nwhile True:\n    n += 1\n    open('/tmp/n', 'w').write(str(n))\n    time.sleep(0.1)"], "background": true}),
+    )
+    .expect(201);
+    let count = |c: &Client, id: &str| -> u64 {
+        stdout(c, id, "cat /tmp/n 2>/dev/null || echo 0")
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    poll(Duration::from_secs(120), || (count(&c, &id) >= 3).then_some(())).expect("the counter counts");
+    let snap = c
+        .post_json(&format!("/v1/sandboxes/{id}/snapshots"), &json!({}))
+        .expect(201)
+        .json();
+    assert_eq!(snap["kind"], "full", "{tier}: {snap}");
+    let at_snapshot = count(&c, &id);
+    let sid = snap["snapshot_id"].as_str().unwrap().to_owned();
+    let kids: Vec<String> = c
+        .post_json(&format!("/v1/sandboxes/{id}/fork"), &json!({"count": 2}))
+        .expect(201)
+        .json()["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect();
+    let from = c
+        .post_json("/v1/sandboxes", &json!({"from_snapshot": sid}))
+        .expect(201)
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for k in kids.iter().chain([&from]) {
+        assert_eq!(stdout(&c, k, "cat f; ls"), "base\nd\nf\n", "{tier}: {k}");
+        let first = count(&c, k);
+        assert!(
+            first >= at_snapshot.min(3),
+            "{tier}: {k} counts from {first}, the snapshot had {at_snapshot}"
+        );
+        poll(Duration::from_secs(120), || {
+            (count(&c, k) > first + 2).then_some(())
+        })
+        .unwrap_or_else(|| panic!("{tier}: the counter does not go on in {k}"));
+    }
+    sh(&c, &kids[0], "echo mine > f");
+    assert_eq!(stdout(&c, &kids[1], "cat f"), "base\n", "{tier}");
+    assert_eq!(stdout(&c, &id, "cat f"), "base\n", "{tier}");
+    // Pause, resume; an in-place restore of the files.
+    c.post_json(&format!("/v1/sandboxes/{id}/pause"), &json!({}))
+        .expect(200);
+    let e = c.session_exec(&id, &json!({"cmd": ["true"]})).api_error(409);
+    assert_eq!(e["code"], "paused", "{tier}: {e}");
+    c.post_json(&format!("/v1/sandboxes/{id}/resume"), &json!({}))
+        .expect(200);
+    sh(&c, &id, "rm -r d && echo changed > f");
+    c.post_json(
+        &format!("/v1/sandboxes/{id}/restore"),
+        &json!({"snapshot_id": sid}),
+    )
+    .expect(200);
+    assert_eq!(stdout(&c, &id, "cat f; ls"), "base\nd\nf\n", "{tier}");
+    for k in kids.iter().chain([&from, &id]) {
+        c.delete(&format!("/v1/sandboxes/{k}")).expect(204);
+    }
+    c.delete(&format!("/v1/snapshots/{sid}")).expect(204);
+}
+
+#[test]
+fn gvisor_takes_full_snapshots_and_forks() {
+    tier_snapshots("gvisor");
 }

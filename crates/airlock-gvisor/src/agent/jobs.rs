@@ -48,11 +48,35 @@ impl Jobs {
         self.root.join("exec")
     }
 
-    /// Spawned program `id`'s cgroup (made).
+    /// Spawned program `id`'s cgroup (made; `id` counts the programs started, and is
+    /// recorded: see [`Jobs::programs_started`]).
     pub fn program(&self, id: u64) -> io::Result<PathBuf> {
         let dir = self.root.join(format!("program-{id}"));
         std::fs::create_dir(&dir)?;
+        std::fs::write(self.started_file(), id.to_string())?;
         Ok(dir)
+    }
+
+    /// Where the keeper records how many programs it started (beside the hierarchy,
+    /// on the disk's root-only root).
+    fn started_file(&self) -> PathBuf {
+        self.root.with_file_name("programs-started")
+    }
+
+    /// How many programs were started so far.
+    pub fn programs_started(&self) -> u64 {
+        std::fs::read_to_string(self.started_file())
+            .ok()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether a spawned program runs now (its cgroup is there until it ended).
+    pub fn programs_running(&self) -> bool {
+        std::fs::read_dir(&self.root).map_or(true, |d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("program-"))
+        })
     }
 }
 

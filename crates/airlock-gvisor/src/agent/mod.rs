@@ -6,7 +6,9 @@
 //! which are pipes from airlock on the host, and serves the same requests: `Create`
 //! mounts the sandbox's disk and forks the ready child; `Exec` hands a command to the
 //! ready child and supervises it (deadline, output caps, cancel) until every process of
-//! the exec is gone; files are written, read and listed under /workspace.
+//! the exec is gone; files are written, read and listed under /workspace. Beside those
+//! it serves the requests of [`crate::wire`]: an exec's changeset roots, the writable
+//! filesystem out and in as tar, and the process keeper's reconnection after a restore.
 //!
 //! It runs single-threaded whenever it forks (the stdin feeder thread of an exec is
 //! joined before the next ready child is forked), so the child may allocate.
@@ -15,10 +17,13 @@ mod exec;
 mod files;
 mod jobs;
 mod procs;
+mod pump;
 mod ready;
 pub(crate) mod relay;
+mod snapshot;
 mod transparent;
 
+use crate::wire::{GvRequest, ToGvAgent};
 use airlock_backend::ErrorKind;
 use airlock_spec::Limits;
 use airlock_vmwire::frame::{self as proto, CHUNK, GuestInfo, ToGuest, ToHost};
@@ -162,6 +167,9 @@ pub fn serve() -> Result<(), String> {
         env: Vec::new(),
         egress: None,
         jobs: None,
+        changes_in: None,
+        keeper: None,
+        kept: snapshot::Kept::default(),
     };
     // SAFETY: a second handle on fd 0 for buffered reads; `port.input` keeps the fd open
     // for as long as `reader` lives (both end with this function), and `reader` is the
@@ -171,7 +179,7 @@ pub fn serve() -> Result<(), String> {
         if reader.buffer().is_empty() {
             idle(&port, &state.sigchld);
         }
-        let frame = match proto::read::<ToGuest>(&mut reader) {
+        let frame = match proto::read::<GvRequest>(&mut reader) {
             Ok(Some(f)) => f,
             Ok(None) => break Ok(()),
             Err(e) => break Err(format!("port: {e}")),
@@ -179,7 +187,45 @@ pub fn serve() -> Result<(), String> {
         // Bytes already buffered past this frame, during an exec, can only be the host's
         // `Cancel`: the port will not turn readable for it again.
         let pending = !reader.buffer().is_empty();
-        if let Err(e) = state.handle(&port, frame.msg, frame.payload, pending) {
+        let handled = match frame.msg {
+            GvRequest::Common(msg) => state.handle(&port, msg, frame.payload, pending),
+            GvRequest::Gv(ToGvAgent::ChangesIn { roots }) => {
+                state.changes_in = Some(roots);
+                Ok(())
+            }
+            GvRequest::Gv(ToGvAgent::Reattach { orphan }) => {
+                if let Some(keeper) = state.keeper {
+                    let signal = if orphan { Signal::SIGUSR2 } else { Signal::SIGUSR1 };
+                    let _ = nix::sys::signal::kill(keeper, signal);
+                }
+                port.send(&ToHost::Ok, &[])
+            }
+            GvRequest::Gv(ToGvAgent::ExportFiles) if !state.created => port.error("no sandbox"),
+            GvRequest::Gv(ToGvAgent::ExportFiles) => snapshot::export(&port),
+            // The import reads its further parts from the port itself, as it unpacks.
+            GvRequest::Gv(ToGvAgent::ImportFiles { last }) => {
+                state.kept.forget();
+                if state.created {
+                    snapshot::import(&port, &mut reader, frame.payload, last)
+                } else {
+                    let mut done = last;
+                    let mut drained = Ok(());
+                    while !done {
+                        match proto::read::<GvRequest>(&mut reader) {
+                            Ok(Some(f)) if matches!(f.msg, GvRequest::Gv(ToGvAgent::ImportFiles { .. })) => {
+                                done = matches!(f.msg, GvRequest::Gv(ToGvAgent::ImportFiles { last: true }));
+                            }
+                            _ => {
+                                drained = Err(io::Error::other("a broken import stream"));
+                                break;
+                            }
+                        }
+                    }
+                    drained.and_then(|()| port.error("no sandbox"))
+                }
+            }
+        };
+        if let Err(e) = handled {
             break Err(format!("port: {e}"));
         }
     };
@@ -261,6 +307,12 @@ struct State {
     /// The sandbox's cgroups (execs', spawned programs'); `None` if they could not be
     /// made (then an exec's end kills every process, and nothing can be spawned).
     jobs: Option<jobs::Jobs>,
+    /// Where the next exec's changeset looks (`ChangesIn`, sent before its `Exec`).
+    changes_in: Option<Vec<String>>,
+    /// The process keeper, when it runs.
+    keeper: Option<nix::unistd::Pid>,
+    /// The last exec's changeset scan, while it still holds.
+    kept: snapshot::Kept,
 }
 
 impl State {
@@ -295,8 +347,9 @@ impl State {
                 // its socket; without it, spawning and ports answer that they cannot.
                 match jobs::Jobs::setup(Path::new(scratch())) {
                     Ok(jobs) => {
-                        if let Err(e) = procs::fork_keeper(&self.seccomp, self.limits.disk_bytes, &jobs) {
-                            eprintln!("airlock gVisor agent: the process keeper: {e}");
+                        match procs::fork_keeper(&self.seccomp, self.limits.disk_bytes, &jobs) {
+                            Ok(pid) => self.keeper = pid,
+                            Err(e) => eprintln!("airlock gVisor agent: the process keeper: {e}"),
                         }
                         self.jobs = Some(jobs);
                     }
@@ -316,6 +369,7 @@ impl State {
                 first,
                 last,
             } => {
+                self.kept.forget();
                 if first || self.file.is_none() {
                     let failed = if !self.created {
                         Some("no sandbox: send create first")
@@ -372,6 +426,7 @@ impl State {
                 workdir,
             } => {
                 let stdin = std::mem::take(&mut self.stdin);
+                let changes_in = self.changes_in.take().unwrap_or_default();
                 if std::mem::take(&mut self.stdin_overflow) {
                     return port.fail(
                         ErrorKind::Invalid,
@@ -414,9 +469,33 @@ impl State {
                     // `pids` processes in all, as in the other tiers.
                     nproc: u64::from(limits.pids.saturating_sub(1).max(1)),
                 };
+                // The changeset's first scan, before the program starts (the last exec's
+                // scan after it, unless a spawned program may have changed the files
+                // since); the second once every process of the exec is gone.
+                let fresh = self
+                    .jobs
+                    .as_ref()
+                    .is_some_and(|j| !j.programs_running() && j.programs_started() == self.kept.programs);
+                let before = snapshot::before(&changes_in, &mut self.kept, fresh);
                 let outcome = exec::run(child, request, stdin, &limits, &self.sigchld, port, pending);
                 let answered = match outcome {
-                    exec::Ran::Result(r) => port.send(&ToHost::Exited { result: r }, &[]),
+                    exec::Ran::Result(mut r) => {
+                        if let Some(before) = before {
+                            // What may write files while the scan runs is looked at first:
+                            // a program spawned from here on makes the next exec scan.
+                            let (started, running) = self
+                                .jobs
+                                .as_ref()
+                                .map_or((0, true), |j| (j.programs_started(), j.programs_running()));
+                            self.kept.programs = started;
+                            (r.files_changed, r.files_changed_truncated) =
+                                snapshot::after(before, &mut self.kept);
+                            if running {
+                                self.kept.forget();
+                            }
+                        }
+                        port.send(&ToHost::Exited { result: r }, &[])
+                    }
                     exec::Ran::Cancelled => port.fail(ErrorKind::Cancelled, None, "cancelled"),
                     exec::Ran::Failed(e) => port.error(e),
                 };

@@ -9,9 +9,14 @@
 //! exec's, [`super::ready::child`]), relays its terminal, passes signals on, and when
 //! the program ends kills whatever is left in its cgroup and exits. `SIGKILL` kills
 //! the whole cgroup. When the host's control connection closes, the keeper kills every
-//! program and exits.
+//! program and exits, unless it was asked to detach (before a checkpoint: see
+//! [`crate::procs`]); then it holds no connection to the host until the agent sends it
+//! `SIGUSR1` (reconnect, its programs still the host's) or `SIGUSR2` (reconnect to a
+//! new host, a sandbox restored from a snapshot: its programs are nobody's and their
+//! ends are not reported).
 
 use super::jobs::{self, Jobs};
+use super::pump::{Pumps, Way};
 use super::ready::{self, Chores};
 use crate::procs::{Event, Hello, MAX_LINE, Request, SANDBOX_DIR, SOCKET};
 use airlock_backend::ErrorKind;
@@ -86,9 +91,20 @@ struct Job {
 struct Keeper<'a> {
     seccomp: &'a airlock_seccomp::BpfProgram,
     disk_bytes: u64,
-    control: UnixStream,
+    /// The write side of the control connection; `None` while detached.
+    control: Option<UnixStream>,
     jobs: HashMap<u64, Job>,
+    /// Programs started for a host before a restore: reaped, never reported.
+    orphans: Vec<Job>,
     cgroups: Jobs,
+    /// The copies between programs' pipes and the host's streams.
+    pumps: Pumps,
+    /// Port relays (forked, each holding a connection to the host).
+    relays: Vec<Pid>,
+    /// Asked to detach: the control connection's end is not the host's.
+    detaching: bool,
+    /// Programs started so far (their cgroups' names).
+    started: u64,
 }
 
 fn keep(seccomp: &airlock_seccomp::BpfProgram, disk_bytes: u64, cgroups: Jobs) -> io::Result<()> {
@@ -106,40 +122,76 @@ fn keep(seccomp: &airlock_seccomp::BpfProgram, disk_bytes: u64, cgroups: Jobs) -
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     let sigchld = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
+    // The agent's word to reconnect after a detach (programs reset their mask).
+    let mut wake_mask = SigSet::empty();
+    wake_mask.add(Signal::SIGUSR1);
+    wake_mask.add(Signal::SIGUSR2);
+    wake_mask.thread_block().map_err(io::Error::from)?;
+    let wake = SignalFd::with_flags(&wake_mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
     let mut keeper = Keeper {
         seccomp,
         disk_bytes,
-        control: control.try_clone()?,
+        control: Some(control.try_clone()?),
         jobs: HashMap::new(),
+        orphans: Vec::new(),
         cgroups,
+        pumps: Pumps::default(),
+        relays: Vec::new(),
+        detaching: false,
+        started: 0,
     };
-    let mut reader = control;
+    let mut reader = Some(control);
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
     loop {
-        let mut fds = [
-            nix::poll::PollFd::new(reader.as_fd(), nix::poll::PollFlags::POLLIN),
-            nix::poll::PollFd::new(sigchld.as_fd(), nix::poll::PollFlags::POLLIN),
-        ];
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-        let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
-        let (host, child) = (ready(0), ready(1));
+        let (host, child, woken, pumped) = {
+            let mut fds = vec![
+                nix::poll::PollFd::new(sigchld.as_fd(), nix::poll::PollFlags::POLLIN),
+                nix::poll::PollFd::new(wake.as_fd(), nix::poll::PollFlags::POLLIN),
+            ];
+            if let Some(r) = reader.as_ref() {
+                fds.push(nix::poll::PollFd::new(r.as_fd(), nix::poll::PollFlags::POLLIN));
+            }
+            let first_pump = fds.len();
+            fds.extend(keeper.pumps.poll_fds());
+            match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let ready: Vec<bool> = fds
+                .iter()
+                .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+                .collect();
+            let host = reader.is_some() && ready[2];
+            (host, ready[0], ready[1], ready[first_pump..].to_vec())
+        };
+        keeper.pumps.service(&pumped);
         if child {
             while let Ok(Some(_)) = sigchld.read_signal() {}
             keeper.reap()?;
         }
-        if host {
-            let n = match reader.read(&mut buf) {
+        if woken {
+            let mut orphan = false;
+            let mut any = false;
+            while let Ok(Some(sig)) = wake.read_signal() {
+                any = true;
+                orphan |= sig.ssi_signo == Signal::SIGUSR2 as u32;
+            }
+            if any && reader.is_none() {
+                keeper.reattach(orphan)?;
+                reader = keeper.control.as_ref().map(UnixStream::try_clone).transpose()?;
+                pending.clear();
+            }
+        }
+        if host && let Some(r) = reader.as_mut() {
+            let n = match r.read(&mut buf) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
             if n == 0 {
                 // The host is gone: so is every program.
-                for job in keeper.jobs.values() {
+                for job in keeper.jobs.values().chain(&keeper.orphans) {
                     jobs::kill_round(&job.cgroup);
                     let _ = kill(job.init, Signal::SIGKILL);
                 }
@@ -151,6 +203,15 @@ fn keep(seccomp: &airlock_seccomp::BpfProgram, disk_bytes: u64, cgroups: Jobs) -
                 match serde_json::from_slice::<Request>(&line) {
                     Ok(request) => keeper.handle(request)?,
                     Err(e) => return Err(io::Error::other(format!("a bad request: {e}"))),
+                }
+                if keeper.detaching {
+                    // Detached: the control connection goes too (its end tells the host),
+                    // and whatever the host sent after the request with it.
+                    keeper.detaching = false;
+                    keeper.control = None;
+                    reader = None;
+                    pending.clear();
+                    break;
                 }
             }
             if pending.len() > MAX_LINE {
@@ -164,7 +225,44 @@ impl Keeper<'_> {
     fn send(&mut self, event: &Event) -> io::Result<()> {
         let mut line = serde_json::to_vec(event).map_err(io::Error::other)?;
         line.push(b'\n');
-        self.control.write_all(&line)
+        match self.control.as_mut() {
+            Some(c) => c.write_all(&line),
+            // Detached: nobody to tell (a restored sandbox's host does not know it).
+            None => Ok(()),
+        }
+    }
+
+    /// `Detach`: every connection to the host is dropped but the control one, which
+    /// the caller drops after the answer.
+    fn detach(&mut self, id: u64) -> io::Result<()> {
+        if self.jobs.values().any(|j| j.master.is_some()) {
+            return self.fail(
+                id,
+                ErrorKind::Invalid,
+                Some("sandbox"),
+                "a program with a terminal is running: its connection to the host cannot be saved".into(),
+            );
+        }
+        // Port connections end.
+        for pid in self.relays.drain(..) {
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(pid, None);
+        }
+        self.pumps.detach();
+        self.send(&Event::Detached { id })?;
+        self.detaching = true;
+        Ok(())
+    }
+
+    /// Connects to the host again (after a detach). `orphan`: the host is a new one
+    /// (a restored sandbox's), which never started the programs running here.
+    fn reattach(&mut self, orphan: bool) -> io::Result<()> {
+        if orphan {
+            let jobs: Vec<Job> = self.jobs.drain().map(|(_, j)| j).collect();
+            self.orphans.extend(jobs);
+        }
+        self.control = Some(connect(&Hello::Control)?);
+        Ok(())
     }
 
     fn fail(&mut self, id: u64, kind: ErrorKind, field: Option<&str>, message: String) -> io::Result<()> {
@@ -242,6 +340,7 @@ impl Keeper<'_> {
                 }
                 Ok(())
             }
+            Request::Detach { id } => self.detach(id),
             Request::Connect { id, port } => {
                 let at = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
                 let tcp = match TcpStream::connect_timeout(&at, CONNECT_TIMEOUT) {
@@ -266,7 +365,10 @@ impl Keeper<'_> {
                 // Forwarded requests go out in pieces: no Nagle wait for a delayed ACK.
                 let _ = tcp.set_nodelay(true);
                 match connect(&Hello::Stream { id, stream: 0 }).and_then(|host| fork_relay(tcp, host)) {
-                    Ok(()) => self.send(&Event::Connected { id }),
+                    Ok(pid) => {
+                        self.relays.push(pid);
+                        self.send(&Event::Connected { id })
+                    }
                     Err(e) => self.fail(id, ErrorKind::Host, None, format!("relaying port {port}: {e}")),
                 }
             }
@@ -281,6 +383,15 @@ impl Keeper<'_> {
                 Ok(WaitStatus::StillAlive) | Err(_) => return Ok(()),
                 Ok(s) => s.pid(),
             };
+            if let Some(pid) = pid {
+                self.relays.retain(|r| *r != pid);
+            }
+            if let Some(i) = self.orphans.iter().position(|j| Some(j.init) == pid) {
+                let job = self.orphans.swap_remove(i);
+                jobs::kill_all(&job.cgroup, || {});
+                let _ = std::fs::remove_dir(&job.cgroup);
+                continue;
+            }
             let Some(id) = self
                 .jobs
                 .iter()
@@ -292,6 +403,7 @@ impl Keeper<'_> {
             let Some(mut job) = self.jobs.remove(&id) else {
                 continue;
             };
+            self.pumps.ended(id);
             let mut raw = [0u8; 4];
             let (code, signal) = if job.status.read_exact(&mut raw).is_ok() {
                 let raw = i32::from_ne_bytes(raw);
@@ -313,9 +425,9 @@ impl Keeper<'_> {
         }
     }
 
-    /// Starts `request` in a cgroup of its own, its stdio connected to the host.
+    /// Starts `request` in a cgroup of its own, its stdio relayed to the host.
     fn spawn(
-        &self,
+        &mut self,
         id: u64,
         request: &ready::Request,
         terminal: Option<(u16, u16)>,
@@ -326,8 +438,17 @@ impl Keeper<'_> {
         let (stdio, tty, relay): ([OwnedFd; 3], Option<OwnedFd>, Option<(OwnedFd, UnixStream)>) =
             match terminal {
                 None => {
+                    // Pipes, the keeper's ends copied to and from the host's streams.
                     let s = |stream| connect(&Hello::Stream { id, stream }).map(OwnedFd::from);
-                    ([s(0)?, s(1)?, s(2)?], None, None)
+                    let hosts = [s(0)?, s(1)?, s(2)?];
+                    let (stdin_r, stdin_w) = pipe()?;
+                    let (stdout_r, stdout_w) = pipe()?;
+                    let (stderr_r, stderr_w) = pipe()?;
+                    let [host_in, host_out, host_err] = hosts;
+                    self.pumps.add(id, Way::In, host_in, stdin_w)?;
+                    self.pumps.add(id, Way::Out, stdout_r, host_out)?;
+                    self.pumps.add(id, Way::Out, stderr_r, host_err)?;
+                    ([stdin_r, stdout_w, stderr_w], None, None)
                 }
                 Some((rows, cols)) => {
                     let pty = nix::pty::openpty(
@@ -358,7 +479,10 @@ impl Keeper<'_> {
             Some((m, _)) => Some(m.try_clone()?),
             None => None,
         };
-        let cgroup = self.cgroups.program(id)?;
+        // Named by the keeper's own count: a restored sandbox's host numbers its
+        // programs afresh while those from before the snapshot still run.
+        self.started += 1;
+        let cgroup = self.cgroups.program(self.started)?;
         // SAFETY: the keeper is single-threaded, so the child may allocate.
         match unsafe { fork() }? {
             ForkResult::Child => {
@@ -609,10 +733,10 @@ fn write_all(fd: &OwnedFd, mut bytes: &[u8]) -> io::Result<()> {
 
 /// Forks a process that copies both ways between `tcp` and `host` until both sides
 /// are done. The keeper is single-threaded, so the child may allocate.
-fn fork_relay(tcp: TcpStream, host: UnixStream) -> io::Result<()> {
+fn fork_relay(tcp: TcpStream, host: UnixStream) -> io::Result<Pid> {
     // SAFETY: the keeper is single-threaded.
     match unsafe { fork() }? {
-        ForkResult::Parent { .. } => Ok(()),
+        ForkResult::Parent { child } => Ok(child),
         ForkResult::Child => {
             super::relay::close_all_but(&[tcp.as_raw_fd(), host.as_raw_fd(), 2]);
             copy_both_ways(tcp, host);

@@ -164,7 +164,7 @@ since are gone, the snapshot's are back. Programs running in the background in i
 
     #[tool(
         name = "fork_sandbox",
-        description = "Make count new sandboxes, each a copy of this one as it is now (its files; on \
+        description = "Make count new sandboxes, each a copy of this one as it is now (its files; on gVisor and \
 micro-VMs also its memory and running programs), to try different approaches side by side. Each copy \
 is independent; close the ones you do not keep with close_sandbox.",
         output_schema = schema_for_output::<ForkOutput>(),
