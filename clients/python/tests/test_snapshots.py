@@ -493,3 +493,42 @@ README_OUTPUT = (
     "running\n"
     "True\n"
 )
+
+
+# --- the other tiers -------------------------------------------------------------------------
+
+
+# microvm joins when its snapshots are on main (branch snap-vm; this test passed on it).
+@pytest.mark.parametrize("tier", ["gvisor"])
+def test_snapshot_restore_fork_pause_on_tier(al: Airlock, tier: str) -> None:
+    """The same calls on the other isolation tiers (the SDK does not care which ran them)."""
+    with al.sandbox(isolation=tier, ttl_s=300) as sb:
+        sb.files.write("a.txt", "one")
+        r = sb.shell("mkdir -p empty && ln -s a.txt link && echo scratch > /tmp/t")
+        assert r.ok, r.stderr
+        assert [(c.path, c.change, c.kind) for c in r.files_changed] == [
+            ("/workspace/empty", "created", "dir"), ("/workspace/link", "created", "symlink"),
+        ]
+        prepared = tree(sb)
+        snap = sb.snapshot()
+        assert snap.isolation == tier and snap.kind == "full", snap  # memory too
+        sb.files.write("a.txt", "changed")
+        sb.shell("rm -r empty /tmp/t && echo new > later.txt")
+        assert sb.restore(snap).status == "running"
+        assert tree(sb) == prepared
+        forks = sb.fork(2)
+        try:
+            forks[0].files.write("a.txt", "fork 0")
+            assert tree(forks[1]) == prepared
+            assert sb.files.read_text("a.txt") == "one"
+        finally:
+            for f in forks:
+                f.close()
+        with Sandbox.from_snapshot(al, snap) as child:
+            assert tree(child) == prepared and child.info().isolation == tier
+        assert sb.pause().status == "paused"
+        with pytest.raises(SandboxPaused):
+            sb.exec(["true"])
+        assert sb.resume().status == "running"
+        assert sb.exec(["cat", "a.txt"]).stdout == "one"
+        al.delete_snapshot(snap)
