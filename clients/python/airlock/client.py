@@ -660,7 +660,7 @@ class Sandbox:
     def snapshot(self, kind: Literal["auto", "filesystem", "full"] | None = None) -> Snapshot:
         """Saves the session's state now: its writable filesystem (/workspace, /tmp,
         /dev/shm), limits, network policy and image; with a ``"full"`` snapshot (the
-        default, ``"auto"``, where the tier can: micro-VMs) its memory and running
+        default, ``"auto"``, where the tier can: gVisor, micro-VMs) its memory and running
         processes too. ``kind="full"`` on a tier that cannot raises
         :class:`~airlock.InvalidRequest` (``field == "kind"``);
         :class:`~airlock.SnapshotBudgetExceeded` when the server's snapshot budget is

@@ -488,7 +488,7 @@ class SandboxInfo:
 class Snapshot:
     """A snapshot of a session (``POST /v1/sandboxes/{id}/snapshots``): its writable
     filesystem (/workspace, /tmp, /dev/shm), limits, network policy and image; with
-    ``kind == "full"`` (micro-VMs) its memory and running processes too. Times are seconds
+    ``kind == "full"`` (gVisor, micro-VMs) its memory and running processes too. Times are seconds
     since the epoch. Snapshots outlive their session and the daemon's restarts."""
 
     snapshot_id: str

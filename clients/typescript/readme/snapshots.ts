@@ -8,7 +8,7 @@ const al = new Airlock();
   for (const c of r.files_changed) console.log(c.change, c.kind, c.path, c.bytes); // created file /workspace/plan.txt 6
   await sb.writeFile("state.txt", "v1");
   const snap = await sb.snapshot(); // { snapshot_id, kind, bytes, files, ... }
-  console.log(snap.kind); // filesystem ("full" on micro-VMs)
+  console.log(snap.kind); // filesystem ("full" on gVisor, micro-VMs)
   await sb.exec(["bash", "-c", "echo v2 > state.txt; rm plan.txt"]); // try something...
   await sb.restore(snap); // ...and go back: exactly the snapshot's files
   console.log(await sb.readText("state.txt")); // v1

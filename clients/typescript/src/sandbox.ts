@@ -244,7 +244,7 @@ export class Sandbox {
 
   /**
    * Saves the session's state now: its writable files, limits, network policy and image;
-   * `full` (the default `auto` where the tier can: micro-VMs) its memory and processes too.
+   * `full` (the default `auto` where the tier can: gVisor, micro-VMs) its memory and processes too.
    * `kind: "full"` where the tier cannot is a 400 on `kind`; `SnapshotBudgetExceeded` when
    * the server's snapshot budget is full.
    */

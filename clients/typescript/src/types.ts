@@ -203,7 +203,7 @@ export type SnapshotKind = "auto" | "filesystem" | "full";
 
 /**
  * A snapshot of a session: its writable files (/workspace, /tmp, /dev/shm), limits,
- * network policy and image; a `full` one (micro-VMs) its memory and processes too.
+ * network policy and image; a `full` one (gVisor, micro-VMs) its memory and processes too.
  */
 export interface Snapshot {
   /** `snap-` and 16 hex digits. */
