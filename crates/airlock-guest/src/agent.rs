@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 
-use crate::{egress, spawn, sys};
+use crate::{egress, files, spawn, sys};
 
 /// Stdin is held in guest RAM before the run; more than this is refused (the VM's RAM
 /// is sized for the program's memory limit, not for a large input besides it).
@@ -76,6 +76,46 @@ impl OutputSink for PortSink<'_> {
     }
     fn stderr(&mut self, data: &[u8]) {
         self.forward(ToHost::Stderr, data);
+    }
+}
+
+/// A tar stream to the host as `FileChunk`s of [`CHUNK`] bytes, the last one marked.
+struct ChunkWriter<'a> {
+    port: &'a Port,
+    buf: Vec<u8>,
+    /// The port failed: the agent ends.
+    failed: Option<io::Error>,
+}
+
+impl ChunkWriter<'_> {
+    fn flush_full(&mut self) -> io::Result<()> {
+        while self.buf.len() >= CHUNK {
+            let rest = self.buf.split_off(CHUNK);
+            let chunk = std::mem::replace(&mut self.buf, rest);
+            if let Err(e) = self.port.send(&ToHost::FileChunk { last: false }, &chunk) {
+                let err = io::Error::new(e.kind(), e.to_string());
+                self.failed = Some(e);
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what is left, marked last.
+    fn finish(self) -> io::Result<()> {
+        self.port.send(&ToHost::FileChunk { last: true }, &self.buf)
+    }
+}
+
+impl io::Write for ChunkWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        self.flush_full()?;
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -155,7 +195,7 @@ pub fn serve(booted: crate::boot::Booted, init_ms: u64) -> Result<(), String> {
         };
         match frame.msg {
             AgentRequest::Common(msg) => state.handle(&engine, &port, msg, frame.payload),
-            AgentRequest::Vm(msg) => state.handle_vm(&port, msg),
+            AgentRequest::Vm(msg) => state.handle_vm(&port, msg, &frame.payload),
         }
         .map_err(|e| format!("port: {e}"))?;
     }
@@ -222,6 +262,11 @@ struct State {
     sandbox_ref: Option<spawn::SandboxRef>,
     /// Its programs run with a fixed address-space layout.
     fixed_layout: bool,
+    /// Where the next exec's changeset looks (`ChangesIn`), if it has one.
+    changes_in: Option<Vec<String>>,
+    /// A tar stream being imported (`ImportFiles`), or why it cannot be: the rest of its
+    /// parts are dropped until the last.
+    import: Option<Result<files::Import, String>>,
 }
 
 impl State {
@@ -417,6 +462,14 @@ impl State {
                 spec.limits = limits;
                 spec.stdin = stdin;
                 spec.workdir = workdir;
+                // The agent scans itself, from outside the sandbox: the engine does not.
+                spec.files_changed_in = Vec::new();
+                let changes = match (self.changes_in.take(), &self.sandbox_ref) {
+                    (Some(roots), Some(r)) if !roots.is_empty() => {
+                        Some(files::Changes::start(r.init_pid, &roots))
+                    }
+                    _ => None,
+                };
                 let mut sink = PortSink { port, failed: None };
                 // The port is the exec's cancel fd: the host writes to it during an exec
                 // only to cancel it (`Cancel`, read once the exec has answered).
@@ -428,6 +481,18 @@ impl State {
                     Ok(mut r) => {
                         r.stdout.clear();
                         r.stderr.clear();
+                        match changes.map(|c| c.and_then(files::Changes::finish)) {
+                            Some(Ok((changed, truncated))) => {
+                                r.files_changed = changed;
+                                r.files_changed_truncated = truncated;
+                            }
+                            // The list would be incomplete: said so.
+                            Some(Err(e)) => {
+                                eprintln!("airlock-guest: the exec's changeset: {e}");
+                                r.files_changed_truncated = true;
+                            }
+                            None => {}
+                        }
                         port.send(&ToHost::Exited { result: Box::new(r) }, &[])
                     }
                     Err(e) => port.fail(e),
@@ -473,11 +538,101 @@ impl State {
     }
 
     /// Handles a request only the micro-VM's agent serves.
-    fn handle_vm(&mut self, port: &Port, msg: ToVmGuest) -> io::Result<()> {
+    fn handle_vm(&mut self, port: &Port, msg: ToVmGuest, payload: &[u8]) -> io::Result<()> {
         if self.frozen {
             return port.error("this VM is a template: it serves nothing before `resume`");
         }
         match msg {
+            ToVmGuest::Restored { unix_time_ns } => {
+                let need = proto::RESUME_SEED + 2 * proto::RESYNC_MARKER;
+                if payload.len() < need {
+                    return port.error(format!(
+                        "restored needs {need} random bytes, got {}",
+                        payload.len()
+                    ));
+                }
+                let (seed, markers) = payload.split_at(proto::RESUME_SEED);
+                let (host_marker, own_marker) = markers.split_at(proto::RESYNC_MARKER);
+                // A restored VM starts with its snapshot's random state and clock: both
+                // are replaced before anything else runs, as in a template's clone.
+                if let Err(e) = sys::reseed_random(seed) {
+                    return port.error(format!("reseeding the random generator: {e}"));
+                }
+                if let Err(e) = sys::set_realtime(unix_time_ns) {
+                    return port.error(format!("setting the clock: {e}"));
+                }
+                if let Some(mux) = &self.mux
+                    && let Err(e) = egress::restored(mux, host_marker, &own_marker[..proto::RESYNC_MARKER])
+                {
+                    return port.error(format!("the egress port: {e}"));
+                }
+                port.send(&ToHost::Ok, &[])
+            }
+            ToVmGuest::ChangesIn { roots } => {
+                self.changes_in = Some(roots);
+                Ok(())
+            }
+            ToVmGuest::ExportFiles => {
+                let Some(sandbox) = &self.sandbox_ref else {
+                    return port.error("no sandbox: send create first");
+                };
+                let roots = match files::roots(sandbox.init_pid, &files::WRITABLE) {
+                    Ok(r) => r,
+                    Err(e) => return port.error(format!("exporting: {e}")),
+                };
+                let mut out = ChunkWriter {
+                    port,
+                    buf: Vec::with_capacity(CHUNK),
+                    failed: None,
+                };
+                let exported = airlock_fstree::export(&roots, &mut out);
+                if let Some(e) = out.failed.take() {
+                    return Err(e);
+                }
+                match exported {
+                    Ok(_) => out.finish(),
+                    Err(e) => port.error(format!("exporting: {e}")),
+                }
+            }
+            ToVmGuest::ImportFiles { last, abort } => {
+                let import = self.import.get_or_insert_with(|| match &self.sandbox_ref {
+                    Some(r) => files::Import::start(r.init_pid).map_err(|e| format!("importing: {e}")),
+                    None => Err("no sandbox: send create first".into()),
+                });
+                if let Ok(import) = import {
+                    import.push(payload.to_vec());
+                }
+                if !last {
+                    return Ok(());
+                }
+                let imported = match self.import.take() {
+                    Some(Ok(import)) => import.finish(),
+                    Some(Err(m)) => return port.error(m),
+                    None => return port.error("importing: no stream"),
+                };
+                if abort {
+                    return port.error("importing: the host could not read the whole stream");
+                }
+                match imported {
+                    Ok(_) => port.send(&ToHost::Ok, &[]),
+                    Err(e) if files::is_no_room(&e) => port.send(
+                        &ToHost::NoRoom {
+                            free_bytes: None,
+                            memory_bytes: None,
+                        },
+                        &[],
+                    ),
+                    Err(e)
+                        if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput) =>
+                    {
+                        port.fail(airlock_backend::Error::invalid(
+                            "files",
+                            format!("the tar stream: {e}"),
+                        ))
+                    }
+                    Err(e) => port.error(format!("importing: {e}")),
+                }
+            }
             ToVmGuest::Spawn {
                 command,
                 env,

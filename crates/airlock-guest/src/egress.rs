@@ -33,7 +33,7 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStr
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -183,6 +183,9 @@ pub struct Shared {
     netns: OnceLock<File>,
     /// Spawned programs by id: what their `Signal` and `Resize` reach.
     pub(crate) procs: Mutex<HashMap<u32, Arc<crate::spawn::Running>>>,
+    /// Set by [`restored`]: the host's marker, which the port's reader looks for in
+    /// what it reads next, dropping everything before it.
+    resync: Mutex<Option<Vec<u8>>>,
 }
 
 /// The socket of one stream: a connection of the program's, a port the host connects
@@ -249,6 +252,9 @@ struct Conn {
     credit_changed: Condvar,
     /// Threads of the connection that have ended; the last one forgets it.
     ended: AtomicU8,
+    /// Its host is gone (the VM was restored from a snapshot): what the program writes
+    /// is read and dropped, so it never blocks on a window nobody acknowledges.
+    detached: AtomicBool,
 }
 
 impl Shared {
@@ -302,6 +308,7 @@ pub fn serve_port() -> Result<Arc<Shared>, String> {
         queries: Mutex::new(HashMap::new()),
         netns: OnceLock::new(),
         procs: Mutex::new(HashMap::new()),
+        resync: Mutex::new(None),
     });
     let s = Arc::clone(&shared);
     std::thread::Builder::new()
@@ -309,6 +316,39 @@ pub fn serve_port() -> Result<Arc<Shared>, String> {
         .spawn(move || read_port(reader, &s))
         .map_err(|e| format!("starting the egress port's reader: {e}"))?;
     Ok(shared)
+}
+
+/// The VM was just restored from a full snapshot, and a new host serves the port
+/// (`Restored`): the port's reader drops what it holds and skips to `host_marker`
+/// (which the host sends first), `own_marker` goes out before any frame of this side,
+/// and every stream of the snapshot's host is cut from the port: a spawned program's
+/// stdio stays open, its output read and dropped (it runs on undisturbed, nobody
+/// streams it); connections (to the proxy, to the sandbox's ports) are reset.
+pub fn restored(shared: &Shared, host_marker: &[u8], own_marker: &[u8]) -> io::Result<()> {
+    *shared.resync.lock().unwrap_or_else(|e| e.into_inner()) = Some(host_marker.to_vec());
+    let conns: Vec<Arc<Conn>> = shared
+        .conns
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    for conn in conns {
+        match conn.stream {
+            Sock::Tcp(_) => conn.reset(),
+            Sock::Unix(_) | Sock::Pty(_) => {
+                conn.detached.store(true, Ordering::Release);
+                // Wakes its thread if it waits for a window.
+                let _guard = conn.credit.lock().unwrap_or_else(|e| e.into_inner());
+                conn.credit_changed.notify_all();
+            }
+        }
+    }
+    shared.queries.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    // Under the port's lock: after whatever frame was being written when the snapshot
+    // was taken, before any other.
+    let mut port = shared.port.lock().unwrap_or_else(|e| e.into_inner());
+    port.write_all(own_marker)
 }
 
 /// Says where the host's `Connect`s go: the network namespace of the sandbox whose init
@@ -419,6 +459,7 @@ pub fn attach(shared: &Arc<Shared>, id: u32, stream: Sock, announce: Option<MuxF
         credit: Mutex::new((WINDOW, false)),
         credit_changed: Condvar::new(),
         ended: AtomicU8::new(0),
+        detached: AtomicBool::new(false),
     });
     {
         let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
@@ -480,9 +521,18 @@ fn connect(shared: &Arc<Shared>, id: u32, port: u16) {
 fn to_host(id: u32, mut stream: Sock, conn: &Conn, shared: &Shared) {
     let mut buf = vec![0u8; MUX_CHUNK];
     loop {
+        if conn.detached.load(Ordering::Acquire) {
+            // Nobody reads it any more: drained and dropped until the program closes it.
+            match stream.read(&mut buf) {
+                Ok(0) => return,
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            }
+        }
         let room = {
             let mut credit = conn.credit.lock().unwrap_or_else(|e| e.into_inner());
-            while credit.0 == 0 && !credit.1 {
+            while credit.0 == 0 && !credit.1 && !conn.detached.load(Ordering::Acquire) {
                 credit = conn
                     .credit_changed
                     .wait(credit)
@@ -490,6 +540,9 @@ fn to_host(id: u32, mut stream: Sock, conn: &Conn, shared: &Shared) {
             }
             if credit.1 {
                 return;
+            }
+            if conn.detached.load(Ordering::Acquire) {
+                continue;
             }
             credit.0 as usize
         };
@@ -506,6 +559,9 @@ fn to_host(id: u32, mut stream: Sock, conn: &Conn, shared: &Shared) {
                 return;
             }
         };
+        if conn.detached.load(Ordering::Acquire) {
+            continue;
+        }
         conn.credit.lock().unwrap_or_else(|e| e.into_inner()).0 -= n as u32;
         if shared.send(&MuxFrame::Data(id, buf[..n].to_vec())).is_err() {
             conn.reset();
@@ -529,107 +585,149 @@ fn to_socket(id: u32, mut stream: Sock, rx: &mpsc::Receiver<Option<Vec<u8>>>, co
 }
 
 /// Reads the port and dispatches each frame to its connection, never waiting on one.
-fn read_port(port: File, shared: &Arc<Shared>) {
-    let mut reader = io::BufReader::with_capacity(64 * 1024, port);
+fn read_port(mut port: File, shared: &Arc<Shared>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut decoder = mux::MuxDecoder::default();
+    // After a restore: the host's marker, and what was read since while looking for it.
+    let mut hunting: Option<(Vec<u8>, Vec<u8>)> = None;
     // No host on the other end (yet, or any more: a one-shot VM's host never opens it):
     // look again, less and less often. A wake-up every 10 ms took emulated CPU from the
     // program's VM all its life; after a quarter of a second idle, 4 a second do.
     let mut idle = std::time::Duration::from_millis(10);
     loop {
-        let frame = match mux::read_frame(&mut reader) {
-            Ok(Some(f)) => {
-                idle = std::time::Duration::from_millis(10);
-                f
-            }
-            Ok(None) => {
+        let n = match port.read(&mut buf) {
+            Ok(0) => {
                 std::thread::sleep(idle);
                 idle = (idle * 2).min(std::time::Duration::from_millis(250));
                 continue;
             }
+            Ok(n) => {
+                idle = std::time::Duration::from_millis(10);
+                n
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 eprintln!("airlock-guest: egress port: {e}");
                 return;
             }
         };
-        match frame {
-            MuxFrame::Data(id, data) => {
-                if let Some(c) = shared.get(id) {
-                    let sent = c
-                        .to_socket
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .as_ref()
-                        .is_some_and(|tx| tx.send(Some(data)).is_ok());
-                    if !sent {
-                        c.reset();
-                    }
+        // The marker is asked for before the host can send it (the host sends it once
+        // `Restored` is answered), so the read that brings its first byte comes after:
+        // whatever the decoder holds then is the snapshot's, a frame perhaps cut in two.
+        if let Some(marker) = shared.resync.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            decoder = mux::MuxDecoder::default();
+            hunting = Some((marker, Vec::new()));
+        }
+        let mut fresh = &buf[..n];
+        if let Some((marker, seen)) = hunting.as_mut() {
+            seen.extend_from_slice(fresh);
+            match seen.windows(marker.len()).position(|w| w == marker.as_slice()) {
+                Some(at) => {
+                    decoder.push(&seen[at + marker.len()..]);
+                    hunting = None;
+                }
+                None => {
+                    let keep = seen.len().saturating_sub(marker.len() - 1);
+                    seen.drain(..keep);
                 }
             }
-            MuxFrame::Eof(id) => {
-                if let Some(c) = shared.get(id)
-                    && let Some(tx) = c.to_socket.lock().unwrap_or_else(|e| e.into_inner()).take()
-                {
-                    let _ = tx.send(None);
+            fresh = &[];
+        }
+        decoder.push(fresh);
+        loop {
+            let frame = match decoder.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    eprintln!("airlock-guest: egress port: {e}");
+                    return;
                 }
-            }
-            MuxFrame::Reset(id) => {
-                if let Some(c) = shared.get(id) {
+            };
+            dispatch(frame, shared);
+        }
+    }
+}
+
+/// Hands one frame from the host to its connection, query or program.
+fn dispatch(frame: MuxFrame, shared: &Arc<Shared>) {
+    match frame {
+        MuxFrame::Data(id, data) => {
+            if let Some(c) = shared.get(id) {
+                let sent = c
+                    .to_socket
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .is_some_and(|tx| tx.send(Some(data)).is_ok());
+                if !sent {
                     c.reset();
                 }
             }
-            MuxFrame::Ack(id, n) => {
-                if let Some(c) = shared.get(id) {
-                    let mut credit = c.credit.lock().unwrap_or_else(|e| e.into_inner());
-                    credit.0 = credit.0.saturating_add(n).min(WINDOW);
-                    c.credit_changed.notify_all();
-                }
-            }
-            MuxFrame::DnsAnswer(id, answer) => {
-                let asker = shared
-                    .queries
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-                if let (Some((to, _)), Some(dns)) = (asker, shared.dns.get()) {
-                    let _ = dns.send_to(&answer, to);
-                }
-            }
-            MuxFrame::DnsNone(id) => {
-                shared
-                    .queries
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-            }
-            MuxFrame::Connect(id, port) => connect(shared, id, port),
-            MuxFrame::Signal(id, signal) => {
-                let p = shared
-                    .procs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&id)
-                    .cloned();
-                if let Some(p) = p {
-                    p.signal(signal);
-                }
-            }
-            MuxFrame::Resize(id, rows, cols) => {
-                let p = shared
-                    .procs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&id)
-                    .cloned();
-                if let Some(p) = p {
-                    p.resize(rows, cols);
-                }
-            }
-            // Only the guest opens connections this way and asks.
-            MuxFrame::Open(id) | MuxFrame::OpenTo(id, _) => {
-                let _ = shared.send(&MuxFrame::Reset(id));
-            }
-            MuxFrame::DnsQuery(..) | MuxFrame::Connected(_) | MuxFrame::Exited(..) => {}
         }
+        MuxFrame::Eof(id) => {
+            if let Some(c) = shared.get(id)
+                && let Some(tx) = c.to_socket.lock().unwrap_or_else(|e| e.into_inner()).take()
+            {
+                let _ = tx.send(None);
+            }
+        }
+        MuxFrame::Reset(id) => {
+            if let Some(c) = shared.get(id) {
+                c.reset();
+            }
+        }
+        MuxFrame::Ack(id, n) => {
+            if let Some(c) = shared.get(id) {
+                let mut credit = c.credit.lock().unwrap_or_else(|e| e.into_inner());
+                credit.0 = credit.0.saturating_add(n).min(WINDOW);
+                c.credit_changed.notify_all();
+            }
+        }
+        MuxFrame::DnsAnswer(id, answer) => {
+            let asker = shared
+                .queries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+            if let (Some((to, _)), Some(dns)) = (asker, shared.dns.get()) {
+                let _ = dns.send_to(&answer, to);
+            }
+        }
+        MuxFrame::DnsNone(id) => {
+            shared
+                .queries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+        }
+        MuxFrame::Connect(id, port) => connect(shared, id, port),
+        MuxFrame::Signal(id, signal) => {
+            let p = shared
+                .procs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&id)
+                .cloned();
+            if let Some(p) = p {
+                p.signal(signal);
+            }
+        }
+        MuxFrame::Resize(id, rows, cols) => {
+            let p = shared
+                .procs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&id)
+                .cloned();
+            if let Some(p) = p {
+                p.resize(rows, cols);
+            }
+        }
+        // Only the guest opens connections this way and asks.
+        MuxFrame::Open(id) | MuxFrame::OpenTo(id, _) => {
+            let _ = shared.send(&MuxFrame::Reset(id));
+        }
+        MuxFrame::DnsQuery(..) | MuxFrame::Connected(_) | MuxFrame::Exited(..) => {}
     }
 }
 

@@ -16,6 +16,7 @@
 mod agent;
 mod boot;
 mod egress;
+mod files;
 mod spawn;
 mod sys;
 

@@ -146,6 +146,30 @@ impl Backend for VmBackend {
         true
     }
 
+    /// Micro-VMs take full snapshots (but in proxy mode, where a checkpoint answers
+    /// `false`).
+    fn checkpoints(&self) -> bool {
+        true
+    }
+
+    /// A VM restored from a full snapshot ([`MicroVmHost::restore`]), of the snapshot's
+    /// VM size; `shape`'s image and disk must be the snapshot's. The same for every
+    /// purpose: it runs on from the snapshot, its sandbox built. As for
+    /// [`Backend::create`], its VMM dies with the calling thread: restore on a thread
+    /// that lives as long as the sandbox (not tokio's `spawn_blocking`, whose idle
+    /// threads exit).
+    fn restore(
+        &self,
+        shape: &Shape,
+        dir: &std::path::Path,
+        _purpose: Purpose,
+    ) -> Result<Box<dyn airlock_backend::Sandbox>, Error> {
+        self.check_shape(shape)?;
+        let host = self.host()?;
+        let vm = host.restore(dir, shape.image.as_ref(), shape.limits.disk_bytes)?;
+        Ok(Box::new(vm))
+    }
+
     fn serves(&self, pooled: &Shape, wanted: &Shape) -> bool {
         let (have, need) = (
             VmSize::for_limits(&pooled.limits),
@@ -238,6 +262,41 @@ impl airlock_backend::Sandbox for BootedVm {
 
     fn egress(&self) -> Option<std::sync::Arc<airlock_egress::Proxy>> {
         BootedVm::egress(self)
+    }
+
+    /// QMP's stop: see [`BootedVm::pause`].
+    fn pause(&mut self) -> Result<(), Error> {
+        Ok(BootedVm::pause(self)?)
+    }
+
+    /// QMP's cont, then the guest's clock is set: see [`BootedVm::resume`].
+    fn resume(&mut self) -> Result<(), Error> {
+        Ok(BootedVm::resume(self)?)
+    }
+
+    /// A tar stream made by the guest as it goes (cancel fds are not watched: every
+    /// frame is bounded by the request timeout).
+    fn export_files(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        _cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), Error> {
+        Ok(BootedVm::export_files(self, out)?)
+    }
+
+    /// Streamed to the guest, which unpacks it as it arrives (cancel fds are not
+    /// watched, as for a file's write).
+    fn import_files(
+        &mut self,
+        input: &mut dyn std::io::Read,
+        _cancel: &[BorrowedFd<'_>],
+    ) -> Result<(), Error> {
+        Ok(BootedVm::import_files(self, input)?)
+    }
+
+    /// RAM and device state: see [`BootedVm::checkpoint`].
+    fn checkpoint(&mut self, dir: &std::path::Path) -> Result<bool, Error> {
+        Ok(BootedVm::checkpoint(self, dir)?)
     }
 }
 

@@ -30,6 +30,14 @@
 //!   own so that no exec's end kills them, and opens connections to TCP ports its
 //!   programs listen on ([`BootedVm::ports`]); their bytes cross the VM's second port as
 //!   host socketpairs' other ends.
+//! - A VM can be paused and resumed ([`BootedVm::pause`]: its CPUs and clock stand still,
+//!   requests are refused until it resumes, then its clock is set), and saved whole
+//!   while it runs ([`BootedVm::checkpoint`]: RAM and device state in a directory);
+//!   [`MicroVmHost::restore`] starts any number of VMs from such a snapshot (a fork),
+//!   each running on with the snapshot's processes and memory, their unchanged RAM
+//!   shared. Every exec's result lists the files it created, changed and deleted, and
+//!   the sandbox's writable filesystem goes out and comes back as a tar stream
+//!   ([`BootedVm::export_files`], [`BootedVm::import_files`]).
 //! - The frame protocol both sides speak over the VM's virtio-serial port, and the
 //!   framing of its second port, which carries a proxy-mode program's connections to the
 //!   egress proxy served on the host (the VM has no network device) and the streams the

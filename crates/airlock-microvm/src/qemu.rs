@@ -99,6 +99,12 @@ impl Qemu {
             push("-incoming");
             push("defer");
         }
+        if launch.devices_only {
+            // A device-state file (QMP's xen-save-devices-state) has no configuration
+            // section, which a migration's has and its loader checks for.
+            push("-global");
+            push("migration.send-configuration=off");
+        }
         push("-smp");
         push(&launch.vcpus.to_string());
         for s in [

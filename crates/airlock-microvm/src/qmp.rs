@@ -128,6 +128,40 @@ impl Qmp {
 }
 
 impl VmControl for Qmp {
+    fn stop(&mut self) -> Result<(), VmError> {
+        self.execute("stop", Value::Null).map(drop)
+    }
+
+    fn cont(&mut self) -> Result<(), VmError> {
+        self.execute("cont", Value::Null).map(drop)
+    }
+
+    fn save_devices(&mut self, to: BorrowedFd<'_>) -> Result<(), VmError> {
+        // QEMU opens the file by name: an fd set (`add-fd`) is a name for a descriptor
+        // of ours. Its access mode must be exactly write-only.
+        let added = self.execute_passing("add-fd", Value::Null, Some(to))?;
+        let set = added["fdset-id"]
+            .as_i64()
+            .ok_or_else(|| VmError::Control(format!("qmp add-fd: unexpected reply {added}")))?;
+        // live=false: the block devices stay active, so the VM can run on after.
+        let saved = self.execute(
+            "xen-save-devices-state",
+            json!({ "filename": format!("/dev/fdset/{set}"), "live": false }),
+        );
+        let removed = self.execute("remove-fd", json!({ "fdset-id": set }));
+        saved?;
+        removed.map(drop)
+    }
+
+    fn ram_address(&mut self) -> Result<u64, VmError> {
+        let out = self.execute("human-monitor-command", json!({ "command-line": "gpa2hva 0" }))?;
+        // "Host virtual address for 0x0 (ram) is 0x7f4b2c000000"
+        let text = out.as_str().unwrap_or_default();
+        text.rsplit_once(" is 0x")
+            .and_then(|(_, hex)| u64::from_str_radix(hex.trim(), 16).ok())
+            .ok_or_else(|| VmError::Control(format!("gpa2hva: unexpected answer {text:?}")))
+    }
+
     fn accelerator(&mut self) -> Result<String, VmError> {
         let kvm = self.execute("query-kvm", Value::Null)?;
         Ok(if kvm["enabled"].as_bool() == Some(true) {

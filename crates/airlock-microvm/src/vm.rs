@@ -37,6 +37,7 @@ use airlock_backend::ImageRoot;
 use airlock_vmwire::frame::{self as proto, CHUNK, Decoder, GuestInfo, ToGuest, ToHost};
 
 mod egress;
+mod snapshot;
 mod template;
 
 /// Guest RAM beyond the program's memory limit: the guest kernel, the agent, the sandbox's
@@ -183,6 +184,9 @@ pub struct MicroVmHost {
     /// Owned: the template VMs clones are made from, one per VM size, built on first use
     /// ([`MicroVmHost::clone_vm`]); their memory goes with the host.
     templates: template::Templates,
+    /// The sealed RAM files of full snapshots that live VMs were restored from: further
+    /// restores of the same snapshot share them.
+    snapshots: snapshot::RamCache,
 }
 
 impl MicroVmHost {
@@ -228,6 +232,7 @@ impl MicroVmHost {
             purged,
             _cache_use: cache_use,
             templates: template::Templates::default(),
+            snapshots: snapshot::RamCache::default(),
         };
         (host.accel, host.accel_reason) = match options.accel {
             Some(a) => (a, "chosen with AIRLOCK_VM_ACCEL".to_owned()),
@@ -426,8 +431,17 @@ pub(crate) struct BootParams<'a> {
     pub timeout: Duration,
     /// Guest RAM in a file: a template's (shared) or a clone's (private).
     pub ram_file: Option<RamFile<'a>>,
-    /// A clone: restore this template's device state instead of booting.
-    pub restore: Option<&'a template::Template>,
+    /// A clone or a full snapshot's restore instead of a boot.
+    pub restore: Option<Restore<'a>>,
+}
+
+/// What a VM is restored from instead of booted.
+#[derive(Clone, Copy)]
+pub(crate) enum Restore<'a> {
+    /// A template of this host's: its clone.
+    Template(&'a template::Template),
+    /// A full snapshot ([`BootedVm::checkpoint`]).
+    Snapshot(&'a snapshot::Saved),
 }
 
 /// A fresh VM id: `vm-` and 16 hex digits from the kernel's random source.
@@ -468,6 +482,12 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
         egress: None,
         mux: None,
         image: p.image_drive.map(|d| d.digest.clone()),
+        size: p.size,
+        cmdline: p.cmdline.clone(),
+        guest_image: snapshot::fingerprint(p.image, p.image_drive),
+        paused: false,
+        restored_ram: None,
+        resync: None,
     };
     let limits = CgroupLimits {
         memory_bytes: (p.size.ram_mib
@@ -518,6 +538,7 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
         state_dir: state.clone(),
         ram_file: p.ram_file,
         incoming: p.restore.is_some(),
+        devices_only: matches!(p.restore, Some(Restore::Snapshot(_))),
     })?;
     let pid = launched.child.id();
     vm.child = Some(launched.child);
@@ -537,10 +558,18 @@ pub(crate) fn boot(p: BootParams<'_>) -> Result<BootedVm, VmError> {
     });
 
     let deadline = t0 + p.timeout;
-    if let Some(template) = p.restore {
-        template.resume(&mut vm, deadline)?;
-        vm.boot = t0.elapsed();
-        return Ok(vm);
+    match p.restore {
+        Some(Restore::Template(template)) => {
+            template.resume(&mut vm, deadline)?;
+            vm.boot = t0.elapsed();
+            return Ok(vm);
+        }
+        Some(Restore::Snapshot(saved)) => {
+            saved.resume(&mut vm, deadline)?;
+            vm.boot = t0.elapsed();
+            return Ok(vm);
+        }
+        None => {}
     }
     match vm.channel()?.recv(deadline, &[]) {
         Ok(frame) => match frame.msg {
@@ -679,6 +708,20 @@ pub struct BootedVm {
     /// The digest of the OCI image whose root the guest's sandbox has, when the VM
     /// carries one (fixed at boot: its drive and the guest's mount).
     image: Option<String>,
+    /// Its RAM and CPUs.
+    size: VmSize,
+    /// Its kernel's command line (a snapshot's restore is launched with the same).
+    cmdline: String,
+    /// The identity of its boot files and image drive (a snapshot records it).
+    guest_image: String,
+    /// Paused ([`BootedVm::pause`]): its CPUs stand still, and every request but
+    /// `resume`, `checkpoint` and the purge is refused.
+    paused: bool,
+    /// Owned (shared with the host's cache and other restores of the same snapshot): the
+    /// sealed RAM file it was restored from, if it was.
+    restored_ram: Option<std::sync::Arc<fs::File>>,
+    /// Restored from a snapshot: how its egress port's relay starts over, until started.
+    resync: Option<egress::Resync>,
 }
 
 impl BootedVm {
@@ -737,6 +780,7 @@ impl BootedVm {
     /// Sends one frame; a VM that does not take it is killed (a frame half sent leaves
     /// the channel unusable).
     fn send(&mut self, msg: &impl serde::Serialize, payload: &[u8]) -> Result<(), VmError> {
+        self.check_running()?;
         let sent = self.channel()?.send(msg, payload);
         if sent.is_err() {
             self.kill();
@@ -836,6 +880,7 @@ impl BootedVm {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
         validate(spec, self.image.is_some())?;
+        self.check_running()?;
         let t0 = Instant::now();
         self.ensure_sandbox(&spec.limits)?;
         if std::mem::replace(&mut self.used, true) {
@@ -888,6 +933,7 @@ impl BootedVm {
         cancel: &[BorrowedFd<'_>],
     ) -> Result<ExecResult, VmError> {
         validate(spec, self.image.is_some())?;
+        self.check_running()?;
         let t0 = Instant::now();
         self.ensure_sandbox(&spec.limits)?;
         self.used = true;
@@ -910,6 +956,10 @@ impl BootedVm {
         }
         for chunk in spec.stdin.chunks(CHUNK) {
             self.send(&ToGuest::Stdin, chunk)?;
+        }
+        if !spec.files_changed_in.is_empty() && self.info.mux_version >= 4 {
+            let roots = spec.files_changed_in.clone();
+            self.send(&airlock_vmwire::frame::ToVmGuest::ChangesIn { roots }, &[])?;
         }
         let exec = ToGuest::Exec {
             command: spec.command.clone(),
@@ -1053,7 +1103,8 @@ impl BootedVm {
     fn mux(&mut self) -> Result<&egress::MuxRelay, VmError> {
         if self.mux.is_none() {
             let port = self.egress_port.take().ok_or(VmError::Gone)?;
-            self.mux = Some(egress::MuxRelay::start(port, &self.id)?);
+            let resync = self.resync.take();
+            self.mux = Some(egress::MuxRelay::start(port, &self.id, resync)?);
         }
         self.mux.as_ref().ok_or(VmError::Gone)
     }
@@ -1084,6 +1135,7 @@ impl BootedVm {
         stdio: airlock_backend::Stdio,
     ) -> Result<airlock_backend::Spawned, VmError> {
         use std::os::fd::OwnedFd;
+        self.check_running()?;
         validate(spec, self.image.is_some())?;
         if self.sandbox_disk.is_none() {
             return Err(VmError::Guest(
@@ -1193,6 +1245,7 @@ impl BootedVm {
     /// is larger than the whole disk, else when the disk fills up (the guest removes what
     /// it wrote); the VM stays usable either way.
     pub fn write_file(&mut self, path: &str, mode: u32, content: &[u8]) -> Result<(), VmError> {
+        self.check_running()?;
         let disk_bytes = self.sandbox_disk.unwrap_or(0);
         let no_room = |free_bytes, memory_bytes| {
             VmError::DiskFull(airlock_backend::DiskFull {
@@ -1240,6 +1293,7 @@ impl BootedVm {
 
     /// Reads a file under the guest's /workspace (at most `max_bytes`).
     pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>, VmError> {
+        self.check_running()?;
         let msg = ToGuest::ReadFile {
             path: path.to_owned(),
             max_bytes,
@@ -1274,6 +1328,7 @@ impl BootedVm {
 
     /// Lists the guest's /workspace recursively, sorted by path.
     pub fn list_files(&mut self) -> Result<Vec<FileEntry>, VmError> {
+        self.check_running()?;
         self.send(&ToGuest::ListFiles, &[])?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         match self.channel()?.recv(deadline, &[]) {

@@ -70,6 +70,9 @@ pub struct Launch<'a> {
     /// The VM starts paused and waits for its device state
     /// ([`VmControl::restore_state`]) instead of booting the kernel.
     pub incoming: bool,
+    /// The device state it waits for is [`VmControl::save_devices`]'s (a full snapshot's:
+    /// no RAM, no configuration section), not a migration's.
+    pub devices_only: bool,
 }
 
 /// Guest RAM backed by a file (a memfd) the host passes to the VMM.
@@ -105,6 +108,18 @@ pub trait VmControl: fmt::Debug + Send {
     /// Loads the device state a VM started with [`Launch::incoming`] waits for from
     /// `from`, and starts the VM, within `timeout`.
     fn restore_state(&mut self, from: BorrowedFd<'_>, timeout: Duration) -> Result<(), VmError>;
+    /// Pauses the guest's CPUs (its clock stops with them); pausing a paused VM does
+    /// nothing.
+    fn stop(&mut self) -> Result<(), VmError>;
+    /// Runs a paused VM again.
+    fn cont(&mut self) -> Result<(), VmError>;
+    /// Writes the device state of a paused VM (CPU, devices; never RAM) to `to`, which a
+    /// VM launched with [`Launch::devices_only`] loads ([`VmControl::restore_state`]).
+    /// The VM stays paused.
+    fn save_devices(&mut self, to: BorrowedFd<'_>) -> Result<(), VmError>;
+    /// Where the guest's RAM (guest physical address 0, the start of its one RAM block)
+    /// is mapped in the VMM's address space.
+    fn ram_address(&mut self) -> Result<u64, VmError>;
 }
 
 /// A virtual machine monitor.

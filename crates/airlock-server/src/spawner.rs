@@ -15,8 +15,10 @@ use tokio::sync::oneshot;
 /// A built sandbox (or why not), and how long building it took.
 pub type Created = (Result<Box<dyn Sandbox>, Error>, Duration);
 
-/// One sandbox to build: its shape, what for, and where it goes.
-type Job = (Shape, Purpose, oneshot::Sender<Created>);
+/// Work for a spawner thread: building a sandbox, or anything else that may start
+/// processes tied to the thread (restoring a snapshot, taking a checkpoint that starts
+/// the sandbox again).
+type Job = Box<dyn FnOnce(&dyn Backend) + Send>;
 
 /// Hands sandbox creation to one tier's spawner threads.
 #[derive(Debug)]
@@ -41,14 +43,10 @@ impl Spawner {
                 .spawn(move || {
                     loop {
                         let job = rx.lock().map(|r| r.recv());
-                        let Ok(Ok((shape, purpose, reply))) = job else {
+                        let Ok(Ok(job)) = job else {
                             return;
                         };
-                        let t0 = Instant::now();
-                        let created = backend.create(&shape, purpose);
-                        // A caller that went away drops the sandbox here: purged on the
-                        // thread that made it.
-                        let _ = reply.send((created, t0.elapsed()));
+                        job(backend.as_ref());
                     }
                 });
             match spawned {
@@ -64,22 +62,44 @@ impl Spawner {
 
     /// Builds a sandbox of `shape` for `purpose`; returns it with the time building took.
     pub async fn create(&self, shape: Shape, purpose: Purpose) -> Created {
+        let made = self
+            .run(move |backend| {
+                let t0 = Instant::now();
+                // A caller that went away drops the sandbox on this thread (with the
+                // reply): purged on the thread that made it.
+                (backend.create(&shape, purpose), t0.elapsed())
+            })
+            .await;
+        made.unwrap_or_else(|e| (Err(e), Duration::ZERO))
+    }
+
+    /// Runs `f` on one of the threads and returns what it returned: for work that may
+    /// start processes that must live as long as the service (a sandbox restored from a
+    /// snapshot, a sandbox started again after its checkpoint). What `f` returns and the
+    /// caller no longer wants is dropped on that thread.
+    pub async fn run<R, F>(&self, f: F) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Backend) -> R + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |backend| {
+            let r = f(backend);
+            if let Err(unwanted) = tx.send(r) {
+                drop(unwanted);
+            }
+        });
         let sent = self
             .jobs
             .lock()
             .ok()
-            .and_then(|jobs| jobs.as_ref().map(|j| j.send((shape, purpose, tx)).is_ok()))
+            .and_then(|jobs| jobs.as_ref().map(|j| j.send(job).is_ok()))
             .unwrap_or(false);
         if !sent {
-            return (Err(Error::Cancelled), Duration::ZERO);
+            return Err(Error::Cancelled);
         }
-        rx.await.unwrap_or_else(|_| {
-            (
-                Err(Error::host("building a sandbox", "the spawner thread stopped")),
-                Duration::ZERO,
-            )
-        })
+        rx.await
+            .map_err(|_| Error::host("building a sandbox", "the spawner thread stopped"))
     }
 
     /// Lets the threads exit once their current job is done, and waits for them: a

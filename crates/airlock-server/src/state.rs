@@ -231,6 +231,46 @@ impl Session {
             .unwrap_or_else(|e| Err(crate::error::ApiError::internal(format!("file task: {e}"))))
     }
 
+    /// [`Session::with_sandbox`] on one of `spawner`'s long-lived threads: for work that
+    /// may start the sandbox's processes again (a checkpoint), which die with the thread
+    /// that started them.
+    pub async fn with_sandbox_on<R, F>(
+        self: &Arc<Self>,
+        spawner: Arc<crate::spawner::Spawner>,
+        f: F,
+    ) -> Result<R, crate::error::ApiError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn Sandbox) -> R + Send + 'static,
+    {
+        let session = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let mut inner = session.inner.lock().await;
+            let Some(mut sandbox) = inner.sandbox.take() else {
+                return Err(crate::error::ApiError::gone(format!(
+                    "sandbox {} was deleted",
+                    session.id
+                )));
+            };
+            let ran = spawner
+                .run(move |_| {
+                    let r = f(sandbox.as_mut());
+                    (r, sandbox)
+                })
+                .await;
+            match ran {
+                Ok((r, sandbox)) => {
+                    inner.sandbox = Some(sandbox);
+                    Ok(r)
+                }
+                // The service is stopping: the sandbox went with the job.
+                Err(e) => Err(crate::error::ApiError::from(e)),
+            }
+        });
+        task.await
+            .unwrap_or_else(|e| Err(crate::error::ApiError::internal(format!("sandbox task: {e}"))))
+    }
+
     /// Whether it was deleted or expired.
     pub fn deleted(&self) -> bool {
         self.cancel_trigger.lock().map_or(true, |t| t.is_none())

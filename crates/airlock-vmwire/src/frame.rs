@@ -138,6 +138,44 @@ pub enum ToVmGuest {
         /// The egress port's stream ids of its stdio: three for pipes, one for a terminal.
         streams: Vec<u32>,
     },
+    /// This VM was just restored from a full snapshot of a running one (a checkpoint
+    /// saved while its agent waited for a request): as `ToGuest::Resume` (the payload's first
+    /// [`RESUME_SEED`] bytes reseed the random generator, the clock is set), and the
+    /// egress port starts over with the new host ([`crate::mux`] version 4): the agent
+    /// sends the payload's next [`RESYNC_MARKER`] bytes on it and skips what arrives
+    /// until it reads them back from the host; the streams the snapshot's host had open
+    /// are cut from it (its spawned programs run on, their output dropped, their stdin
+    /// left open; connections are reset). Answered by `Ok` or `Error`.
+    Restored {
+        /// The host's CLOCK_REALTIME, in nanoseconds since the epoch.
+        unix_time_ns: u64,
+    },
+    /// Where the next `Exec`'s `files_changed` looks (`Spec::files_changed_in`: some of
+    /// "/workspace", "/tmp"): scanned before the program starts and after it ends, the
+    /// difference in its result. Sent before the `Exec`, as `Stdin` is; an `Exec` with
+    /// none before it has no changeset. Never answered. (Mux version 4 and later.)
+    ChangesIn {
+        /// The directories.
+        roots: Vec<String>,
+    },
+    /// Write the sandbox's writable filesystem (/workspace, /tmp, /dev/shm) as a tar
+    /// stream (airlock-fstree's format): answered by `FileChunk`s as the stream is made
+    /// (the last one marked), or by `Error` (also after some chunks: the stream is then
+    /// worthless). Needs the sandbox. (Mux version 4 and later.)
+    ExportFiles,
+    /// Part of a tar stream (the payload) that replaces /workspace, /tmp and /dev/shm
+    /// (what is not in it is gone; everything made is owned by the sandbox's user).
+    /// Unpacked as the parts arrive; answered once, after the last part (also when an
+    /// earlier one failed: the rest is read and dropped): `Ok`, `NoRoom` or `Error`.
+    /// (Mux version 4 and later.)
+    ImportFiles {
+        /// True for the last part.
+        last: bool,
+        /// The host could not read the whole stream: what was unpacked stays, the
+        /// answer is `Error`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        abort: bool,
+    },
 }
 
 /// Any request the micro-VM's agent reads: a [`ToGuest`] or a [`ToVmGuest`] (both
@@ -153,6 +191,10 @@ pub enum AgentRequest {
 
 /// Random bytes a `Resume` carries: a full key for the guest kernel's generator.
 pub const RESUME_SEED: usize = 32;
+
+/// Random bytes that mark where a restored VM's egress port starts over (`Restored`):
+/// fresh per restore, so nothing a program sent before the snapshot can contain them.
+pub const RESYNC_MARKER: usize = 32;
 
 /// Guest -> host.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -45,7 +45,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// Name of the egress port (the guest finds it in /sys/class/virtio-ports).
 pub const EGRESS_PORT: &str = "airlock.egress";
 /// The newest set of frame kinds this build speaks (see the module's documentation).
-pub const MUX_VERSION: u32 = 3;
+pub const MUX_VERSION: u32 = 4;
 /// Set in every id the host picks (streams it opens, spawned programs); never in the
 /// guest's.
 pub const HOST_IDS: u32 = 1 << 31;

@@ -722,6 +722,13 @@ fn tier_snapshots(tier: &'static str) {
         })
         .unwrap_or_else(|| panic!("{tier}: the counter does not go on in {k}"));
     }
+    // Sandboxes started again by a checkpoint or made by a restore outlive the thread
+    // that asked (tokio's blocking threads end after 10 s idle, and processes tied to
+    // one die with it).
+    std::thread::sleep(Duration::from_secs(12));
+    for k in kids.iter().chain([&from, &id]) {
+        assert_eq!(stdout(&c, k, "cat f"), "base\n", "{tier}: {k} after 12 s");
+    }
     sh(&c, &kids[0], "echo mine > f");
     assert_eq!(stdout(&c, &kids[1], "cat f"), "base\n", "{tier}");
     assert_eq!(stdout(&c, &id, "cat f"), "base\n", "{tier}");
@@ -748,4 +755,9 @@ fn tier_snapshots(tier: &'static str) {
 #[test]
 fn gvisor_takes_full_snapshots_and_forks() {
     tier_snapshots("gvisor");
+}
+
+#[test]
+fn microvm_takes_full_snapshots_and_forks() {
+    tier_snapshots("microvm");
 }

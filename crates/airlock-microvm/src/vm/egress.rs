@@ -202,6 +202,8 @@ pub(crate) struct MuxRelay {
     next_id: AtomicU32,
     /// The next id of a connection to a port (see [`Ports`]).
     next_port_id: Arc<AtomicU32>,
+    /// The VM is paused ([`MuxRelay::set_paused`]).
+    paused: Arc<std::sync::atomic::AtomicBool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -220,9 +222,22 @@ const PORT_IDS: u32 = 1 << 30;
 /// but emulated).
 const CONNECT_WAIT: Duration = Duration::from_secs(20);
 
+/// How a restored VM's relay starts over (mux version 4): the ids the snapshot's relay
+/// had reached, and the two markers of the guest's `Restored`.
+#[derive(Debug, Clone)]
+pub(crate) struct Resync {
+    /// The relay's next ids ([`MuxRelay::ids`]) when the snapshot was taken.
+    pub ids: [u32; 2],
+    /// Sent before any frame: the guest skips to it.
+    pub host_marker: Vec<u8>,
+    /// What the guest sent before its first frame: skipped to.
+    pub guest_marker: Vec<u8>,
+}
+
 impl MuxRelay {
-    /// Serves the host's end of a VM's egress port on a new thread.
-    pub(crate) fn start(port: UnixStream, vm: &str) -> Result<MuxRelay, VmError> {
+    /// Serves the host's end of a VM's egress port on a new thread; with `resync`, a
+    /// restored VM's (see [`Resync`]).
+    pub(crate) fn start(port: UnixStream, vm: &str, resync: Option<Resync>) -> Result<MuxRelay, VmError> {
         let host_err = |e: std::io::Error| VmError::Host(format!("egress relay: {e}"));
         port.set_nonblocking(true).map_err(host_err)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -234,12 +249,18 @@ impl MuxRelay {
         let (cmds, cmds_rx) = mpsc::unbounded_channel();
         let (out, out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let out_relay = out.clone();
+        let ids = resync.as_ref().map_or([0, 0], |r| r.ids);
+        // First in the queue: nothing is written before it.
+        let skip_to = resync.map(|r| {
+            let _ = out.send(r.host_marker);
+            r.guest_marker
+        });
         let thread = std::thread::Builder::new()
             .name(format!("airlock-egress-{vm}"))
             .spawn(move || {
                 runtime.block_on(async move {
                     match tokio::net::UnixStream::from_std(port) {
-                        Ok(port) => relay(port, proxy_rx, cmds_rx, out_relay, out_rx, stopped).await,
+                        Ok(port) => relay(port, skip_to, proxy_rx, cmds_rx, out_relay, out_rx, stopped).await,
                         Err(e) => tracing::error!(error = %e, "egress relay: the port"),
                     }
                 });
@@ -249,11 +270,27 @@ impl MuxRelay {
             proxy,
             cmds,
             out,
-            next_id: AtomicU32::new(0),
-            next_port_id: Arc::new(AtomicU32::new(0)),
+            next_id: AtomicU32::new(ids[0]),
+            next_port_id: Arc::new(AtomicU32::new(ids[1])),
+            paused: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             stop: Some(stop),
             thread: Some(thread),
         })
+    }
+
+    /// The counters of the ids it picks (streams and programs, connections to ports):
+    /// what a restored VM's relay continues from, so that no id the guest still knows
+    /// is picked again.
+    pub(crate) fn ids(&self) -> [u32; 2] {
+        [
+            self.next_id.load(Ordering::Relaxed),
+            self.next_port_id.load(Ordering::Relaxed),
+        ]
+    }
+
+    /// Says whether the VM is paused: its ports refuse connections meanwhile.
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
     }
 
     /// A fresh host id.
@@ -295,6 +332,7 @@ impl MuxRelay {
         Ports {
             cmds: self.cmds.clone(),
             next: Arc::clone(&self.next_port_id),
+            paused: Arc::clone(&self.paused),
         }
     }
 }
@@ -316,11 +354,19 @@ pub(crate) struct Ports {
     cmds: mpsc::UnboundedSender<Cmd>,
     /// Ids of connections, in a range of their own: `HOST_IDS | PORT_IDS | n`.
     next: Arc<AtomicU32>,
+    /// The VM is paused: a connection is refused at once rather than waited for.
+    paused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl airlock_backend::PortConnector for Ports {
     fn connect(&self, port: u16) -> Result<OwnedFd, airlock_backend::Error> {
         let gone = || airlock_backend::Error::Gone("the VM is gone".into());
+        if self.paused.load(Ordering::Relaxed) {
+            return Err(airlock_backend::Error::invalid(
+                "sandbox",
+                "is paused: resume it first",
+            ));
+        }
         let id = HOST_IDS | PORT_IDS | (self.next.fetch_add(1, Ordering::Relaxed) & !(HOST_IDS | PORT_IDS));
         let (caller, relayed) =
             UnixStream::pair().map_err(|e| airlock_backend::Error::host("a socketpair", e))?;
@@ -457,9 +503,12 @@ enum Event {
     Failed(u32),
 }
 
-/// Relays the port until `stop`, the port's end, or a framing error.
+/// Relays the port until `stop`, the port's end, or a framing error; with `skip_to`, what
+/// is read before those bytes is dropped (a restored VM's port: see [`Resync`]).
+#[allow(clippy::too_many_arguments)]
 async fn relay(
     port: tokio::net::UnixStream,
+    mut skip_to: Option<Vec<u8>>,
     proxy: watch::Receiver<Option<Arc<Proxy>>>,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     out: mpsc::UnboundedSender<Vec<u8>>,
@@ -483,6 +532,7 @@ async fn relay(
     let mut conns: HashMap<u32, Conn> = HashMap::new();
     let dns_slots = Arc::new(Semaphore::new(MAX_DNS_QUERIES));
     let mut decoder = MuxDecoder::default();
+    let mut skipped = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut stop = std::pin::pin!(stop);
     // Host-opened connections waiting for the guest's `Connected`.
@@ -534,7 +584,24 @@ async fn relay(
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
-                decoder.push(&buf[..n]);
+                match skip_to.as_ref() {
+                    None => decoder.push(&buf[..n]),
+                    Some(marker) => {
+                        skipped.extend_from_slice(&buf[..n]);
+                        match skipped.windows(marker.len()).position(|w| w == marker.as_slice()) {
+                            Some(at) => {
+                                decoder.push(&skipped[at + marker.len()..]);
+                                skipped = Vec::new();
+                                skip_to = None;
+                            }
+                            None => {
+                                let keep = skipped.len().saturating_sub(marker.len() - 1);
+                                skipped.drain(..keep);
+                                continue;
+                            }
+                        }
+                    }
+                }
                 loop {
                     let frame = match decoder.next_frame() {
                         Ok(Some(f)) => f,
@@ -796,7 +863,7 @@ mod tests {
         use airlock_backend::{ErrorKind, PortConnector, ProcessHandle};
         use std::io::Read;
         let (host, mut guest) = UnixStream::pair().unwrap();
-        let mux = MuxRelay::start(host, "vm-test").unwrap();
+        let mux = MuxRelay::start(host, "vm-test", None).unwrap();
         let ports = mux.ports();
 
         // Nothing listens on 8000: the guest resets the stream.
@@ -894,7 +961,7 @@ mod tests {
                 let (_cmds, cmds_rx) = mpsc::unbounded_channel();
                 let (out, out_rx) = mpsc::unbounded_channel();
                 let port = tokio::net::UnixStream::from_std(host).unwrap();
-                relay(port, proxy_rx, cmds_rx, out, out_rx, stopped).await;
+                relay(port, None, proxy_rx, cmds_rx, out, out_rx, stopped).await;
             });
         });
         let queries = 2 * MAX_DNS_QUERIES as u32;

@@ -33,7 +33,7 @@ use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::{BOOT_TIMEOUT, BootParams, BootedVm, MicroVmHost, Recv, VmSize, boot};
+use super::{BOOT_TIMEOUT, BootParams, BootedVm, MicroVmHost, Recv, Restore, VmSize, boot};
 use crate::image::ImageDrive;
 use crate::vmm::{Accel, RamFile};
 use crate::{VmError, sys};
@@ -143,7 +143,7 @@ impl MicroVmHost {
                 fd: template.ram.as_fd(),
                 shared: false,
             }),
-            restore: Some(&template),
+            restore: Some(Restore::Template(&template)),
         })?;
         vm.sandbox_disk = template.sandbox_disk;
         Ok(vm)

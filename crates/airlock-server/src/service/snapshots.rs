@@ -201,28 +201,35 @@ pub(crate) async fn snapshot(
     };
     let cancel = Arc::clone(&session.cancel);
     let paused = session.pause_state() != Paused::No;
-    let record = session
-        .with_sandbox(move |sb| -> Result<Record, ApiError> {
-            // A paused sandbox is thawed for as long as its snapshot takes (a tier's agent
-            // does the work inside it), and frozen again after.
-            if paused {
-                sb.resume()?;
+    let spawner = Arc::clone(&tier.spawner);
+    let full = staging.is_some();
+    let work = move |sb: &mut dyn airlock_backend::Sandbox| -> Result<Record, ApiError> {
+        // A paused sandbox is thawed for as long as its snapshot takes (a tier's agent
+        // does the work inside it), and frozen again after.
+        if paused {
+            sb.resume()?;
+        }
+        let taken = (|| {
+            let mut new = new;
+            if let Some(staging) = staging
+                && sb.checkpoint(staging.path())?
+            {
+                new.full = Some(staging);
             }
-            let taken = (|| {
-                let mut new = new;
-                if let Some(staging) = staging
-                    && sb.checkpoint(staging.path())?
-                {
-                    new.full = Some(staging);
-                }
-                export_into(&store, new, sb, cancel.as_fd())
-            })();
-            if paused {
-                sb.pause()?;
-            }
-            taken
-        })
-        .await??;
+            export_into(&store, new, sb, cancel.as_fd())
+        })();
+        if paused {
+            sb.pause()?;
+        }
+        taken
+    };
+    // A checkpoint may start the sandbox again (gVisor): on a thread that lives as long
+    // as the service, as its processes must.
+    let record = if full {
+        session.with_sandbox_on(spawner, work).await??
+    } else {
+        session.with_sandbox(work).await??
+    };
     tracing::info!(id = %session.id, snapshot = %record.id, kind = kind_name(record.kind), bytes = record.bytes, stored = record.stored_bytes, "snapshot taken");
     SnapshotView::of(&record)
 }
@@ -328,16 +335,18 @@ pub(crate) async fn build(
     origin: &Origin,
 ) -> Result<Box<dyn airlock_backend::Sandbox>, ApiError> {
     if let Origin::Full(dir, _) = origin {
-        let backend = Arc::clone(&tier.backend);
+        // Restored on a spawner thread: the sandbox's processes die with the thread that
+        // started them.
         let (shape, dir) = (shape.clone(), dir.clone());
-        return tokio::task::spawn_blocking(move || {
-            let mut sb = backend.restore(&shape, &dir, Purpose::Session)?;
-            sb.open_session(&shape)?;
-            Ok::<_, airlock_backend::Error>(sb)
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("restore task: {e}")))?
-        .map_err(ApiError::from);
+        return tier
+            .spawner
+            .run(move |backend| {
+                let mut sb = backend.restore(&shape, &dir, Purpose::Session)?;
+                sb.open_session(&shape)?;
+                Ok::<_, airlock_backend::Error>(sb)
+            })
+            .await?
+            .map_err(ApiError::from);
     }
     let sandbox = tier.for_session(shape, &state.metrics).await?;
     let tar: Box<dyn std::io::Read + Send> = match origin {
@@ -398,7 +407,8 @@ pub(crate) async fn fork(
                 .map_err(|e| ApiError::internal(format!("snapshot store: {e}")))
         })?;
         let dir = stage.path().to_owned();
-        if parent.with_sandbox(move |sb| sb.checkpoint(&dir)).await?? {
+        let spawner = Arc::clone(&tier.spawner);
+        if parent.with_sandbox_on(spawner, move |sb| sb.checkpoint(&dir)).await?? {
             staging = Some(stage);
         }
     }
