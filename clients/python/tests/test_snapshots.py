@@ -498,8 +498,7 @@ README_OUTPUT = (
 # --- the other tiers -------------------------------------------------------------------------
 
 
-# microvm joins when its snapshots are on main (branch snap-vm; this test passed on it).
-@pytest.mark.parametrize("tier", ["gvisor"])
+@pytest.mark.parametrize("tier", ["gvisor", "microvm"])
 def test_snapshot_restore_fork_pause_on_tier(al: Airlock, tier: str) -> None:
     """The same calls on the other isolation tiers (the SDK does not care which ran them)."""
     with al.sandbox(isolation=tier, ttl_s=300) as sb:
