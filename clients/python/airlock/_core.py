@@ -28,10 +28,12 @@ from .types import (
     ProcessEvent,
     Result,
     ResultEvent,
+    Snapshot,
     StderrEvent,
     StdoutEvent,
     StreamEvent,
     files_to_api,
+    snapshot_id,
 )
 
 logger = logging.getLogger("airlock")
@@ -108,6 +110,7 @@ def exec_body(
     network: Network | Mapping[str, Any] | str | None = None,
     isolation: str | None = None,
     image: str | None = None,
+    files_changed_in: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The JSON of an exec request. Shape errors the server would name are left to it,
     except those Python makes easy to get wrong (a string where argv is wanted)."""
@@ -140,7 +143,16 @@ def exec_body(
         body["isolation"] = isolation
     if image is not None:
         body["image"] = image
+    if files_changed_in is not None:
+        # [] is meaningful: no changeset at all.
+        body["files_changed_in"] = _strings("files_changed_in", files_changed_in)
     return body
+
+
+def _strings(name: str, value: Sequence[str]) -> list[str]:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} is a list of strings, e.g. [{value!r}]")
+    return [str(v) for v in value]
 
 
 def create_body(
@@ -149,14 +161,23 @@ def create_body(
     network: Network | Mapping[str, Any] | str | None,
     isolation: str | None = None,
     image: str | None = None,
+    from_snapshot: Snapshot | str | None = None,
+    on_idle: str | None = None,
+    idle_timeout_s: int | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {}
+    if from_snapshot is not None:
+        body["from_snapshot"] = snapshot_id(from_snapshot)
     if isolation is not None:
         body["isolation"] = isolation
     if image is not None:
         body["image"] = image
     if ttl_s is not None:
         body["ttl_s"] = int(ttl_s)
+    if on_idle is not None:
+        body["on_idle"] = on_idle
+    if idle_timeout_s is not None:
+        body["idle_timeout_s"] = int(idle_timeout_s)
     lim = Limits.coerce(limits)
     if lim is not None and lim.to_dict():
         body["limits"] = lim.to_dict()
@@ -176,6 +197,34 @@ def exec_timeout(config: Config, body: Mapping[str, Any], default_ms: int | None
 
 def plain_timeout(config: Config) -> httpx.Timeout:
     return httpx.Timeout(config.timeout, connect=config.connect_timeout)
+
+
+def state_timeout(config: Config) -> httpx.Timeout:
+    """The client timeout of a request that copies a session's state (a snapshot, a
+    restore, a fork, a creation from a snapshot): ``timeout`` plus ``timeout_margin``
+    (a full micro-VM snapshot writes its memory out)."""
+    return httpx.Timeout(config.timeout + config.timeout_margin, connect=config.connect_timeout)
+
+
+# --- snapshots ---------------------------------------------------------------------------
+
+def snapshot_body(kind: str | None) -> dict[str, Any]:
+    """The body of ``POST …/snapshots``: ``kind`` ``"auto"`` (the server's default: full
+    where the tier can), ``"filesystem"`` or ``"full"``."""
+    return {} if kind is None else {"kind": kind}
+
+
+def fork_body(count: int, ttl_s: int | None) -> dict[str, Any]:
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"count is an integer, not {count!r}")
+    body: dict[str, Any] = {"count": count}
+    if ttl_s is not None:
+        body["ttl_s"] = int(ttl_s)
+    return body
+
+
+def snapshot_path(snapshot: Snapshot | str) -> str:
+    return f"/v1/snapshots/{quote(snapshot_id(snapshot), safe='')}"
 
 
 # --- network: live policy and approvals ------------------------------------------------

@@ -33,7 +33,10 @@ from .types import (
     Result,
     ResultEvent,
     SandboxInfo,
+    Snapshot,
+    SnapshotList,
     StreamEvent,
+    snapshot_id,
 )
 
 __all__ = [
@@ -288,15 +291,17 @@ class AsyncAirlock:
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
         image: str | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
         """Runs ``code`` (``python``, ``javascript`` or ``bash``) in a fresh sandbox;
         ``isolation="gvisor"`` runs it under gVisor's user-space kernel,
         ``isolation="microvm"`` inside a micro-VM of its own. ``image="python:3.12-slim"``
         runs it in that image from the service's image store (its ``PATH`` and other
-        ``Env`` come first; the request's ``env`` wins)."""
+        ``Env`` come first; the request's ``env`` wins). ``files_changed_in`` as in
+        :meth:`Airlock.run <airlock.Airlock.run>`."""
         body = _core.exec_body(
             language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
-            network=network, isolation=isolation, image=image,
+            network=network, isolation=isolation, image=image, files_changed_in=files_changed_in,
         )
         return await self._exec("/v1/exec", body, None)
 
@@ -311,11 +316,12 @@ class AsyncAirlock:
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
         image: str | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
         """Runs the argv ``cmd`` in a fresh sandbox."""
         body = _core.exec_body(
             cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, network=network,
-            isolation=isolation, image=image,
+            isolation=isolation, image=image, files_changed_in=files_changed_in,
         )
         return await self._exec("/v1/exec", body, None)
 
@@ -330,11 +336,12 @@ class AsyncAirlock:
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
         image: str | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
         """Runs ``bash -c command`` in a fresh sandbox."""
         return await self.exec(
             ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
-            network=network, isolation=isolation, image=image,
+            network=network, isolation=isolation, image=image, files_changed_in=files_changed_in,
         )
 
     def stream(
@@ -348,9 +355,10 @@ class AsyncAirlock:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> AsyncExecStream:
         """``async for ev in al.stream(code)``: output events, then the result."""
-        body = _stream_body(code, language, cmd, stdin, files, env, limits, network)
+        body = _stream_body(code, language, cmd, stdin, files, env, limits, network, files_changed_in)
         return self._stream("/v1/exec", body, None)
 
     # --- sessions --------------------------------------------------------------------
@@ -363,11 +371,17 @@ class AsyncAirlock:
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
         image: str | None = None,
+        from_snapshot: Snapshot | str | None = None,
+        on_idle: Literal["none", "pause"] | None = None,
+        idle_timeout_s: int | None = None,
     ) -> _SandboxCreation:
         """Creates a session sandbox: ``async with al.sandbox() as sb:`` (deleted on
         exit) or ``sb = await al.sandbox()``. ``isolation="gvisor"`` or ``"microvm"`` gives the
-        session a gVisor sandbox or a micro-VM of its own."""
-        return _SandboxCreation(self, ttl_s, limits, network, isolation, image)
+        session a gVisor sandbox or a micro-VM of its own. ``from_snapshot``, ``on_idle``
+        and ``idle_timeout_s`` as in :meth:`Airlock.sandbox <airlock.Airlock.sandbox>`."""
+        return _SandboxCreation(
+            self, ttl_s, limits, network, isolation, image, from_snapshot, on_idle, idle_timeout_s
+        )
 
     async def _create(
         self,
@@ -376,9 +390,21 @@ class AsyncAirlock:
         network: Network | Mapping[str, Any] | str | None,
         isolation: str | None,
         image: str | None = None,
+        from_snapshot: Snapshot | str | None = None,
+        on_idle: str | None = None,
+        idle_timeout_s: int | None = None,
     ) -> AsyncSandbox:
-        body = _core.create_body(ttl_s, limits, network, isolation, image)
-        data = _core.parse_json(await self._send("POST", "/v1/sandboxes", json=body))
+        body = _core.create_body(
+            ttl_s, limits, network, isolation, image, from_snapshot, on_idle, idle_timeout_s
+        )
+        resp = await self._send(
+            "POST",
+            "/v1/sandboxes",
+            json=body,
+            timeout=_core.state_timeout(self._config) if from_snapshot is not None else None,
+            not_found=errors.SnapshotNotFound,
+        )
+        data = _core.parse_json(resp)
         lim = Limits.coerce(limits)
         return AsyncSandbox(self, data["id"], data.get("expires_at"), lim.timeout_ms if lim else None)
 
@@ -390,6 +416,19 @@ class AsyncAirlock:
     async def list_sandboxes(self) -> builtins.list[SandboxInfo]:
         data = _core.parse_json(await self._send("GET", "/v1/sandboxes"))
         return [SandboxInfo.from_dict(d) for d in data]
+
+    # --- snapshots -------------------------------------------------------------------
+
+    async def list_snapshots(self) -> SnapshotList:
+        """The caller's snapshots, with the store's ``used_bytes`` and ``budget_bytes``."""
+        return SnapshotList.from_dict(_core.parse_json(await self._send("GET", "/v1/snapshots")))
+
+    async def get_snapshot(self, snapshot: Snapshot | str) -> Snapshot:
+        resp = await self._send("GET", _core.snapshot_path(snapshot), not_found=errors.SnapshotNotFound)
+        return Snapshot.from_dict(_core.parse_json(resp))
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        await self._send("DELETE", _core.snapshot_path(snapshot), not_found=errors.SnapshotNotFound)
 
     # --- operations ------------------------------------------------------------------
 
@@ -423,8 +462,11 @@ class _SandboxCreation:
         network: Network | Mapping[str, Any] | str | None,
         isolation: str | None,
         image: str | None = None,
+        from_snapshot: Snapshot | str | None = None,
+        on_idle: str | None = None,
+        idle_timeout_s: int | None = None,
     ) -> None:
-        self._args = (client, ttl_s, limits, network, isolation, image)
+        self._args = (client, ttl_s, limits, network, isolation, image, from_snapshot, on_idle, idle_timeout_s)
         self._sandbox: AsyncSandbox | None = None
 
     def __await__(self) -> Generator[Any, None, AsyncSandbox]:
@@ -505,9 +547,14 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         on_approval: _core.OnApproval | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
-        """Runs ``code`` in the session; ``on_approval`` as in :meth:`exec`."""
-        body = _core.exec_body(language=language, code=code, stdin=stdin, files=files, env=env, limits=limits)
+        """Runs ``code`` in the session; ``on_approval`` and ``files_changed_in`` as in
+        :meth:`exec`."""
+        body = _core.exec_body(
+            language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
+            files_changed_in=files_changed_in,
+        )
         return await self._exec(body, on_approval)
 
     async def exec(
@@ -519,13 +566,17 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         on_approval: _core.OnApproval | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
         """Runs the argv ``cmd`` in the session. ``on_approval`` (a function or a
         coroutine function) answers each connection the session's policy holds while the
         exec runs, as in :meth:`Sandbox.exec <airlock.Sandbox.exec>`; it runs in a task
         on the event loop (a plain function should return quickly), cancelled when the
-        exec returns. Unanswered means denied after ``approval_timeout_ms``."""
-        body = _core.exec_body(cmd=cmd, stdin=stdin, files=files, env=env, limits=limits)
+        exec returns. Unanswered means denied after ``approval_timeout_ms``.
+        ``files_changed_in`` as in :meth:`Sandbox.exec <airlock.Sandbox.exec>`."""
+        body = _core.exec_body(
+            cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, files_changed_in=files_changed_in
+        )
         return await self._exec(body, on_approval)
 
     async def shell(
@@ -537,10 +588,11 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         on_approval: _core.OnApproval | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
         return await self.exec(
             ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
-            on_approval=on_approval,
+            on_approval=on_approval, files_changed_in=files_changed_in,
         )
 
     async def _exec(self, body: dict[str, Any], on_approval: _core.OnApproval | None) -> ExecResult:
@@ -564,10 +616,11 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         on_approval: _core.OnApproval | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> AsyncExecStream:
         """Streams an exec in the session; ``on_approval`` answers held connections from
         when iteration starts until the stream ends or is closed."""
-        body = _stream_body(code, language, cmd, stdin, files, env, limits, None)
+        body = _stream_body(code, language, cmd, stdin, files, env, limits, None, files_changed_in)
         watch: Callable[[], Awaitable[None]] | None = None
         if on_approval is not None:
             callback = on_approval
@@ -576,6 +629,57 @@ class AsyncSandbox:
 
     async def info(self) -> SandboxInfo:
         resp = await self._client._send("GET", _core.sandbox_path(self.id))
+        return SandboxInfo.from_dict(_core.parse_json(resp))
+
+    # --- snapshots, forks, pause -----------------------------------------------------------
+
+    @classmethod
+    def from_snapshot(cls, client: AsyncAirlock, snapshot: Snapshot | str, **kw: Any) -> _SandboxCreation:
+        """``client.sandbox(from_snapshot=snapshot, **kw)``: awaitable, or ``async with``."""
+        return client.sandbox(from_snapshot=snapshot, **kw)
+
+    async def snapshot(self, kind: Literal["auto", "filesystem", "full"] | None = None) -> Snapshot:
+        """See :meth:`Sandbox.snapshot <airlock.Sandbox.snapshot>`."""
+        resp = await self._client._send(
+            "POST",
+            _core.sandbox_path(self.id, "/snapshots"),
+            json=_core.snapshot_body(kind),
+            timeout=_core.state_timeout(self._client._config),
+        )
+        return Snapshot.from_dict(_core.parse_json(resp))
+
+    async def restore(self, snapshot: Snapshot | str) -> SandboxInfo:
+        """See :meth:`Sandbox.restore <airlock.Sandbox.restore>`."""
+        resp = await self._client._send(
+            "POST",
+            _core.sandbox_path(self.id, "/restore"),
+            json={"snapshot_id": snapshot_id(snapshot)},
+            timeout=_core.state_timeout(self._client._config),
+            not_found=errors.SnapshotNotFound,
+        )
+        return SandboxInfo.from_dict(_core.parse_json(resp))
+
+    async def fork(self, count: int, *, ttl_s: int | None = None) -> builtins.list[AsyncSandbox]:
+        """See :meth:`Sandbox.fork <airlock.Sandbox.fork>`."""
+        resp = await self._client._send(
+            "POST",
+            _core.sandbox_path(self.id, "/fork"),
+            json=_core.fork_body(count, ttl_s),
+            timeout=_core.state_timeout(self._client._config),
+        )
+        return [
+            AsyncSandbox(self._client, d["id"], d.get("expires_at"), self._default_ms)
+            for d in _core.parse_json(resp)["sandboxes"]
+        ]
+
+    async def pause(self) -> SandboxInfo:
+        """See :meth:`Sandbox.pause <airlock.Sandbox.pause>`."""
+        resp = await self._client._send("POST", _core.sandbox_path(self.id, "/pause"), json={})
+        return SandboxInfo.from_dict(_core.parse_json(resp))
+
+    async def resume(self) -> SandboxInfo:
+        """See :meth:`Sandbox.resume <airlock.Sandbox.resume>`."""
+        resp = await self._client._send("POST", _core.sandbox_path(self.id, "/resume"), json={})
         return SandboxInfo.from_dict(_core.parse_json(resp))
 
     # --- code interpreter --------------------------------------------------------------

@@ -31,7 +31,10 @@ from .types import (
     Result,
     ResultEvent,
     SandboxInfo,
+    Snapshot,
+    SnapshotList,
     StreamEvent,
+    snapshot_id,
 )
 
 __all__ = ["Airlock", "ExecStream", "Files", "ProcessStream", "Processes", "Sandbox"]
@@ -285,15 +288,18 @@ class Airlock:
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
         image: str | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
         """Runs ``code`` (``python``, ``javascript`` or ``bash``) in a fresh sandbox;
         ``isolation="gvisor"`` runs it under gVisor's user-space kernel,
         ``isolation="microvm"`` inside a micro-VM of its own. ``image="python:3.12-slim"``
         runs it in that image from the service's image store (its ``PATH`` and other
-        ``Env`` come first; the request's ``env`` wins)."""
+        ``Env`` come first; the request's ``env`` wins). ``files_changed_in``: where
+        :attr:`ExecResult.files_changed <airlock.ExecResult.files_changed>` looks
+        (``"/workspace"``, ``"/tmp"``; default ``["/workspace"]``, ``[]`` for none)."""
         body = _core.exec_body(
             language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
-            network=network, isolation=isolation, image=image,
+            network=network, isolation=isolation, image=image, files_changed_in=files_changed_in,
         )
         return self._exec("/v1/exec", body, None)
 
@@ -308,11 +314,12 @@ class Airlock:
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
         image: str | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
         """Runs the argv ``cmd`` in a fresh sandbox (``cmd[0]`` is looked up in PATH)."""
         body = _core.exec_body(
             cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, network=network,
-            isolation=isolation, image=image,
+            isolation=isolation, image=image, files_changed_in=files_changed_in,
         )
         return self._exec("/v1/exec", body, None)
 
@@ -327,11 +334,12 @@ class Airlock:
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
         image: str | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
         """Runs a shell command line (``bash -c command``) in a fresh sandbox."""
         return self.exec(
             ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
-            network=network, isolation=isolation, image=image,
+            network=network, isolation=isolation, image=image, files_changed_in=files_changed_in,
         )
 
     def stream(
@@ -345,6 +353,7 @@ class Airlock:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         network: Network | Mapping[str, Any] | str | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecStream:
         """Like :meth:`run` (or :meth:`exec` with ``cmd=``), streaming output events as
         they arrive and then the result::
@@ -352,7 +361,7 @@ class Airlock:
             for ev in al.stream("for i in range(3): print(i)"):
                 if isinstance(ev, StdoutEvent): print(ev.data, end="")
         """
-        body = _stream_body(code, language, cmd, stdin, files, env, limits, network)
+        body = _stream_body(code, language, cmd, stdin, files, env, limits, network, files_changed_in)
         return self._stream("/v1/exec", body, None)
 
     # --- sessions --------------------------------------------------------------------
@@ -365,14 +374,32 @@ class Airlock:
         network: Network | Mapping[str, Any] | str | None = None,
         isolation: str | None = None,
         image: str | None = None,
+        from_snapshot: Snapshot | str | None = None,
+        on_idle: Literal["none", "pause"] | None = None,
+        idle_timeout_s: int | None = None,
     ) -> Sandbox:
         """Creates a session sandbox (files in /workspace and /tmp persist between its
         execs). Use it in a ``with`` block to delete it on exit, or call
         :meth:`Sandbox.delete`; otherwise it lives ``ttl_s`` seconds (server default 600).
         ``isolation="gvisor"`` gives the session a gVisor sandbox of its own,
-        ``isolation="microvm"`` a micro-VM of its own."""
-        body = _core.create_body(ttl_s, limits, network, isolation, image)
-        resp = self._send("POST", "/v1/sandboxes", json=body)
+        ``isolation="microvm"`` a micro-VM of its own.
+
+        ``from_snapshot`` (a :class:`~airlock.Snapshot` or its id) starts it from that
+        snapshot: its files, and its image and isolation (giving either raises
+        :class:`~airlock.InvalidRequest`); its limits and network unless given;
+        :class:`~airlock.SnapshotNotFound` if there is no such snapshot.
+        ``on_idle="pause"``: the session pauses itself after ``idle_timeout_s`` seconds
+        without a request, and the next request that needs it resumes it."""
+        body = _core.create_body(
+            ttl_s, limits, network, isolation, image, from_snapshot, on_idle, idle_timeout_s
+        )
+        resp = self._send(
+            "POST",
+            "/v1/sandboxes",
+            json=body,
+            timeout=_core.state_timeout(self._config) if from_snapshot is not None else None,
+            not_found=errors.SnapshotNotFound,
+        )
         data = _core.parse_json(resp)
         lim = Limits.coerce(limits)
         return Sandbox(self, data["id"], data.get("expires_at"), lim.timeout_ms if lim else None)
@@ -386,6 +413,25 @@ class Airlock:
         """The caller's live session sandboxes, oldest first."""
         data = _core.parse_json(self._send("GET", "/v1/sandboxes"))
         return [SandboxInfo.from_dict(d) for d in data]
+
+    # --- snapshots -------------------------------------------------------------------
+
+    def list_snapshots(self) -> SnapshotList:
+        """The caller's snapshots (a list of :class:`~airlock.Snapshot`, oldest first),
+        with the store's ``used_bytes`` and ``budget_bytes``."""
+        return SnapshotList.from_dict(_core.parse_json(self._send("GET", "/v1/snapshots")))
+
+    def get_snapshot(self, snapshot: Snapshot | str) -> Snapshot:
+        """A snapshot by id; :class:`~airlock.SnapshotNotFound` if there is none (or it is
+        another API key's)."""
+        resp = self._send("GET", _core.snapshot_path(snapshot), not_found=errors.SnapshotNotFound)
+        return Snapshot.from_dict(_core.parse_json(resp))
+
+    def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Deletes a snapshot and frees what only it held on the server's disk; sessions
+        started from it are not affected. :class:`~airlock.SnapshotNotFound` if there is
+        none."""
+        self._send("DELETE", _core.snapshot_path(snapshot), not_found=errors.SnapshotNotFound)
 
     # --- operations ------------------------------------------------------------------
 
@@ -421,14 +467,18 @@ def _stream_body(
     env: Mapping[str, str] | None,
     limits: Limits | Mapping[str, Any] | None,
     network: Network | Mapping[str, Any] | str | None,
+    files_changed_in: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     if (code is None) == (cmd is None):
         raise TypeError("give code (with language) or cmd=, not both")
     if cmd is not None:
-        return _core.exec_body(cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, network=network)
+        return _core.exec_body(
+            cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, network=network,
+            files_changed_in=files_changed_in,
+        )
     return _core.exec_body(
         language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
-        network=network,
+        network=network, files_changed_in=files_changed_in,
     )
 
 
@@ -506,10 +556,15 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         on_approval: _core.OnApproval | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
         """Runs ``code`` in the session. ``on_approval`` answers the connections the
-        session's policy holds for approval while it runs (see :meth:`exec`)."""
-        body = _core.exec_body(language=language, code=code, stdin=stdin, files=files, env=env, limits=limits)
+        session's policy holds for approval while it runs; ``files_changed_in`` as in
+        :meth:`exec`."""
+        body = _core.exec_body(
+            language=language, code=code, stdin=stdin, files=files, env=env, limits=limits,
+            files_changed_in=files_changed_in,
+        )
         return self._exec(body, on_approval)
 
     def exec(
@@ -521,8 +576,13 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         on_approval: _core.OnApproval | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
-        """Runs the argv ``cmd`` in the session (in /workspace).
+        """Runs the argv ``cmd`` in the session (in /workspace). The result's
+        :attr:`~airlock.ExecResult.files_changed` lists what it created, modified and
+        deleted in ``files_changed_in`` (``"/workspace"``, ``"/tmp"``; default
+        ``["/workspace"]``; ``[]`` for none). :class:`~airlock.SandboxPaused` while the
+        session is paused.
 
         ``on_approval``: in a session created with ``Network.proxy(on_denied="ask")``,
         called with an :class:`~airlock.Approval` for each connection the policy holds
@@ -531,7 +591,9 @@ class Sandbox:
         the session's ``allow``), ``"deny"`` or ``False``. ``None``, anything else, or an
         exception denies. It is no longer called once the exec returns. A held connection
         nobody answers is refused after the policy's ``approval_timeout_ms``."""
-        body = _core.exec_body(cmd=cmd, stdin=stdin, files=files, env=env, limits=limits)
+        body = _core.exec_body(
+            cmd=cmd, stdin=stdin, files=files, env=env, limits=limits, files_changed_in=files_changed_in
+        )
         return self._exec(body, on_approval)
 
     def shell(
@@ -543,11 +605,13 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         on_approval: _core.OnApproval | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecResult:
-        """Runs ``bash -c command`` (in /workspace); ``on_approval`` as in :meth:`exec`."""
+        """Runs ``bash -c command`` (in /workspace); ``on_approval`` and
+        ``files_changed_in`` as in :meth:`exec`."""
         return self.exec(
             ["bash", "-c", command], stdin=stdin, files=files, env=env, limits=limits,
-            on_approval=on_approval,
+            on_approval=on_approval, files_changed_in=files_changed_in,
         )
 
     def _exec(self, body: dict[str, Any], on_approval: _core.OnApproval | None) -> ExecResult:
@@ -568,18 +632,87 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         on_approval: _core.OnApproval | None = None,
+        files_changed_in: Sequence[str] | None = None,
     ) -> ExecStream:
         """Like :meth:`run` (or :meth:`exec` with ``cmd=``), streaming; ``on_approval``
         answers held connections from when iteration starts until the stream ends or is
         closed."""
-        body = _stream_body(code, language, cmd, stdin, files, env, limits, None)
+        body = _stream_body(code, language, cmd, stdin, files, env, limits, None, files_changed_in)
         watcher = _ApprovalWatcher(self, on_approval) if on_approval is not None else None
         return self._client._stream(_core.sandbox_path(self.id, "/exec"), body, self._default_ms, watcher)
 
     def info(self) -> SandboxInfo:
+        """The session as the service shows it (:attr:`~airlock.SandboxInfo.status`:
+        ``"running"`` or ``"paused"``)."""
         return SandboxInfo.from_dict(
             _core.parse_json(self._client._send("GET", _core.sandbox_path(self.id)))
         )
+
+    # --- snapshots, forks, pause -----------------------------------------------------------
+
+    @classmethod
+    def from_snapshot(cls, client: Airlock, snapshot: Snapshot | str, **kw: Any) -> Sandbox:
+        """``client.sandbox(from_snapshot=snapshot, **kw)``: a new session starting from
+        the snapshot's files (``ttl_s``, ``limits``, ``network``, ``on_idle``,
+        ``idle_timeout_s`` may be given)."""
+        return client.sandbox(from_snapshot=snapshot, **kw)
+
+    def snapshot(self, kind: Literal["auto", "filesystem", "full"] | None = None) -> Snapshot:
+        """Saves the session's state now: its writable filesystem (/workspace, /tmp,
+        /dev/shm), limits, network policy and image; with a ``"full"`` snapshot (the
+        default, ``"auto"``, where the tier can: gVisor, micro-VMs) its memory and running
+        processes too. ``kind="full"`` on a tier that cannot raises
+        :class:`~airlock.InvalidRequest` (``field == "kind"``);
+        :class:`~airlock.SnapshotBudgetExceeded` when the server's snapshot budget is
+        full."""
+        resp = self._client._send(
+            "POST",
+            _core.sandbox_path(self.id, "/snapshots"),
+            json=_core.snapshot_body(kind),
+            timeout=_core.state_timeout(self._client._config),
+        )
+        return Snapshot.from_dict(_core.parse_json(resp))
+
+    def restore(self, snapshot: Snapshot | str) -> SandboxInfo:
+        """Rolls the session back to ``snapshot`` in place: its files become exactly the
+        snapshot's (anything written since is gone); its background processes, terminals
+        and code kernel are ended first. :class:`~airlock.SnapshotNotFound`,
+        :class:`~airlock.IncompatibleSnapshot` (a snapshot of another image)."""
+        resp = self._client._send(
+            "POST",
+            _core.sandbox_path(self.id, "/restore"),
+            json={"snapshot_id": snapshot_id(snapshot)},
+            timeout=_core.state_timeout(self._client._config),
+            not_found=errors.SnapshotNotFound,
+        )
+        return SandboxInfo.from_dict(_core.parse_json(resp))
+
+    def fork(self, count: int, *, ttl_s: int | None = None) -> builtins.list[Sandbox]:
+        """``count`` new sessions, each a copy of this one now (files, limits, network,
+        image), independent of it and of each other. Delete them when done (or use each
+        in a ``with`` block). A ``count`` above the server's ``--max-fork`` (default 16)
+        raises :class:`~airlock.InvalidRequest` (``field == "count"``)."""
+        resp = self._client._send(
+            "POST",
+            _core.sandbox_path(self.id, "/fork"),
+            json=_core.fork_body(count, ttl_s),
+            timeout=_core.state_timeout(self._client._config),
+        )
+        return [
+            Sandbox(self._client, d["id"], d.get("expires_at"), self._default_ms)
+            for d in _core.parse_json(resp)["sandboxes"]
+        ]
+
+    def pause(self) -> SandboxInfo:
+        """Freezes every process of the session; it accepts no exec, file or process
+        request (:class:`~airlock.SandboxPaused`) until :meth:`resume`. Idempotent."""
+        resp = self._client._send("POST", _core.sandbox_path(self.id, "/pause"), json={})
+        return SandboxInfo.from_dict(_core.parse_json(resp))
+
+    def resume(self) -> SandboxInfo:
+        """Thaws a paused session: its processes go on where they were. Idempotent."""
+        resp = self._client._send("POST", _core.sandbox_path(self.id, "/resume"), json={})
+        return SandboxInfo.from_dict(_core.parse_json(resp))
 
     # --- code interpreter --------------------------------------------------------------
 

@@ -18,6 +18,7 @@ __all__ = [
     "ApprovalNotFound",
     "DiskFull",
     "FileNotFound",
+    "IncompatibleSnapshot",
     "InvalidRequest",
     "NotFound",
     "PayloadTooLarge",
@@ -27,9 +28,13 @@ __all__ = [
     "SandboxConflict",
     "SandboxExpired",
     "SandboxNotFound",
+    "SandboxPaused",
     "ServerError",
     "SessionQuotaExceeded",
     "ServiceUnavailable",
+    "SnapshotBudgetExceeded",
+    "SnapshotNotFound",
+    "SnapshotsUnavailable",
     "Unauthorized",
     "UnsupportedMediaType",
 ]
@@ -125,12 +130,29 @@ class PortNotFound(NotFound):
     <airlock.Sandbox.expose>` exposes it)."""
 
 
+class SnapshotNotFound(NotFound):
+    """404: no such snapshot (it was deleted, or it belongs to another API key)."""
+
+
 class SandboxConflict(AirlockError):
     """409: the sandbox's init is gone (e.g. killed by the OOM killer; create a new one),
     the session already runs as many background processes as it may (16), or a
-    process's stdin is closed (it was sent eof, or it is a terminal's)."""
+    process's stdin is closed (it was sent eof, or it is a terminal's). Subclasses:
+    :class:`SandboxPaused`, :class:`IncompatibleSnapshot`."""
 
     status = 409
+
+
+class SandboxPaused(SandboxConflict):
+    """409 ``paused``: the session was paused with :meth:`Sandbox.pause
+    <airlock.Sandbox.pause>`; it runs nothing (execs, files, processes) until
+    :meth:`Sandbox.resume <airlock.Sandbox.resume>`. (A session paused by its own
+    ``on_idle="pause"`` resumes by itself on the next request instead.)"""
+
+
+class IncompatibleSnapshot(SandboxConflict):
+    """409 ``incompatible_snapshot``: the snapshot was taken of a session of another image
+    (or isolation) than the one it would be restored into; nothing was changed."""
 
 
 class SandboxExpired(AirlockError):
@@ -195,6 +217,11 @@ class GvisorUnavailable(IsolationUnavailable):
     platform of it works here)."""
 
 
+class SnapshotsUnavailable(ServiceUnavailable):
+    """503 ``snapshots_unavailable``: this server cannot keep snapshots (its
+    ``--snapshot-dir`` is in use by another daemon, or not writable). Not retried."""
+
+
 class DiskFull(AirlockError):
     """507: a file does not fit the sandbox's disk (``limits.disk_bytes``); the message
     names the disk's size, the file and its size, and what is free. Nothing of the file
@@ -202,6 +229,12 @@ class DiskFull(AirlockError):
     larger disk."""
 
     status = 507
+
+
+class SnapshotBudgetExceeded(DiskFull):
+    """507 ``snapshot_budget``: the snapshot does not fit the server's snapshot budget
+    (``--snapshot-budget``); nothing was stored. Delete snapshots you no longer need
+    (:meth:`Airlock.list_snapshots <airlock.Airlock.list_snapshots>` says what is used)."""
 
 
 class AirlockConnectionError(AirlockError):
@@ -233,10 +266,13 @@ _BY_CODE: dict[str, type[AirlockError]] = {
     "unauthorized": Unauthorized,
     "not_found": NotFound,
     "busy": SandboxConflict,
+    "paused": SandboxPaused,
+    "incompatible_snapshot": IncompatibleSnapshot,
     "expired": SandboxExpired,
     "body_too_large": PayloadTooLarge,
     "unsupported_media_type": UnsupportedMediaType,
     "disk_full": DiskFull,
+    "snapshot_budget": SnapshotBudgetExceeded,
     "queue_full": RateLimited,
     "queue_timeout": RateLimited,
     "key_concurrency": RateLimited,
@@ -245,8 +281,18 @@ _BY_CODE: dict[str, type[AirlockError]] = {
     "microvm_unavailable": MicroVmUnavailable,
     "gvisor_unavailable": GvisorUnavailable,
     "namespaces_unavailable": IsolationUnavailable,
+    "snapshots_unavailable": SnapshotsUnavailable,
     "sandbox_error": ServerError,
     "internal": ServerError,
+}
+
+
+# A status and code that name a subclass of the status's class.
+_BY_STATUS_AND_CODE: dict[tuple[int, str | None], type[AirlockError]] = {
+    (409, "paused"): SandboxPaused,
+    (409, "incompatible_snapshot"): IncompatibleSnapshot,
+    (503, "snapshots_unavailable"): SnapshotsUnavailable,
+    (507, "snapshot_budget"): SnapshotBudgetExceeded,
 }
 
 
@@ -299,6 +345,8 @@ def from_response(
         cls = SessionQuotaExceeded
     if status == 503 and code in ("microvm_unavailable", "gvisor_unavailable", "namespaces_unavailable"):
         cls = _BY_CODE[code]
+    if (status, code) in _BY_STATUS_AND_CODE:
+        cls = _BY_STATUS_AND_CODE[(status, code)]
     if cls is NotFound:
         cls = not_found
         if not_found is not SandboxNotFound and message.startswith("no sandbox"):

@@ -22,6 +22,7 @@ __all__ = [
     "ExecutionError",
     "ExitEvent",
     "File",
+    "FileChange",
     "FileEntry",
     "FilesArg",
     "Limits",
@@ -38,6 +39,8 @@ __all__ = [
     "SandboxInfo",
     "SandboxUsage",
     "Secret",
+    "Snapshot",
+    "SnapshotList",
     "StderrEvent",
     "StdoutEvent",
     "StreamEvent",
@@ -326,6 +329,26 @@ class Approval:
 
 
 @dataclass(frozen=True)
+class FileChange:
+    """One entry of :attr:`ExecResult.files_changed`: a file, directory or symlink the
+    exec created, modified or deleted. A rename is a ``deleted`` of the old path and a
+    ``created`` of the new one; a path whose kind changed is ``modified`` (with the new
+    kind)."""
+
+    path: str
+    """Absolute: ``/workspace/a/b.txt``, ``/tmp/x``."""
+    change: Literal["created", "modified", "deleted"]
+    kind: Literal["file", "dir", "symlink"]
+    bytes: int
+    """Its size after the exec; for ``deleted``, its size before; 0 for directories."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FileChange:
+        known, _ = _known(cls, data)
+        return cls(**known)
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """The result of an exec: ``airlock run --json``'s ExecResult plus ``queue_ms``.
 
@@ -355,6 +378,11 @@ class ExecResult:
     """How the tier ran it: gVisor's platform (``"ptrace"``...), a micro-VM's accelerator
     (``"kvm"``, ``"tcg"``); ``None`` for namespaces."""
     queue_ms: float = 0.0
+    files_changed: list[FileChange] = field(default_factory=list)
+    """What the exec created, modified and deleted under its ``files_changed_in``
+    (default ``["/workspace"]``), sorted by path; at most 1000 entries."""
+    files_changed_truncated: bool = False
+    """More changed than :attr:`files_changed` lists."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields this SDK version does not know (added by a newer server)."""
 
@@ -393,6 +421,7 @@ class ExecResult:
         except ValueError:  # an outcome added by a newer server: keep its text
             known["outcome"] = raw_outcome
         known["egress"] = [EgressEntry.from_dict(e) for e in known.get("egress") or ()]
+        known["files_changed"] = [FileChange.from_dict(c) for c in known.get("files_changed") or ()]
         return cls(**known, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
@@ -426,6 +455,12 @@ class SandboxInfo:
     """The name of the image it runs (``None``: the host's system directories)."""
     image_digest: str | None = None
     """That image's manifest digest."""
+    status: str = "running"
+    """``"running"`` or ``"paused"``."""
+    on_idle: str = "none"
+    """``"pause"``: the session pauses itself when idle (and resumes on the next request)."""
+    from_snapshot: str | None = None
+    """The id of the snapshot it was created from."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxInfo:
@@ -438,12 +473,86 @@ class SandboxInfo:
             isolation=data.get("isolation", "namespaces"),
             image=image.get("name"),
             image_digest=image.get("digest"),
+            status=data.get("status", "running"),
+            on_idle=data.get("on_idle", "none"),
+            from_snapshot=data.get("from_snapshot"),
             usage=SandboxUsage(
                 execs=u.get("execs", 0),
                 cpu_ms=u.get("cpu_ms", 0.0),
                 memory_peak_bytes=u.get("memory_peak_bytes", 0),
             ),
         )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot of a session (``POST /v1/sandboxes/{id}/snapshots``): its writable
+    filesystem (/workspace, /tmp, /dev/shm), limits, network policy and image; with
+    ``kind == "full"`` (gVisor, micro-VMs) its memory and running processes too. Times are seconds
+    since the epoch. Snapshots outlive their session and the daemon's restarts."""
+
+    snapshot_id: str
+    """``snap-`` and 16 hex digits."""
+    kind: str
+    """``"filesystem"`` or ``"full"``."""
+    sandbox_id: str
+    """The session it was taken of."""
+    isolation: str
+    created_at: float
+    bytes: int
+    """The files' logical size."""
+    stored_bytes: int
+    """What it added on the server's disk (files already stored by another snapshot of
+    the same API key are shared)."""
+    files: int
+    image: str | None = None
+    """The name of the session's image (``None``: the host's system directories)."""
+    image_digest: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Fields this SDK version does not know (added by a newer server)."""
+
+    @property
+    def id(self) -> str:
+        """The same as :attr:`snapshot_id`."""
+        return self.snapshot_id
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Snapshot:
+        known, extra = _known(cls, data)
+        known.pop("extra", None)
+        image = known.pop("image", None) or {}
+        known.pop("image_digest", None)
+        return cls(**known, image=image.get("name"), image_digest=image.get("digest"), extra=extra)
+
+
+class SnapshotList(list):  # type: ignore[type-arg]
+    """:meth:`Airlock.list_snapshots <airlock.Airlock.list_snapshots>`: the caller's
+    snapshots (a ``list`` of :class:`Snapshot`, oldest first) and the store's usage."""
+
+    used_bytes: int
+    """Bytes the server's snapshot store holds on disk (every API key's snapshots)."""
+    budget_bytes: int
+    """The store's budget (``--snapshot-budget``)."""
+
+    def __init__(self, snapshots: Sequence[Snapshot], used_bytes: int, budget_bytes: int) -> None:
+        super().__init__(snapshots)
+        self.used_bytes = used_bytes
+        self.budget_bytes = budget_bytes
+
+    def __repr__(self) -> str:
+        return f"SnapshotList({list.__repr__(self)}, used_bytes={self.used_bytes}, budget_bytes={self.budget_bytes})"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SnapshotList:
+        return cls(
+            [Snapshot.from_dict(s) for s in data.get("snapshots") or ()],
+            int(data.get("used_bytes", 0)),
+            int(data.get("budget_bytes", 0)),
+        )
+
+
+def snapshot_id(snapshot: Snapshot | str) -> str:
+    return snapshot.snapshot_id if isinstance(snapshot, Snapshot) else str(snapshot)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,23 @@ def airlock_bin() -> Path:
     return Path(os.environ.get("AIRLOCK_BIN") or REPO / "target" / "debug" / "airlock")
 
 
+_SNAPSHOT_ROOT: list[str] = []
+
+
+def snapshot_dir() -> str:
+    """A fresh snapshot store for one ``airlock serve`` or ``airlock mcp``
+    (``--snapshot-dir``): two of them never share one, and none uses the host's default
+    (/var/lib/airlock/snapshots). All are removed when the test process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not _SNAPSHOT_ROOT:
+        _SNAPSHOT_ROOT.append(tempfile.mkdtemp(prefix="airlock-sdk-test-snapshots-"))
+        atexit.register(shutil.rmtree, _SNAPSHOT_ROOT[0], True)
+    return tempfile.mkdtemp(dir=_SNAPSHOT_ROOT[0])
+
+
 @dataclass
 class Daemon:
     """A running ``airlock serve``."""
@@ -66,7 +83,8 @@ def start_daemon(
     ready_timeout: float = 60.0,
     env: dict[str, str] | None = None,
 ) -> Daemon:
-    """Starts ``airlock serve --listen 127.0.0.1:0 ARGS`` (with ``env`` added to its
+    """Starts ``airlock serve --listen 127.0.0.1:0 --snapshot-dir TMP/snapshots ARGS``
+    (without ``--snapshot-dir`` when ARGS give one; with ``env`` added to its
     environment) and waits until it is ready."""
     binary = airlock_bin()
     if not binary.exists():
@@ -77,7 +95,10 @@ def start_daemon(
     tmp.mkdir(parents=True, exist_ok=True)
     out = tmp / "stdout"
     log = tmp / "stderr"
-    argv = [str(binary), "serve", "--listen", "127.0.0.1:0", *args]
+    # Every daemon gets a snapshot store of its own unless ARGS name one: two daemons never
+    # share one (the default, /var/lib/airlock/snapshots, is held by one daemon at a time).
+    own = [] if "--snapshot-dir" in args else ["--snapshot-dir", str(tmp / "snapshots")]
+    argv = [str(binary), "serve", "--listen", "127.0.0.1:0", *own, *args]
     environ = {k: v for k, v in os.environ.items() if k != "AIRLOCK_API_KEYS"} | (env or {})
     with open(out, "wb") as o, open(log, "wb") as e:
         proc = subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=environ)

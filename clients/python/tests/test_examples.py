@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,13 @@ from conftest import REPO, Daemon
 EXAMPLES = REPO / "examples"
 
 
+# The SDK under test (this tree's), ahead of any installed version.
+SDK = str(Path(__file__).resolve().parents[1])
+
+
 def run_example(name: str, daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AIRLOCK_URL": daemon.url}
+    path = os.pathsep.join(p for p in (SDK, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "AIRLOCK_URL": daemon.url, "PYTHONPATH": path}
     env.pop("AIRLOCK_API_KEY", None)
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
@@ -44,6 +50,16 @@ def test_agent_loop_against_nothing_fails_cleanly(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert "AirlockConnectionError" in proc.stderr
+
+
+def test_fork_search(daemon: Daemon) -> None:
+    out = run_example("fork_search.py", daemon).stdout
+    assert re.match(r"prepared: 2 files in snap-[0-9a-f]{16} \(filesystem\)\n", out), out
+    assert "drop the +1: fail (ZeroDivisionError: division by zero)\n" in out
+    assert "guard the empty list: fail (AssertionError: 3.0)\n" in out
+    assert "both: pass\napplied 'both': tests pass\n" in out
+    assert "the run wrote: /workspace/log.txt (created)\n" in out
+    assert out.endswith("restored: True ['stats.py', 'test_stats.py']\n"), out
 
 
 def test_deepagents_backend_example(daemon: Daemon) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from airlock import Airlock, AsyncAirlock, InvalidRequest, Outcome
 
-from conftest import Daemon, ImageStore, airlock_bin
+from conftest import Daemon, ImageStore, airlock_bin, snapshot_dir
 
 PY_PROBE = "import json, os; print(json.dumps([os.environ.get('IMAGE_VAR'), os.getuid(), os.path.exists('/bin/busybox')]))"
 
@@ -100,7 +100,7 @@ async def mcp_session(store: ImageStore) -> AsyncIterator[object]:
     from mcp.client.stdio import stdio_client
 
     params = StdioServerParameters(
-        command=str(airlock_bin()), args=["mcp", "--pool", "1", "--image-store", str(store.path)]
+        command=str(airlock_bin()), args=["mcp", "--pool", "1", "--image-store", str(store.path), "--snapshot-dir", snapshot_dir()]
     )
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:

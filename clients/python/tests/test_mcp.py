@@ -44,6 +44,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
+from conftest import snapshot_dir
+
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
@@ -51,7 +53,10 @@ REPO = Path(__file__).resolve().parents[3]
 INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
 KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdef0"}
 
-TOOLS = {"run_code", "create_sandbox", "exec", "write_file", "read_file", "close_sandbox", "update_network"}
+TOOLS = {
+    "run_code", "create_sandbox", "exec", "write_file", "read_file", "close_sandbox", "update_network",
+    "snapshot_sandbox", "restore_sandbox", "fork_sandbox",
+}
 # (readOnlyHint, destructiveHint, idempotentHint, openWorldHint) as each tool declares them.
 ANNOTATIONS = {
     # With sandbox_id it changes that sandbox's kernel state: neither read-only nor idempotent.
@@ -62,6 +67,10 @@ ANNOTATIONS = {
     "read_file": (True, False, True, False),
     "close_sandbox": (False, True, True, False),
     "update_network": (False, False, True, True),
+    "snapshot_sandbox": (False, False, False, False),
+    # A restore throws away what was written since the snapshot; twice is the same as once.
+    "restore_sandbox": (False, True, True, False),
+    "fork_sandbox": (False, False, False, False),
 }
 REQUIRED = {
     "run_code": {"language", "code"},
@@ -71,6 +80,9 @@ REQUIRED = {
     "read_file": {"sandbox_id", "path"},
     "close_sandbox": {"sandbox_id"},
     "update_network": {"sandbox_id"},
+    "snapshot_sandbox": {"sandbox_id"},
+    "restore_sandbox": {"sandbox_id", "snapshot_id"},
+    "fork_sandbox": {"sandbox_id", "count"},
 }
 # JSON-RPC "invalid params": a call that does not fit the tool, or an unknown tool.
 INVALID_PARAMS = -32602
@@ -129,7 +141,10 @@ class _deadline:
 def start_daemon(tmp: Path, *args: str) -> Daemon:
     """Starts the daemon and reads its address from the first stdout line."""
     log = tmp / "stderr"
-    argv = [airlock_bin(), "serve", "--listen", "127.0.0.1:0", "--pool", "1", *args]
+    argv = [
+        airlock_bin(), "serve", "--listen", "127.0.0.1:0", "--snapshot-dir", str(tmp / "snapshots"),
+        "--pool", "1", *args,
+    ]
     env = {k: v for k, v in os.environ.items() if k != "AIRLOCK_API_KEYS"}
     with open(log, "wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
@@ -179,7 +194,7 @@ async def negotiate(session: ClientSession, era: str) -> None:
 
 @asynccontextmanager
 async def stdio_session(era: str) -> AsyncIterator[ClientSession]:
-    params = StdioServerParameters(command=airlock_bin(), args=["mcp", "--pool", "1"])
+    params = StdioServerParameters(command=airlock_bin(), args=["mcp", "--pool", "1", "--snapshot-dir", snapshot_dir()])
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await negotiate(session, era)
@@ -568,6 +583,56 @@ def test_session_flow(connect: Callable[[], Any]) -> None:
     run(go)
 
 
+def test_snapshot_restore_fork_and_from_snapshot(connect: Callable[[], Any]) -> None:
+    async def go() -> None:
+        async with connect() as s:
+            schemas = await output_schemas(s)
+            sid = check_structured(schemas, "create_sandbox", await s.call_tool("create_sandbox", {"ttl_s": 120}))["sandbox_id"]
+            made: list[str] = [sid]
+            try:
+                r = await s.call_tool("exec", {"sandbox_id": sid, "cmd": ["sh", "-c", "echo v1 > state.txt"]})
+                changed = check_structured(schemas, "exec", r)["files_changed"]
+                assert changed == [{"path": "/workspace/state.txt", "change": "created", "kind": "file", "bytes": 3}]
+
+                r = await s.call_tool("snapshot_sandbox", {"sandbox_id": sid})
+                assert r.is_error is False, texts(r)
+                snap = check_structured(schemas, "snapshot_sandbox", r)
+                assert re.fullmatch(r"snap-[0-9a-f]{16}", snap["snapshot_id"]) and snap["kind"] == "filesystem"
+
+                await s.call_tool("write_file", {"sandbox_id": sid, "path": "state.txt", "content": "v2\n"})
+                await s.call_tool("write_file", {"sandbox_id": sid, "path": "later.txt", "content": "x"})
+                r = await s.call_tool("restore_sandbox", {"sandbox_id": sid, "snapshot_id": snap["snapshot_id"]})
+                assert r.is_error is False, texts(r)
+                assert check_structured(schemas, "restore_sandbox", r) == {"sandbox_id": sid, "snapshot_id": snap["snapshot_id"]}
+                r = await s.call_tool("exec", {"sandbox_id": sid, "cmd": ["sh", "-c", "cat state.txt; ls"]})
+                assert check_structured(schemas, "exec", r)["stdout"] == "v1\nstate.txt\n"
+
+                r = await s.call_tool("fork_sandbox", {"sandbox_id": sid, "count": 2})
+                assert r.is_error is False, texts(r)
+                forks = [f["sandbox_id"] for f in check_structured(schemas, "fork_sandbox", r)["sandboxes"]]
+                made += forks
+                assert len(set(forks + [sid])) == 3
+                await s.call_tool("write_file", {"sandbox_id": forks[0], "path": "state.txt", "content": "fork\n"})
+                for f, want in [(forks[0], "fork\n"), (forks[1], "v1\n"), (sid, "v1\n")]:
+                    r = await s.call_tool("read_file", {"sandbox_id": f, "path": "state.txt"})
+                    assert check_structured(schemas, "read_file", r)["content"] == want
+
+                r = await s.call_tool("create_sandbox", {"from_snapshot": snap["snapshot_id"]})
+                assert r.is_error is False, texts(r)
+                child = check_structured(schemas, "create_sandbox", r)["sandbox_id"]
+                made.append(child)
+                r = await s.call_tool("read_file", {"sandbox_id": child, "path": "state.txt"})
+                assert check_structured(schemas, "read_file", r)["content"] == "v1\n"
+
+                r = await s.call_tool("restore_sandbox", {"sandbox_id": sid, "snapshot_id": "snap-0123456789abcdef"})
+                check_refused(r, r"no snapshot snap-0123456789abcdef")
+            finally:
+                for m in made:
+                    await s.call_tool("close_sandbox", {"sandbox_id": m})
+
+    run(go)
+
+
 def test_unknown_sandbox_is_a_tool_error(connect: Callable[[], Any]) -> None:
     async def go() -> None:
         async with connect() as s:
@@ -719,7 +784,7 @@ class RawStdio:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [airlock_bin(), "mcp", "--pool", "1"],
+            [airlock_bin(), "mcp", "--pool", "1", "--snapshot-dir", snapshot_dir()],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
@@ -779,7 +844,7 @@ def test_stdio_exits_cleanly_when_stdin_closes() -> None:
 
 
 def test_stdio_exits_cleanly_when_stdin_closes_before_any_message() -> None:
-    done = subprocess.run([airlock_bin(), "mcp"], stdin=subprocess.DEVNULL, capture_output=True,
+    done = subprocess.run([airlock_bin(), "mcp", "--snapshot-dir", snapshot_dir()], stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
@@ -833,12 +898,12 @@ def inspector(*args: str, status: int = 0) -> dict[str, Any]:
 
 
 def test_inspector_cli_over_stdio() -> None:
-    listed = inspector(airlock_bin(), "mcp", "--pool", "1", "--method", "tools/list")
+    listed = inspector(airlock_bin(), "mcp", "--pool", "1", "--snapshot-dir", snapshot_dir(), "--method", "tools/list")
     assert {t["name"] for t in listed["tools"]} == TOOLS
     run_code = next(t for t in listed["tools"] if t["name"] == "run_code")
     assert run_code["annotations"]["readOnlyHint"] is False  # with sandbox_id it changes a kernel's state
     result = inspector(
-        airlock_bin(), "mcp", "--pool", "1",
+        airlock_bin(), "mcp", "--pool", "1", "--snapshot-dir", snapshot_dir(),
         "--method", "tools/call", "--tool-name", "run_code",
         "--tool-arg", "language=python", "--tool-arg", "code=print(6*7)",
     )
@@ -913,7 +978,7 @@ def test_a_denied_connection_is_put_to_the_user_by_elicitation() -> None:
     )
 
     async def main() -> None:
-        params = StdioServerParameters(command=airlock_bin(), args=["mcp", "--pool", "1"])
+        params = StdioServerParameters(command=airlock_bin(), args=["mcp", "--pool", "1", "--snapshot-dir", snapshot_dir()])
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write, elicitation_callback=on_elicit) as s:
                 await s.initialize()
@@ -982,7 +1047,8 @@ def test_create_sandbox_names_a_secret_the_service_holds() -> None:
     async def main() -> None:
         env = dict(os.environ, API_TOKEN=value)
         params = StdioServerParameters(
-            command=airlock_bin(), args=["mcp", "--pool", "1", "--secret", f"API_TOKEN@localhost:{port}"], env=env
+            command=airlock_bin(), args=["mcp", "--pool", "1", "--snapshot-dir", snapshot_dir(), "--secret", f"API_TOKEN@localhost:{port}"],
+            env=env,
         )
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write) as s:

@@ -35,7 +35,7 @@ from airlock.adapters.openai_agents import (
     airlock_shell_tool,
 )
 
-from conftest import Daemon, airlock_bin
+from conftest import Daemon, airlock_bin, snapshot_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -176,7 +176,8 @@ async def test_mcp_server_runs_code(daemon: Daemon) -> None:
     """``airlock mcp`` through the SDK's MCPServerStdio: list the tools, run code."""
     if not mcp_available():
         pytest.skip("`airlock mcp` is not in this build yet")
-    async with airlock_mcp_server(command=str(airlock_bin())) as server:
+    args = ("mcp", "--snapshot-dir", snapshot_dir())  # a store of its own
+    async with airlock_mcp_server(command=str(airlock_bin()), args=args) as server:
         tools = {t.name for t in await server.list_tools()}
         assert {"run_code", "create_sandbox", "exec", "write_file", "read_file", "close_sandbox"} <= tools
         result = await server.call_tool("run_code", {"language": "python", "code": "print(6*7)"})

@@ -4,11 +4,20 @@
  * @module
  */
 
-import { AirlockConnectionError } from "./errors.js";
+import { AirlockConnectionError, SnapshotNotFound } from "./errors.js";
 import { execBody, ExecStream, limitsOf, runExec, type ExecOptions } from "./exec.js";
-import { sandboxPath, Transport, type AirlockOptions } from "./http.js";
+import { sandboxPath, snapshotId, snapshotPath, Transport, type AirlockOptions } from "./http.js";
 import { Sandbox } from "./sandbox.js";
-import type { ExecResult, Isolation, Limits, Network, Readiness, SandboxInfo } from "./types.js";
+import type {
+  ExecResult,
+  Isolation,
+  Limits,
+  Network,
+  Readiness,
+  SandboxInfo,
+  Snapshot,
+  SnapshotList,
+} from "./types.js";
 
 /** Options of `createSandbox()`. */
 export interface CreateSandboxOptions {
@@ -21,6 +30,15 @@ export interface CreateSandboxOptions {
   network?: Network | "none";
   isolation?: Isolation;
   image?: string;
+  /**
+   * Start from this snapshot (or its id): its files, image and isolation (giving either is
+   * a 400), and its limits and network unless given. `SnapshotNotFound` if there is none.
+   */
+  fromSnapshot?: Snapshot | string;
+  /** `pause`: the session pauses itself after `idleTimeoutS` without a request, and resumes on the next. */
+  onIdle?: "none" | "pause";
+  /** Seconds without a request before `onIdle` acts. */
+  idleTimeoutS?: number;
 }
 
 /**
@@ -73,7 +91,15 @@ export class Airlock {
     if (opts.network !== undefined) body["network"] = opts.network === "none" ? { mode: "none" } : opts.network;
     if (opts.isolation !== undefined) body["isolation"] = opts.isolation;
     if (opts.image !== undefined) body["image"] = opts.image;
-    const r = await this.transport.json<{ id: string; expires_at: number }>("POST", "/v1/sandboxes", { json: body });
+    if (opts.fromSnapshot !== undefined) body["from_snapshot"] = snapshotId(opts.fromSnapshot);
+    if (opts.onIdle !== undefined) body["on_idle"] = opts.onIdle;
+    if (opts.idleTimeoutS !== undefined) body["idle_timeout_s"] = opts.idleTimeoutS;
+    const r = await this.transport.json<{ id: string; expires_at: number }>("POST", "/v1/sandboxes", {
+      json: body,
+      notFound: SnapshotNotFound,
+      // copying a snapshot's state in takes longer than a plain request
+      timeoutMs: opts.fromSnapshot !== undefined ? this.transport.stateTimeoutMs : undefined,
+    });
     return new Sandbox(this.transport, r.id, r.expires_at ?? null, limits?.timeout_ms ?? null);
   }
 
@@ -86,6 +112,21 @@ export class Airlock {
   /** The caller's live sessions, oldest first. */
   listSandboxes(): Promise<SandboxInfo[]> {
     return this.transport.json<SandboxInfo[]>("GET", "/v1/sandboxes");
+  }
+
+  /** The caller's snapshots, with the store's `used_bytes` and `budget_bytes`. */
+  listSnapshots(): Promise<SnapshotList> {
+    return this.transport.json<SnapshotList>("GET", "/v1/snapshots");
+  }
+
+  /** A snapshot by id; `SnapshotNotFound` if there is none (or it is another key's). */
+  getSnapshot(snapshot: Snapshot | string): Promise<Snapshot> {
+    return this.transport.json<Snapshot>("GET", snapshotPath(snapshot), { notFound: SnapshotNotFound });
+  }
+
+  /** Deletes a snapshot (sessions started from it go on); `SnapshotNotFound` if there is none. */
+  deleteSnapshot(snapshot: Snapshot | string): Promise<void> {
+    return this.transport.none("DELETE", snapshotPath(snapshot), { notFound: SnapshotNotFound });
   }
 
   /** `GET /healthz`: whether the process answers. */

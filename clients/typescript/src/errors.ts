@@ -74,6 +74,8 @@ export class ApprovalNotFound extends NotFound {}
 export class ProcessNotFound extends NotFound {}
 /** 404: the port is not exposed. */
 export class PortNotFound extends NotFound {}
+/** 404: no such snapshot (deleted, or another API key's). */
+export class SnapshotNotFound extends NotFound {}
 /**
  * 404 `no such route`: the service does not know this route at all (an older `airlock
  * serve` than this SDK: upgrade the daemon).
@@ -84,6 +86,10 @@ export class RouteNotFound extends NotFound {}
  * reached (16 running background processes).
  */
 export class Conflict extends AirlockError {}
+/** 409 `paused`: the session was paused with `pause()`; it runs nothing until `resume()`. */
+export class SandboxPaused extends Conflict {}
+/** 409 `incompatible_snapshot`: a restore of a snapshot of another image; nothing changed. */
+export class IncompatibleSnapshot extends Conflict {}
 /** 410: the session's TTL passed (or it was deleted while the request waited). */
 export class SandboxExpired extends AirlockError {}
 /** 413: the request body exceeds the server's `--max-body`. */
@@ -112,8 +118,12 @@ export class IsolationUnavailable extends ServiceUnavailable {}
 export class MicroVmUnavailable extends IsolationUnavailable {}
 /** 503 `gvisor_unavailable`. */
 export class GvisorUnavailable extends IsolationUnavailable {}
+/** 503 `snapshots_unavailable`: the server's snapshot store is unusable (not retried). */
+export class SnapshotsUnavailable extends ServiceUnavailable {}
 /** 507: a file does not fit the sandbox's disk; nothing of it was left behind. */
 export class DiskFull extends AirlockError {}
+/** 507 `snapshot_budget`: the snapshot does not fit the server's `--snapshot-budget`; nothing was kept. */
+export class SnapshotBudgetExceeded extends DiskFull {}
 /** The service could not be reached, or the connection broke. */
 export class AirlockConnectionError extends AirlockError {}
 /** The client-side timeout passed before the service answered. */
@@ -151,10 +161,13 @@ const BY_CODE: Record<string, new (message: string, init?: AirlockErrorInit) => 
   not_found: SandboxNotFound,
   busy: Conflict,
   conflict: Conflict,
+  paused: SandboxPaused,
+  incompatible_snapshot: IncompatibleSnapshot,
   expired: SandboxExpired,
   body_too_large: PayloadTooLarge,
   unsupported_media_type: UnsupportedMediaType,
   disk_full: DiskFull,
+  snapshot_budget: SnapshotBudgetExceeded,
   queue_full: RateLimited,
   queue_timeout: RateLimited,
   key_concurrency: RateLimited,
@@ -163,6 +176,7 @@ const BY_CODE: Record<string, new (message: string, init?: AirlockErrorInit) => 
   microvm_unavailable: MicroVmUnavailable,
   gvisor_unavailable: GvisorUnavailable,
   namespaces_unavailable: IsolationUnavailable,
+  snapshots_unavailable: SnapshotsUnavailable,
   sandbox_error: ServerError,
   internal: ServerError,
 };
@@ -204,6 +218,8 @@ export function errorFromResponse(
   let cls = BY_STATUS[status];
   if (status === 429 && code === "session_quota") cls = SessionQuotaExceeded;
   if (status === 503 && code && code.endsWith("_unavailable") && BY_CODE[code]) cls = BY_CODE[code];
+  if (status === 409 && (code === "paused" || code === "incompatible_snapshot")) cls = BY_CODE[code];
+  if (status === 507 && code === "snapshot_budget") cls = SnapshotBudgetExceeded;
   if (cls === NotFound) {
     cls = notFound;
     if (message.startsWith("no sandbox")) cls = SandboxNotFound;

@@ -23,6 +23,11 @@ export interface SessionExecOptions {
   limits?: Limits;
   /** The program's deadline in ms: a shorthand for `limits.timeout_ms`. */
   timeoutMs?: number;
+  /**
+   * Where the result's `files_changed` looks: `/workspace`, `/tmp` (default
+   * `["/workspace"]`; `[]` for none). Sent as `files_changed_in`.
+   */
+  filesChangedIn?: string[];
   /** Called with stdout as it arrives (the exec is streamed when a callback is given). */
   onStdout?: (data: string) => void;
   /** Called with stderr as it arrives. */
@@ -64,6 +69,10 @@ export function execBody(o: ExecOptions, extra: Record<string, unknown> = {}): R
   if (o.network !== undefined) body["network"] = o.network === "none" ? { mode: "none" } : o.network;
   if (o.isolation !== undefined) body["isolation"] = o.isolation;
   if (o.image !== undefined) body["image"] = o.image;
+  if (o.filesChangedIn !== undefined) {
+    if (!Array.isArray(o.filesChangedIn)) throw new TypeError("filesChangedIn is an array, e.g. ['/workspace', '/tmp']");
+    body["files_changed_in"] = o.filesChangedIn.map(String);
+  }
   return { ...body, ...extra };
 }
 

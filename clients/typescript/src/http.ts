@@ -179,6 +179,14 @@ export class Transport {
       opts.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket ?? undefined;
   }
 
+  /**
+   * The client timeout of a request that copies a session's state (snapshot, restore,
+   * fork, a creation from a snapshot): a plain request's plus the exec margin.
+   */
+  get stateTimeoutMs(): number {
+    return this.timeoutMs + this.execMarginMs;
+  }
+
   /** The client timeout of an exec with these limits. */
   execTimeout(limits: { timeout_ms?: number } | undefined, defaultMs: number | null): number {
     return (limits?.timeout_ms ?? defaultMs ?? DEFAULT_EXEC_TIMEOUT_MS) + this.execMarginMs;
@@ -330,6 +338,16 @@ export class Transport {
 /** The path of a session (or something under it). */
 export function sandboxPath(id: string, rest = ""): string {
   return `/v1/sandboxes/${encodeURIComponent(id)}${rest}`;
+}
+
+/** A snapshot's id, from the snapshot or the id itself. */
+export function snapshotId(snapshot: { snapshot_id: string } | string): string {
+  return typeof snapshot === "string" ? snapshot : snapshot.snapshot_id;
+}
+
+/** The path of a snapshot. */
+export function snapshotPath(snapshot: { snapshot_id: string } | string): string {
+  return `/v1/snapshots/${encodeURIComponent(snapshotId(snapshot))}`;
 }
 
 /**

@@ -16,9 +16,11 @@ import {
   PortNotFound,
   ProcessNotFound,
   SandboxExpired,
+  SnapshotNotFound,
 } from "./errors.js";
 import { execBody, ExecStream, runExec, type SessionExecOptions } from "./exec.js";
-import { sandboxPath, sseEvents, toBase64, type Transport } from "./http.js";
+import { sandboxPath, snapshotId, sseEvents, toBase64, type Transport } from "./http.js";
+import type { Airlock, CreateSandboxOptions } from "./client.js";
 import { openPty, type Pty, type PtyOptions } from "./pty.js";
 import type {
   Approval,
@@ -36,6 +38,8 @@ import type {
   ProcessOutput,
   SandboxInfo,
   SignalName,
+  Snapshot,
+  SnapshotKind,
 } from "./types.js";
 
 /** Options of `sandbox.runCode()`. */
@@ -222,9 +226,73 @@ export class Sandbox {
     return new ExecStream(this.transport, sandboxPath(this.id, "/exec"), body, timeoutMs, opts.signal);
   }
 
-  /** The session as the service shows it. */
+  /** The session as the service shows it (`status`: `running` or `paused`). */
   info(): Promise<SandboxInfo> {
     return this.transport.json<SandboxInfo>("GET", sandboxPath(this.id));
+  }
+
+  // --- snapshots, forks, pause ------------------------------------------------------------
+
+  /** `al.createSandbox({ ...opts, fromSnapshot: snapshot })`: a new session starting from it. */
+  static fromSnapshot(
+    al: Airlock,
+    snapshot: Snapshot | string,
+    opts: Omit<CreateSandboxOptions, "fromSnapshot"> = {},
+  ): Promise<Sandbox> {
+    return al.createSandbox({ ...opts, fromSnapshot: snapshot });
+  }
+
+  /**
+   * Saves the session's state now: its writable files, limits, network policy and image;
+   * `full` (the default `auto` where the tier can: gVisor, micro-VMs) its memory and processes too.
+   * `kind: "full"` where the tier cannot is a 400 on `kind`; `SnapshotBudgetExceeded` when
+   * the server's snapshot budget is full.
+   */
+  snapshot(opts: { kind?: SnapshotKind } = {}): Promise<Snapshot> {
+    const body: Record<string, unknown> = {};
+    if (opts.kind !== undefined) body["kind"] = opts.kind;
+    return this.transport.json<Snapshot>("POST", sandboxPath(this.id, "/snapshots"), {
+      json: body,
+      timeoutMs: this.transport.stateTimeoutMs,
+    });
+  }
+
+  /**
+   * Rolls the session back to `snapshot` in place: its files become exactly the snapshot's;
+   * its background processes, terminals and code kernel are ended first.
+   * `SnapshotNotFound`; `IncompatibleSnapshot` for a snapshot of another image.
+   */
+  restore(snapshot: Snapshot | string): Promise<SandboxInfo> {
+    return this.transport.json<SandboxInfo>("POST", sandboxPath(this.id, "/restore"), {
+      json: { snapshot_id: snapshotId(snapshot) },
+      timeoutMs: this.transport.stateTimeoutMs,
+      notFound: SnapshotNotFound,
+    });
+  }
+
+  /**
+   * `count` new sessions, each a copy of this one now, independent of it and of each other
+   * (delete them when done). `count` is 1..the server's `--max-fork` (16): else a 400 on `count`.
+   */
+  async fork(count: number, opts: { ttlS?: number } = {}): Promise<Sandbox[]> {
+    const body: Record<string, unknown> = { count };
+    if (opts.ttlS !== undefined) body["ttl_s"] = opts.ttlS;
+    const r = await this.transport.json<{ sandboxes: { id: string; expires_at: number }[] }>(
+      "POST",
+      sandboxPath(this.id, "/fork"),
+      { json: body, timeoutMs: this.transport.stateTimeoutMs },
+    );
+    return r.sandboxes.map((s) => new Sandbox(this.transport, s.id, s.expires_at ?? null, this.defaultTimeoutMs));
+  }
+
+  /** Freezes the session: it runs nothing (`SandboxPaused`) until `resume()`. Idempotent. */
+  pause(): Promise<SandboxInfo> {
+    return this.transport.json<SandboxInfo>("POST", sandboxPath(this.id, "/pause"), { json: {} });
+  }
+
+  /** Thaws a paused session: its processes go on where they were. Idempotent. */
+  resume(): Promise<SandboxInfo> {
+    return this.transport.json<SandboxInfo>("POST", sandboxPath(this.id, "/resume"), { json: {} });
   }
 
   // --- files --------------------------------------------------------------------------

@@ -105,6 +105,17 @@ export interface EgressEntry {
   ms: number;
 }
 
+/** One path an exec created, modified or deleted (a rename is a delete plus a create). */
+export interface FileChange {
+  /** Absolute: `/workspace/a/b.txt`, `/tmp/x`. */
+  path: string;
+  /** A path whose kind changed is `modified`, with the new kind. */
+  change: "created" | "modified" | "deleted";
+  kind: "file" | "dir" | "symlink";
+  /** Its size after the exec; for `deleted`, before; 0 for directories. */
+  bytes: number;
+}
+
 /** The result of an exec (`airlock run --json`'s ExecResult plus `queue_ms`). */
 export interface ExecResult {
   id: string;
@@ -127,6 +138,13 @@ export interface ExecResult {
   isolation: Isolation;
   platform: string | null;
   queue_ms: number;
+  /**
+   * What the exec created, modified and deleted under its `filesChangedIn` (default
+   * `["/workspace"]`), sorted by path; at most 1000.
+   */
+  files_changed: FileChange[];
+  /** More changed than `files_changed` lists. */
+  files_changed_truncated: boolean;
   /** Fields a newer server adds. */
   [extra: string]: unknown;
 }
@@ -172,7 +190,47 @@ export interface SandboxInfo {
   expires_at: number;
   usage: SandboxUsage;
   image: { name: string; digest: string } | null;
+  /** `paused` after `sandbox.pause()` (or while idle, with `onIdle: "pause"`). */
+  status: "running" | "paused";
+  on_idle: "none" | "pause";
+  /** The snapshot it was created from. */
+  from_snapshot: string | null;
   [extra: string]: unknown;
+}
+
+/** What `sandbox.snapshot()` asks for: `auto` (default) is `full` where the tier can. */
+export type SnapshotKind = "auto" | "filesystem" | "full";
+
+/**
+ * A snapshot of a session: its writable files (/workspace, /tmp, /dev/shm), limits,
+ * network policy and image; a `full` one (gVisor, micro-VMs) its memory and processes too.
+ */
+export interface Snapshot {
+  /** `snap-` and 16 hex digits. */
+  snapshot_id: string;
+  kind: "filesystem" | "full";
+  /** The session it was taken of. */
+  sandbox_id: string;
+  isolation: Isolation;
+  image: { name: string; digest: string } | null;
+  /** Seconds since the epoch. */
+  created_at: number;
+  /** The files' logical size. */
+  bytes: number;
+  /** What it added on the server's disk (files another snapshot of the key holds are shared). */
+  stored_bytes: number;
+  files: number;
+  [extra: string]: unknown;
+}
+
+/** `GET /v1/snapshots`: the caller's snapshots and the store's usage. */
+export interface SnapshotList {
+  /** Oldest first. */
+  snapshots: Snapshot[];
+  /** Bytes the server's snapshot store holds on disk (every API key's snapshots). */
+  used_bytes: number;
+  /** Its budget (`--snapshot-budget`). */
+  budget_bytes: number;
 }
 
 /** One entry of a /workspace listing. */

@@ -60,7 +60,10 @@ process.once("exit", () => {
   for (const p of running) p.kill("SIGKILL");
 });
 
-/** Starts `airlock serve --listen 127.0.0.1:0 ARGS` and waits until it is ready. */
+/**
+ * Starts `airlock serve --listen 127.0.0.1:0 --snapshot-dir DIR/snapshots ARGS` (without
+ * `--snapshot-dir` when ARGS give one) and waits until it is ready.
+ */
 export async function startDaemon(
   args: string[] = ["--pool", "1", "--grace", "5s"],
   opts: { apiKey?: string; readyTimeoutMs?: number } = {},
@@ -70,7 +73,10 @@ export async function startDaemon(
     throw new Error(`airlock binary not found at ${bin}: run \`cargo build\` in ${REPO} or set AIRLOCK_BIN`);
   }
   const dir = mkdtempSync(join(tmpdir(), "airlock-ts-test-"));
-  const argv = ["serve", "--listen", "127.0.0.1:0", ...args];
+  // A snapshot store of its own unless `args` name one: two daemons never share one (the
+  // default, /var/lib/airlock/snapshots, is held by one daemon at a time).
+  const own = args.includes("--snapshot-dir") ? [] : ["--snapshot-dir", join(dir, "snapshots")];
+  const argv = ["serve", "--listen", "127.0.0.1:0", ...own, ...args];
   if (opts.apiKey) {
     const keys = join(dir, "keys");
     writeFileSync(keys, `sdk-tests:${opts.apiKey}\n`);

@@ -87,6 +87,14 @@ describe("README", () => {
     assert.equal(await runReadme("sessions"), "2 data.csv\nmade\ndata.csv out.txt tool.sh\ntrue\nnone\n");
   });
 
+  test("snapshots", async () => {
+    assert.equal(
+      await runReadme("snapshots"),
+      "created file /workspace/plan.txt 6\n" +
+        "filesystem\nv1\n[ 'v1', 'v1', 'v1' ]\ndraft\npaused\ntrue\nrunning\ntrue true\n",
+    );
+  });
+
   test("network", async () => {
     const out = await runReadme("network");
     assert.match(out, /mode: 'proxy'/);
