@@ -43,7 +43,9 @@ fn run() -> Result<serde_json::Value, String> {
     let runs: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(9);
     let host = MicroVmHost::new(&HostOptions::from_env()).map_err(|e| e.to_string())?;
     let limits = Limits::default();
-    let mut vm = host.boot(VmSize::for_limits(&limits)).map_err(|e| e.to_string())?;
+    let mut vm = host
+        .boot(VmSize::for_limits(&limits))
+        .map_err(|e| e.to_string())?;
     vm.ensure_sandbox(&limits).map_err(|e| e.to_string())?;
     let mut with = Spec::new(vec!["/bin/true".into()]);
     with.files_changed_in = vec!["/workspace".into(), "/tmp".into()];
@@ -62,13 +64,19 @@ fn run() -> Result<serde_json::Value, String> {
     let full_without = median_exec(&mut vm, &without, runs)?;
     let full_with = median_exec(&mut vm, &with, runs)?;
     // An exec that writes 1,000 files, with and without the changeset.
-    let mut write = python("import os\nos.makedirs('w', exist_ok=True)\nfor i in range(1000): open(f'w/f{i}', 'w').write(str(i))");
+    let mut write = python(
+        "import os\nos.makedirs('w', exist_ok=True)\nfor i in range(1000): open(f'w/f{i}', 'w').write(str(i))",
+    );
     write.files_changed_in = Vec::new();
     let writes_without = median_exec(&mut vm, &write, 3)?;
     write.files_changed_in = vec!["/workspace".into()];
     let writes_with = median_exec(&mut vm, &write, 3)?;
-    vm.exec(&Spec::new(vec!["rm".into(), "-rf".into(), "w".into()]), &mut Capture, &[])
-        .map_err(|e| e.to_string())?;
+    vm.exec(
+        &Spec::new(vec!["rm".into(), "-rf".into(), "w".into()]),
+        &mut Capture,
+        &[],
+    )
+    .map_err(|e| e.to_string())?;
 
     let t = Instant::now();
     let mut tar = Vec::new();

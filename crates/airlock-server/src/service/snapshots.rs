@@ -408,7 +408,10 @@ pub(crate) async fn fork(
         })?;
         let dir = stage.path().to_owned();
         let spawner = Arc::clone(&tier.spawner);
-        if parent.with_sandbox_on(spawner, move |sb| sb.checkpoint(&dir)).await?? {
+        if parent
+            .with_sandbox_on(spawner, move |sb| sb.checkpoint(&dir))
+            .await??
+        {
             staging = Some(stage);
         }
     }
