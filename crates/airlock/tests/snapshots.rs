@@ -314,6 +314,46 @@ fn sessions_from_a_snapshot_and_forks_are_independent_copies() {
         );
     }
     assert_eq!(stdout(&c, &id, "ls; cat data/f"), "data\nl\nbase\n");
+    for s in kids.iter().chain([&copy]) {
+        c.delete(&format!("/v1/sandboxes/{s}")).expect(204);
+    }
+    // A policy changed while the session ran is what its forks and snapshots get.
+    let net = c.create_session(&json!({"network": {"mode": "proxy", "allow": ["a.example", "b.example"]}}));
+    c.request(
+        "PATCH",
+        &format!("/v1/sandboxes/{net}/network"),
+        &[("Content-Type", "application/json")],
+        Some(json!({"allow": ["a.example"]}).to_string().as_bytes()),
+    )
+    .expect(200);
+    let kid = c
+        .post_json(&format!("/v1/sandboxes/{net}/fork"), &json!({"count": 1}))
+        .expect(201)
+        .json()["sandboxes"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let nsid = c
+        .post_json(&format!("/v1/sandboxes/{net}/snapshots"), &json!({}))
+        .expect(201)
+        .json()["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let from_net = c
+        .post_json("/v1/sandboxes", &json!({"from_snapshot": nsid}))
+        .expect(201)
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for s in [&kid, &from_net] {
+        let shown = c.get(&format!("/v1/sandboxes/{s}/network")).expect(200).json();
+        assert_eq!(shown["allow"], json!(["a.example"]), "{shown}");
+    }
+    for s in [&kid, &from_net, &net] {
+        c.delete(&format!("/v1/sandboxes/{s}")).expect(204);
+    }
     // The fork's bounds.
     for count in [json!(0), json!(17), json!(-1), json!("2")] {
         let e = c
@@ -611,23 +651,13 @@ fn snapshots_outlive_the_daemon_even_a_killed_one() {
     );
 }
 
-/// The shell block of README.md's "Snapshots" section.
-fn readme_block() -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let section = readme
-        .split("## Snapshots")
-        .nth(1)
-        .expect("README has the snapshots section");
-    let block = section.split("```sh\n").nth(1).expect("its shell block");
-    block.split("```").next().unwrap().to_owned()
-}
-
 /// README's example, run as typed against a daemon on its own port.
 #[test]
 fn readme_snapshots_block_runs_as_typed() {
     let d = Daemon::start(&["--pool", "1"]);
     d.wait_ready();
-    let script = readme_block().replace("localhost:8710", &format!("127.0.0.1:{}", d.port));
+    let script = serverutil::readme_shell_block("## Snapshots")
+        .replace("localhost:8710", &format!("127.0.0.1:{}", d.port));
     let out = std::process::Command::new("bash")
         .args(["-euo", "pipefail", "-c", &script])
         .output()

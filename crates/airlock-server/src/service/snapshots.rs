@@ -143,9 +143,23 @@ pub(crate) fn record(state: &AppState, key: &KeyName, id: &str) -> Result<Record
         .ok_or_else(|| ApiError::not_found(format!("no snapshot {id} (GET /v1/snapshots lists yours)")))
 }
 
+/// The session's network policy now: a policy changed while it ran (`PATCH …/network`,
+/// an approval for the session) is what its snapshots and forks get, never the one it was
+/// created with; its secrets (which cannot change live) from its creation.
+pub(crate) fn live_network(session: &Session) -> NetworkPolicy {
+    match (&session.egress, &session.network) {
+        (Some(proxy), NetworkPolicy::Proxy(created)) => {
+            let mut now = proxy.control().shown();
+            now.secrets = created.secrets.clone();
+            NetworkPolicy::Proxy(now)
+        }
+        _ => session.network.clone(),
+    }
+}
+
 /// What a session is, as a snapshot records it.
 fn attributes_of(session: &Session) -> Attributes {
-    let mut network = session.network.clone();
+    let mut network = live_network(session);
     let mut secrets_removed = Vec::new();
     if let NetworkPolicy::Proxy(p) = &mut network {
         for s in &mut p.secrets {
@@ -422,7 +436,7 @@ pub(crate) async fn fork(
     let plan = super::sessions::Plan {
         ttl_s: req.ttl_s,
         limits: parent.limits.clone(),
-        network: parent.network.clone(),
+        network: live_network(parent),
         isolation: parent.isolation,
         image: parent.image.as_ref().map(|i| i.root.digest.clone()),
         image_name: parent.image.as_ref().map(|i| i.name.clone()),
