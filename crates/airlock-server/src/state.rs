@@ -205,30 +205,7 @@ impl Session {
         R: Send + 'static,
         F: FnOnce(&mut dyn Sandbox) -> R + Send + 'static,
     {
-        let session = Arc::clone(self);
-        let task = tokio::spawn(async move {
-            let mut inner = session.inner.lock().await;
-            let Some(mut sandbox) = inner.sandbox.take() else {
-                return Err(crate::error::ApiError::gone(format!(
-                    "sandbox {} was deleted",
-                    session.id
-                )));
-            };
-            let ran = tokio::task::spawn_blocking(move || {
-                let r = f(sandbox.as_mut());
-                (r, sandbox)
-            })
-            .await;
-            match ran {
-                Ok((r, sandbox)) => {
-                    inner.sandbox = Some(sandbox);
-                    Ok(r)
-                }
-                Err(e) => Err(crate::error::ApiError::internal(format!("file task: {e}"))),
-            }
-        });
-        task.await
-            .unwrap_or_else(|e| Err(crate::error::ApiError::internal(format!("file task: {e}"))))
+        self.run_on_sandbox(None, f).await
     }
 
     /// [`Session::with_sandbox`] on one of `spawner`'s long-lived threads: for work that
@@ -243,32 +220,43 @@ impl Session {
         R: Send + 'static,
         F: FnOnce(&mut dyn Sandbox) -> R + Send + 'static,
     {
+        self.run_on_sandbox(Some(spawner), f).await
+    }
+
+    async fn run_on_sandbox<R, F>(
+        self: &Arc<Self>,
+        spawner: Option<Arc<crate::spawner::Spawner>>,
+        f: F,
+    ) -> Result<R, crate::error::ApiError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn Sandbox) -> R + Send + 'static,
+    {
+        use crate::error::ApiError;
         let session = Arc::clone(self);
         let task = tokio::spawn(async move {
             let mut inner = session.inner.lock().await;
             let Some(mut sandbox) = inner.sandbox.take() else {
-                return Err(crate::error::ApiError::gone(format!(
-                    "sandbox {} was deleted",
-                    session.id
-                )));
+                return Err(ApiError::gone(format!("sandbox {} was deleted", session.id)));
             };
-            let ran = spawner
-                .run(move |_| {
-                    let r = f(sandbox.as_mut());
-                    (r, sandbox)
-                })
-                .await;
-            match ran {
-                Ok((r, sandbox)) => {
-                    inner.sandbox = Some(sandbox);
-                    Ok(r)
-                }
-                // The service is stopping: the sandbox went with the job.
-                Err(e) => Err(crate::error::ApiError::from(e)),
-            }
+            let job = move || {
+                let r = f(sandbox.as_mut());
+                (r, sandbox)
+            };
+            // Where the job cannot run or finish (the service stopping, a panic), the
+            // sandbox goes with it.
+            let ran = match spawner {
+                Some(spawner) => spawner.run(move |_| job()).await.map_err(ApiError::from),
+                None => tokio::task::spawn_blocking(job)
+                    .await
+                    .map_err(|e| ApiError::internal(format!("sandbox task: {e}"))),
+            };
+            let (r, sandbox) = ran?;
+            inner.sandbox = Some(sandbox);
+            Ok(r)
         });
         task.await
-            .unwrap_or_else(|e| Err(crate::error::ApiError::internal(format!("sandbox task: {e}"))))
+            .unwrap_or_else(|e| Err(ApiError::internal(format!("sandbox task: {e}"))))
     }
 
     /// Whether it was deleted or expired.

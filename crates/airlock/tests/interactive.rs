@@ -661,17 +661,6 @@ fn airlock_shell_attaches_a_real_terminal() {
     assert_eq!(all.as_array().map(Vec::len), Some(0), "{all:#}");
 }
 
-/// The shell block of README.md's "Interactive sessions" section.
-fn readme_block() -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let section = readme
-        .split("## Interactive sessions")
-        .nth(1)
-        .expect("README has the interactive sessions section");
-    let block = section.split("```sh\n").nth(1).expect("its shell block");
-    block.split("```").next().unwrap().to_owned()
-}
-
 /// README's example, run as typed (against a daemon on its own port, `airlock` being the
 /// binary under test, the shell given two lines on stdin): the sum, a PNG chart, the
 /// preview through the exposed port, the shell, and the session gone at the end.
@@ -680,7 +669,7 @@ fn readme_interactive_block_runs_as_typed() {
     let d = Daemon::start(&["--pool", "0"]);
     d.wait_ready();
     let work = tempfile::tempdir().unwrap();
-    let script = readme_block()
+    let script = serverutil::readme_shell_block("## Interactive sessions")
         .replace("localhost:8710", &format!("127.0.0.1:{}", d.port))
         .replace(
             "airlock shell",
