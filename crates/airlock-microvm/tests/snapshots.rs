@@ -18,6 +18,11 @@ use common::{ok, sh};
 use std::io::Read;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// One test at a time: each makes a `MicroVmHost`, and a host dropped removes the
+/// process's VM state directory under another host's VM being born (the service has one
+/// host; this binary's tests would have four at once).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Whether QEMU is here; says why not when it is not.
 fn have_qemu() -> bool {
     let found = std::env::var_os("PATH")
@@ -50,6 +55,7 @@ fn now_s() -> f64 {
 
 #[test]
 fn a_paused_vm_refuses_requests_and_resumes_with_the_hosts_clock() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !have_qemu() {
         return;
     }
@@ -125,6 +131,7 @@ fn urandom(vm: &mut BootedVm) -> String {
 
 #[test]
 fn a_full_snapshot_restores_twice_into_independent_vms_with_the_programs_memory() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !have_qemu() {
         return;
     }
@@ -222,6 +229,7 @@ fn a_full_snapshot_restores_twice_into_independent_vms_with_the_programs_memory(
 
 #[test]
 fn a_snapshot_of_another_image_or_disk_is_refused_and_a_missing_one_is_invalid() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !have_qemu() {
         return;
     }
@@ -237,6 +245,7 @@ fn a_snapshot_of_another_image_or_disk_is_refused_and_a_missing_one_is_invalid()
 
 #[test]
 fn an_exec_reports_its_file_changes_and_the_files_go_out_and_back_as_tar() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !have_qemu() {
         return;
     }
