@@ -11,7 +11,7 @@ use serde::Deserialize;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use super::result::{ExecOutput, exec_result, no_sandbox, refused};
+use super::result::{ExecOutput, awake_session, exec_result, no_sandbox, refused};
 use super::{AirlockMcp, caller, timeout_ms, unless_cancelled};
 use crate::api::{ExecRequest, Language, LimitsRequest};
 use crate::service::runner;
@@ -61,13 +61,10 @@ times out or exceeds its memory limit returns isError with the reason.",
     ) -> Result<CallToolResult, ErrorData> {
         let key = caller(&ctx)?;
         let state = Arc::clone(&self.state);
-        let session = match state.session(&input.sandbox_id, &key) {
+        let session = match awake_session(&state, &input.sandbox_id, &key).await {
             Ok(s) => s,
-            Err(e) => return Ok(no_sandbox(&e)),
+            Err(answer) => return Ok(answer),
         };
-        if let Err(e) = session.wake().await {
-            return Ok(refused(&e));
-        }
         let timeout_ms = match timeout_ms(&state, input.timeout_s) {
             Ok(t) => t,
             Err(e) => return Ok(refused(&e)),

@@ -237,6 +237,18 @@ fn clip(s: &str, max: usize) -> String {
     }
 }
 
+/// The session `id` of `key`, awake for a tool that needs its sandbox (an idle-paused one
+/// resumes), or the tool's answer saying why not (no such sandbox, paused by request).
+pub(crate) async fn awake_session(
+    state: &crate::state::AppState,
+    id: &str,
+    key: &crate::state::KeyName,
+) -> Result<std::sync::Arc<crate::state::Session>, CallToolResult> {
+    let session = state.session(id, key).map_err(|e| no_sandbox(&e))?;
+    session.wake().await.map_err(|e| refused(&e))?;
+    Ok(session)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use super::result::{RunCodeOutput, code_result, exec_result, no_sandbox, refused};
+use super::result::{RunCodeOutput, awake_session, code_result, exec_result, refused};
 use super::{AirlockMcp, FileInput, IsolationInput, caller, timeout_ms, unless_cancelled};
 use crate::api::{ExecRequest, FileRequest, Language, LimitsRequest};
 use crate::service::runner;
@@ -77,13 +77,10 @@ notebook, the last expression's value and displayed tables come back as results,
             Err(e) => return Ok(refused(&e)),
         };
         if let Some(id) = input.sandbox_id.as_deref() {
-            let session = match state.session(id, &key) {
+            let session = match awake_session(&state, id, &key).await {
                 Ok(s) => s,
-                Err(e) => return Ok(no_sandbox(&e)),
+                Err(answer) => return Ok(answer),
             };
-            if let Err(e) = session.wake().await {
-                return Ok(refused(&e));
-            }
             let misplaced = [
                 ("stdin", input.stdin.is_some()),
                 ("files", !input.files.is_empty()),

@@ -10,7 +10,7 @@ use rmcp::{ErrorData, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::result::{no_sandbox, refused, structured};
+use super::result::{awake_session, no_sandbox, refused, structured};
 use super::{AirlockMcp, caller, unless_cancelled};
 use crate::api::{ForkRequest, SnapshotKindRequest};
 use crate::service::sessions::epoch;
@@ -142,13 +142,10 @@ since are gone, the snapshot's are back. Programs running in the background in i
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let key = caller(&ctx)?;
-        let session = match self.state.session(&input.sandbox_id, &key) {
+        let session = match awake_session(&self.state, &input.sandbox_id, &key).await {
             Ok(s) => s,
-            Err(e) => return Ok(no_sandbox(&e)),
+            Err(answer) => return Ok(answer),
         };
-        if let Err(e) = session.wake().await {
-            return Ok(refused(&e));
-        }
         // Not cancellable: a restore half done would leave the files half replaced.
         match snapshots::restore(&self.state, &key, &session, &input.snapshot_id).await {
             Ok(()) => structured(

@@ -9,7 +9,7 @@ use rmcp::{ErrorData, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::result::{no_sandbox, refused, structured};
+use super::result::{awake_session, no_sandbox, refused, structured};
 use super::{AirlockMcp, caller, unless_cancelled};
 use crate::service::files::{check_path, write_file};
 
@@ -55,13 +55,10 @@ replacing it if it exists; exec then finds it in its working directory.",
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let key = caller(&ctx)?;
-        let session = match self.state.session(&input.sandbox_id, &key) {
+        let session = match awake_session(&self.state, &input.sandbox_id, &key).await {
             Ok(s) => s,
-            Err(e) => return Ok(no_sandbox(&e)),
+            Err(answer) => return Ok(answer),
         };
-        if let Err(e) = session.wake().await {
-            return Ok(refused(&e));
-        }
         let path = match check_path(&input.path) {
             Ok(p) => p,
             Err(e) => return Ok(refused(&e)),
