@@ -449,13 +449,16 @@ impl Container {
             .to_owned()
     }
 
-    /// Waits until it exited (it refused); its exit status.
+    /// Waits until it exited (it refused): its exit status; `None` once the daemon listens
+    /// instead (it started serving: no refusal).
     fn exit_status(&self) -> Option<i64> {
         poll(Duration::from_secs(60), || {
-            (self.inspect("{{.State.Status}}") == "exited")
-                .then(|| self.inspect("{{.State.ExitCode}}").parse().ok())
-                .flatten()
+            if self.inspect("{{.State.Status}}") == "exited" {
+                return Some(self.inspect("{{.State.ExitCode}}").parse().ok());
+            }
+            self.logs().contains("airlock: listening on").then_some(None)
         })
+        .flatten()
     }
 
     fn client(&self) -> Client {
@@ -683,4 +686,72 @@ out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
     );
     assert_eq!(net.connections_to("allowed"), 1, "{:?}", net.connections());
     net.assert_no_forbidden_connections();
+}
+
+// ---------------------------------------------------------------------------------------
+// Refusals: the doc's command with one privilege taken away.
+
+/// Each privilege the doc's command gives, taken away in turn: the daemon exits 2 at
+/// start with one line `airlock: cannot isolate: <what>: <how>` that names it (words
+/// from `<what>`), instead of serving sandboxes it cannot isolate.
+#[test]
+fn daemon_refuses_to_start_without_each_privilege() {
+    require_tools!();
+    image();
+    let cases: &[(&str, (&str, &str), &[&str])] = &[
+        (
+            "without CAP_SYS_ADMIN (the default seccomp profile then refuses namespaces, and the cgroups stay read-only)",
+            ("SYS_ADMIN,", ""),
+            &[],
+        ),
+        ("without CAP_SETUID and CAP_SETGID", ("SETUID,SETGID,", ""), &[]),
+        ("without CAP_SYS_PTRACE", (",SYS_PTRACE", ""), &[]),
+        (
+            "with the runtime's masked /proc",
+            ("--security-opt 'unmask=/proc/*' ", ""),
+            &["proc"],
+        ),
+        (
+            "with the host's cgroup namespace (read-only cgroups)",
+            ("--cgroupns=private", "--cgroupns=host"),
+            &["cgroup"],
+        ),
+    ];
+    let results: Vec<(String, Option<i64>, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(why, edit, _)| {
+                s.spawn(move || {
+                    let (c, out) = Container::start(Network::Published, &[*edit]);
+                    assert!(
+                        out.status.success(),
+                        "podman run {why}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    let status = c.exit_status();
+                    (why.to_string(), status, c.logs())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a refusal case panicked"))
+            .collect()
+    });
+    let mut failures = Vec::new();
+    for ((why, status, logs), (_, _, words)) in results.iter().zip(cases) {
+        let refusals: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.starts_with("airlock: cannot isolate: "))
+            .collect();
+        let named = refusals.len() == 1 && words.iter().all(|w| refusals[0].contains(w));
+        if *status != Some(2) || !named {
+            failures.push(format!(
+                "{why}: exit {status:?}, expected 2 and one refusal line naming {words:?}; logs:\n{logs}"
+            ));
+        } else {
+            eprintln!("{why}: {}", refusals[0]);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
