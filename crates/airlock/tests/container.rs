@@ -691,33 +691,64 @@ out["metadata"] = urlopen("http://169.254.169.254/latest/meta-data/")
 // ---------------------------------------------------------------------------------------
 // Refusals: the doc's command with one privilege taken away.
 
+/// A seccomp profile that refuses user namespaces (what the runtimes' default profile does
+/// for a container without CAP_SYS_ADMIN), and nothing else.
+const NO_USERNS_SECCOMP: &str = r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+  {"names": ["unshare"], "action": "SCMP_ACT_ERRNO"},
+  {"names": ["clone"], "action": "SCMP_ACT_ERRNO",
+   "args": [{"index": 0, "value": 268435456, "valueTwo": 268435456, "op": "SCMP_CMP_MASKED_EQ"}]},
+  {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}]}"#;
+
 /// Each privilege the doc's command gives, taken away in turn: the daemon exits 2 at
-/// start with one line `airlock: cannot isolate: <what>: <how>` that names it (words
-/// from `<what>`), instead of serving sandboxes it cannot isolate.
+/// start with one line `airlock: cannot isolate: <what>: <how>` that names it, instead of
+/// serving sandboxes it cannot isolate.
 #[test]
 fn daemon_refuses_to_start_without_each_privilege() {
     require_tools!();
     image();
-    let cases: &[(&str, (&str, &str), &[&str])] = &[
+    let seccomp = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(seccomp.path(), NO_USERNS_SECCOMP).unwrap();
+    let with_seccomp = format!(
+        "--cgroupns=private --security-opt seccomp={}",
+        seccomp.path().display()
+    );
+    let cases: Vec<(&str, (&str, &str), &[&str])> = vec![
         (
-            "without CAP_SYS_ADMIN (the default seccomp profile then refuses namespaces, and the cgroups stay read-only)",
+            "without CAP_SYS_ADMIN",
             ("SYS_ADMIN,", ""),
-            &[],
+            &["capability CAP_SYS_ADMIN", "--cap-add SYS_ADMIN"],
         ),
-        ("without CAP_SETUID and CAP_SETGID", ("SETUID,SETGID,", ""), &[]),
-        ("without CAP_SYS_PTRACE", (",SYS_PTRACE", ""), &[]),
+        (
+            "without CAP_SETUID and CAP_SETGID",
+            ("SETUID,SETGID,", ""),
+            &["capability CAP_SET", "--cap-add SET"],
+        ),
+        (
+            "without CAP_SYS_PTRACE",
+            (",SYS_PTRACE", ""),
+            &["capability CAP_SYS_PTRACE", "--cap-add SYS_PTRACE"],
+        ),
+        (
+            "with a seccomp profile that refuses user namespaces",
+            ("--cgroupns=private", &with_seccomp),
+            &["user namespaces", "seccomp"],
+        ),
         (
             "with the runtime's masked /proc",
             ("--security-opt 'unmask=/proc/*' ", ""),
-            &["proc"],
+            &["proc in a new pid namespace", "unmask=/proc/*"],
         ),
         (
             "with the host's cgroup namespace (read-only cgroups)",
             ("--cgroupns=private", "--cgroupns=host"),
-            &["cgroup"],
+            &[
+                "a cgroup for the memory, pids and CPU limits",
+                "Read-only file system",
+                "--cgroupns=private",
+            ],
         ),
     ];
-    let results: Vec<(String, Option<i64>, String)> = std::thread::scope(|s| {
+    let results: Vec<(Option<i64>, String)> = std::thread::scope(|s| {
         let handles: Vec<_> = cases
             .iter()
             .map(|(why, edit, _)| {
@@ -728,8 +759,7 @@ fn daemon_refuses_to_start_without_each_privilege() {
                         "podman run {why}: {}",
                         String::from_utf8_lossy(&out.stderr)
                     );
-                    let status = c.exit_status();
-                    (why.to_string(), status, c.logs())
+                    (c.exit_status(), c.logs())
                 })
             })
             .collect();
@@ -739,7 +769,7 @@ fn daemon_refuses_to_start_without_each_privilege() {
             .collect()
     });
     let mut failures = Vec::new();
-    for ((why, status, logs), (_, _, words)) in results.iter().zip(cases) {
+    for ((status, logs), (why, _, words)) in results.iter().zip(&cases) {
         let refusals: Vec<&str> = logs
             .lines()
             .filter(|l| l.starts_with("airlock: cannot isolate: "))
@@ -754,4 +784,30 @@ fn daemon_refuses_to_start_without_each_privilege() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Without /dev/net/tun the daemon starts (proxy mode is one network a request may ask
+/// for), and a proxy-mode request is answered 503 naming the device, never run with
+/// another network.
+#[test]
+fn without_tun_proxy_requests_are_refused_by_name() {
+    require_tools!();
+    let (c, out) = Container::start(Network::Published, &[("--device /dev/net/tun ", "")]);
+    assert!(
+        out.status.success(),
+        "podman run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(c.exit_status(), None, "the daemon did not start:\n{}", c.logs());
+    let client = c.client();
+    let v = client.exec_ok(&json!({"cmd": ["python3", "-c", "print(1)"]}));
+    assert_eq!(ok_stdout(&v), "1\n");
+    let e = client
+        .exec(&json!({"cmd": ["true"], "network": {"mode": "proxy", "allow": ["example.com"]}}))
+        .api_error(503);
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains("/dev/net/tun") && message.contains("--device /dev/net/tun"),
+        "{e:#}"
+    );
 }
