@@ -702,27 +702,23 @@ fn cgroup(host: &CgroupHost) -> Result<String, Missing> {
     let cg = host
         .create(&id, &limits)
         .map_err(|e| cgroup_missing(&chain(&e)))?;
-    // A process to move in, as a sandbox's init is moved: a child that waits on a pipe.
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cgroup_missing(&chain(&e)))?;
-    let raw_r = r.as_raw_fd();
-    let raw_w = w.as_raw_fd();
-    // SAFETY: the child only calls close, read and _exit (async-signal-safe).
-    let child = match unsafe { crate::sys::clone_process(0, cg.clone_into_fd().map(|f| f.as_raw_fd())) } {
-        Ok(None) => unsafe {
-            libc::close(raw_w);
-            let mut b = 0u8;
-            libc::read(raw_r, (&mut b as *mut u8).cast(), 1);
-            libc::_exit(0)
-        },
+    // A process born in it, as a sandbox's init is (`CLONE_INTO_CGROUP` into its
+    // cgroup2 directory, which checks the permissions a move would: v2's rule that the
+    // writer may write the common ancestor's cgroup.procs). Moving it into the v1
+    // directories as well would cost a RCU grace period (about 12 ms here) and check
+    // nothing more: a v1 directory this process could make and limit is one it may put
+    // its own processes in.
+    let child = match unsafe {
+        // SAFETY: the child only calls _exit (async-signal-safe).
+        crate::sys::clone_process(0, cg.clone_into_fd().map(|f| f.as_raw_fd()))
+    } {
+        Ok(None) => unsafe { libc::_exit(0) },
         Ok(Some(c)) => c,
         Err(e) => {
             let _ = cg.destroy();
-            return Err(cgroup_missing(&format!("cloning a process into it: {e}")));
+            return Err(cgroup_missing(&format!("starting a process in it: {e}")));
         }
     };
-    drop(r);
-    let attached = cg.attach(child.pid, child.in_cgroup);
-    drop(w);
     reap(child.pid);
     let where_ = cg
         .paths()
@@ -732,7 +728,6 @@ fn cgroup(host: &CgroupHost) -> Result<String, Missing> {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let destroyed = cg.destroy();
-    attached.map_err(|e| cgroup_missing(&chain(&e)))?;
     destroyed.map_err(|e| cgroup_missing(&format!("removing it: {}", chain(&e))))?;
     Ok(format!(
         "memory, pids and cpu limits set and joined under {where_}"
@@ -814,6 +809,33 @@ mod tests {
         ] {
             assert!(names.contains(&name), "{name} missing from {names:?}");
         }
+    }
+
+    /// Where the time goes (printed; `cargo test -p airlock-sandbox --lib preflight --
+    /// --nocapture`).
+    #[test]
+    fn cost_of_each_part() {
+        let t = Instant::now();
+        let ns = namespaces();
+        let t_ns = t.elapsed();
+        let t = Instant::now();
+        let host = CgroupHost::detect();
+        let t_detect = t.elapsed();
+        let t = Instant::now();
+        let cg = host.map_err(|e| chain(&e)).map(|h| cgroup(&h));
+        let t_cg = t.elapsed();
+        println!("cgroup detect {t_detect:?}");
+        let t = Instant::now();
+        let _ = landlock();
+        if !rootless() {
+            let _ = capabilities();
+        }
+        let t_rest = t.elapsed();
+        println!(
+            "namespaces {t_ns:?} ({} verdicts), cgroup {t_cg:?} ({:?}), the rest {t_rest:?}",
+            ns.len(),
+            cg.is_ok()
+        );
     }
 
     #[test]
