@@ -133,62 +133,60 @@ fn run_without_cgroups(stop: bool) -> (Vec<Probe>, bool) {
     (probes, false)
 }
 
-/// `CapEff`/`CapBnd` of /proc/self/status as masks.
-fn capability_sets() -> io::Result<(u64, u64)> {
+/// `CapEff` of /proc/self/status as a mask.
+fn capability_effective() -> io::Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .ok_or_else(|| io::Error::other(format!("no {name} in /proc/self/status")))
-    };
-    Ok((field("CapEff:")?, field("CapBnd:")?))
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or_else(|| io::Error::other("no CapEff in /proc/self/status"))
 }
 
-/// Capabilities root needs: (number, name, where). The supervisor uses the effective set
-/// (uid maps, cgroups, /proc/<init>/root, signals to sandbox uids); init, root in its user
-/// namespace, gets at most the bounding set after its execve.
-const ROOT_CAPS: [(u32, &str, bool, bool); 10] = [
-    // (cap, name, needed effective, needed in the bounding set)
-    (0, "CAP_CHOWN", true, true),
-    (1, "CAP_DAC_OVERRIDE", true, true),
-    (3, "CAP_FOWNER", false, true),
-    (5, "CAP_KILL", true, true),
-    (6, "CAP_SETGID", true, true),
-    (7, "CAP_SETUID", true, true),
-    (8, "CAP_SETPCAP", false, true),
-    (12, "CAP_NET_ADMIN", false, true),
-    (19, "CAP_SYS_PTRACE", true, false),
-    (21, "CAP_SYS_ADMIN", true, true),
+/// The capabilities root needs in its effective set, as measured in a container whose
+/// capabilities were all dropped but these (the container helper's finding: each one's
+/// absence fails every sandbox): CHOWN (the program's pipes), SETUID and SETGID (the
+/// uid and gid maps), SYS_ADMIN (the runtime's seccomp profile allows namespaces only
+/// with it; cgroup mounts), SYS_PTRACE (the sandbox's files reached through
+/// /proc/<init>/root). What init needs inside its own namespace is tried by the
+/// namespace probe itself.
+const ROOT_CAPS: [(u32, &str); 5] = [
+    (0, "CAP_CHOWN"),
+    (6, "CAP_SETGID"),
+    (7, "CAP_SETUID"),
+    (19, "CAP_SYS_PTRACE"),
+    (21, "CAP_SYS_ADMIN"),
 ];
 
 fn capabilities() -> Result<String, Missing> {
-    let (eff, bnd) = capability_sets().map_err(|e| Missing {
+    let eff = capability_effective().map_err(|e| Missing {
         what: format!("the capability sets (reading /proc/self/status: {e})"),
         how: "mount a proc filesystem at /proc".into(),
     })?;
-    for (cap, name, effective, bounding) in ROOT_CAPS {
-        let set = if effective && eff & (1 << cap) == 0 {
-            Some("effective")
-        } else if bounding && bnd & (1 << cap) == 0 {
-            Some("bounding")
-        } else {
-            None
-        };
-        if let Some(set) = set {
-            return Err(Missing {
-                what: format!(
-                    "capability {name} (not in this root process's {set} set, as a container drops it)"
-                ),
-                how: format!(
-                    "give the container {name} (podman/docker --cap-add {}; see docs/container.md)",
-                    name.trim_start_matches("CAP_")
-                ),
-            });
-        }
+    let missing: Vec<&str> = ROOT_CAPS
+        .iter()
+        .filter(|(cap, _)| eff & (1 << cap) == 0)
+        .map(|(_, name)| *name)
+        .collect();
+    if missing.is_empty() {
+        return Ok("root with the capabilities the namespace tier uses".into());
     }
-    Ok("root with the capabilities the namespace tier uses".into())
+    Err(Missing {
+        what: format!(
+            "capabilit{} {} (not in this root process's effective set, as a container drops them)",
+            if missing.len() == 1 { "y" } else { "ies" },
+            missing.join(", ")
+        ),
+        how: format!(
+            "give the container {} (podman/docker {}; see docs/container.md)",
+            missing.join(", "),
+            missing
+                .iter()
+                .map(|n| format!("--cap-add {}", n.trim_start_matches("CAP_")))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    })
 }
 
 fn landlock() -> Result<String, Missing> {
