@@ -298,6 +298,7 @@ fn userns_missing(errno: i32) -> Missing {
 fn try_clone(flags: libc::c_int) -> Result<(), i32> {
     // SAFETY: the child only calls _exit, which is async-signal-safe.
     match unsafe { crate::sys::clone_process(flags as u64, None) } {
+        // SAFETY: in the child, which only leaves at once.
         Ok(None) => unsafe { libc::_exit(0) },
         Ok(Some(c)) => {
             reap(c.pid);
@@ -415,6 +416,7 @@ fn namespaces() -> Vec<(&'static str, Result<String, Missing>)> {
     // the fds above, and ends with _exit: fine in the child of a multi-threaded process.
     let cloned = unsafe { crate::sys::clone_process(all as u64, None) };
     let child = match cloned {
+        // SAFETY: in the child; `probe_child`'s contract is the clone's (see above).
         Ok(None) => unsafe { probe_child(raw) },
         Ok(Some(c)) => c,
         Err(e) => {
@@ -710,6 +712,7 @@ fn cgroup(host: &CgroupHost) -> Result<String, Missing> {
         // SAFETY: the child only calls _exit (async-signal-safe).
         crate::sys::clone_process(0, cg.clone_into_fd().map(|f| f.as_raw_fd()))
     } {
+        // SAFETY: in the child, which only leaves at once.
         Ok(None) => unsafe { libc::_exit(0) },
         Ok(Some(c)) => c,
         Err(e) => {
