@@ -263,7 +263,7 @@ pub enum CgroupError {
     /// This process is not root and its own cgroup is not delegated to it: it may not
     /// create cgroups anywhere, and it never runs a sandbox without them.
     #[error(
-        "no cgroup is delegated to uid {uid}: {dir} (this process's {hierarchy} cgroup) is not owned by and writable for it; {how}"
+        "no cgroup is delegated to uid {uid}: {dir} ({hierarchy}) is not owned by and writable for it; {how}"
     )]
     NotDelegated {
         /// The directory that would have to be delegated.
@@ -779,14 +779,34 @@ fn place(parent: &CgroupParent, hiers: &[Hier], v2: bool, who: Identity) -> Resu
         && hiers.iter().any(|h| {
             h.cgroup2 && h.own.as_ref() == Some(&base_of(h)) && !(who.host_cgroupns && h.own_is_ns_root)
         });
-    // An ordinary user moves its processes in cgroup2 only below a cgroup it may write:
-    // the unified hierarchy of a hybrid host is used only when its own cgroup is inside.
-    let left_out = hiers
-        .iter()
-        .filter(|h| !who.root() && h.cgroup2 && !v2)
-        .filter(|h| !h.own.as_ref().is_some_and(|o| o.starts_with(base_of(h))))
-        .cloned()
-        .collect();
+    // An ordinary user creates cgroups only in directories it owns: the parent must be
+    // one in every hierarchy it needs, and optional hierarchies are used only where it is.
+    // It also moves processes in cgroup2 only below a cgroup it may write: the unified
+    // hierarchy of a hybrid host is used only when its own cgroup is inside the parent.
+    let mut left_out = Vec::new();
+    if !who.root() {
+        for h in hiers {
+            let base = base_of(h);
+            let usable = owned_and_writable(&base, who.euid)
+                && !(h.cgroup2 && !v2 && !h.own.as_ref().is_some_and(|o| o.starts_with(&base)));
+            if usable {
+                continue;
+            }
+            if h.required {
+                return Err(CgroupError::NotDelegated {
+                    dir: base,
+                    hierarchy: h.name.clone(),
+                    uid: who.euid,
+                    how: if v2 { HOW_V2 } else { HOW_V1 },
+                });
+            }
+            // Shown as the directory that was not the user's.
+            left_out.push(Hier {
+                own: Some(base),
+                ..h.clone()
+            });
+        }
+    }
     Ok(Placement {
         bases,
         kind: ParentKind::Explicit,
@@ -1106,7 +1126,14 @@ impl CgroupHost {
         }
         if let Some(m) = cgroup2 {
             let mount = reroot(&m.point);
-            let path = own_path(None);
+            // On v2, a process in a delegated cgroup's `supervisor` leaf was moved there
+            // by airlock (or started from a shell that was moved along): the cgroup it
+            // belongs to is the one above, whose `airlock/` is beside the leaf.
+            let path = own_path(None).map(|p| match p.strip_suffix(SUPERVISOR_DIR) {
+                Some("/") if v2 => "/",
+                Some(above) if v2 && above.ends_with('/') => &above[..above.len() - 1],
+                _ => p,
+            });
             hiers.push(Hier {
                 own: path.and_then(|p| cgroup_dir(&mount, &m.root, p)),
                 mount,
@@ -3137,6 +3164,15 @@ mod tests {
         cg.destroy().expect("destroy");
         assert!(!dir.exists());
         assert_eq!(host.count_sandboxes(), 0);
+
+        // The next airlock started from a process that was moved along (a shell) is in
+        // the leaf: it still belongs to the delegated cgroup, not to a deeper one.
+        let leaf_line = "0::/system.slice/airlock.service/supervisor\n";
+        let host = layout(&tmp, V2, leaf_line, &CgroupParent::Auto, who(0)).expect("layout");
+        assert_eq!(host.parent_dirs(), vec![own.clone()]);
+        let cg = host.create("sb-again", &MIB64).expect("create");
+        assert!(!own.join(SUPERVISOR_DIR).join(SUPERVISOR_DIR).exists());
+        cg.destroy().expect("destroy");
     }
 
     /// An ordinary user's own v2 cgroup, owned by it: delegated. Without memory in its
@@ -3212,6 +3248,9 @@ mod tests {
         assert_eq!(read(&root.join("cgroup.procs")), "");
         assert_eq!(read(&root.join(SUPERVISOR_DIR).join("cgroup.procs")), "7");
         assert_eq!(read(&root.join("cgroup.subtree_control")), "+memory +pids +cpu");
+        // Started from the leaf later: still the namespace's root.
+        let host = layout(&tmp, V2, "0::/supervisor\n", &CgroupParent::Auto, ns).expect("layout");
+        assert_eq!(host.parent_dirs(), vec![root.clone()]);
         // In the host's namespace, the real root cgroup is never "delegated".
         let host = layout(&tmp, V2, "0::/\n", &CgroupParent::Auto, who(0)).expect("layout");
         assert_eq!(host.parent_kind(), &ParentKind::HostRoot);
@@ -3362,6 +3401,24 @@ mod tests {
             );
         }
         cg.destroy().expect("destroy");
+
+        // An ordinary user: the parent must be its own in memory, pids and cpu; the
+        // optional hierarchies are used only where it is (cgroup2 also only around its
+        // own cgroup, which is elsewhere here).
+        let err = layout(&tmp, HYBRID, HYBRID_OWN, &parent, who(USER)).expect_err("not the user's");
+        assert!(matches!(err, CgroupError::NotDelegated { .. }), "{err:?}");
+        for m in ["memory", "pids", "cpu", "unified"] {
+            chown_tree(
+                &tmp.path().join("sys/fs/cgroup").join(m).join("test-parent"),
+                USER,
+            );
+        }
+        let host = layout(&tmp, HYBRID, HYBRID_OWN, &parent, who(USER)).expect("layout");
+        let line = host.describe_parent();
+        assert!(line.contains("not delegated, so not used: cpuacct"), "{line}");
+        assert!(line.contains("freezer") && line.contains("cgroup2"), "{line}");
+        let cg = host.create("sb", &MIB64).expect("create");
+        assert_eq!(cg.paths().count(), 3);
     }
 
     // ---- real cgroups on this host (requires root) ----

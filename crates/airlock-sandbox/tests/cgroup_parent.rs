@@ -247,6 +247,12 @@ fn auto_uses_an_ordinary_users_delegated_cgroups() {
     };
     run_child("delegated");
     run_child("not-delegated");
+    // v1 needs no move of the user's processes: `--cgroup-parent` naming the chowned
+    // directories is enough (a v1 move checks only the mover's euid and the target's
+    // cgroup.procs; cgroup2, which checks the source too, is then left out).
+    if !host.is_v2() {
+        run_child("explicit");
+    }
     // The child removed its sandbox: only the parents (and `airlock/`) are left.
     for dir in &parents {
         let left: Vec<PathBuf> = fs::read_dir(dir.join("airlock"))
@@ -293,7 +299,14 @@ fn child_entry() {
     nix::unistd::setresuid(id, id, id).expect("setresuid");
     assert_eq!(nix::unistd::geteuid().as_raw(), uid);
 
-    let detected = CgroupHost::detect_with(&CgroupParent::Auto);
+    let parent = match mode.as_str() {
+        "explicit" => {
+            let base = dirs[0].file_name().unwrap().to_str().unwrap();
+            CgroupParent::Path(format!("/{base}").into())
+        }
+        _ => CgroupParent::Auto,
+    };
+    let detected = CgroupHost::detect_with(&parent);
     if mode == "not-delegated" {
         let err = detected.expect_err("an ordinary user without a delegated cgroup is refused");
         println!("refused: {err}");
@@ -306,11 +319,21 @@ fn child_entry() {
     let host = detected.expect("detect as the user");
     println!("cgroups: {}", host.describe());
     println!("cgroup parent: {}", host.describe_parent());
-    assert!(
-        matches!(host.parent_kind(), ParentKind::Delegated(why) if why.contains(&format!("uid {uid}"))),
-        "{:?}",
-        host.parent_kind()
-    );
+    if mode == "explicit" {
+        assert_eq!(host.parent_kind(), &ParentKind::Explicit);
+        // cgroup2 cannot be used: this process's own cgroup there is outside the parent.
+        let line = host.describe_parent();
+        assert!(
+            line.contains("not delegated, so not used: ") && line.contains("cgroup2 ("),
+            "{line}"
+        );
+    } else {
+        assert!(
+            matches!(host.parent_kind(), ParentKind::Delegated(why) if why.contains(&format!("uid {uid}"))),
+            "{:?}",
+            host.parent_kind()
+        );
+    }
     host.purge_stale();
     let cg = host.create("test-rootless", &LIMITS).expect("create as the user");
     let paths: Vec<PathBuf> = cg.paths().map(Path::to_owned).collect();
