@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::cgroup::CgroupHost;
+use crate::cgroup::{CgroupError, CgroupHost};
 
 /// One line of the report.
 #[derive(Debug, Clone)]
@@ -61,6 +61,13 @@ pub fn run() -> Vec<Check> {
     let root = is_root();
     let mut checks = preflight_lines(root);
     match CgroupHost::detect() {
+        Err(e @ CgroupError::NotDelegated { .. }) => checks.push(check(
+            "cgroup parent",
+            true,
+            false,
+            e.to_string(),
+            "delegate a cgroup to this user (systemd Delegate=yes, or a v1 directory chowned by root): see docs/cgroups.md",
+        )),
         Err(e) if !root => checks.push(check(
             "cgroups",
             true,
@@ -70,6 +77,9 @@ pub fn run() -> Vec<Check> {
         )),
         Ok(host) => {
             checks.push(check("cgroups", true, true, host.describe(), ""));
+            // Where sandbox cgroups go: under this process's delegated cgroup (so the
+            // limits of its unit or container bound them), or at each hierarchy's root.
+            checks.push(check("cgroup parent", true, true, host.describe_parent(), ""));
             checks.push(check(
                 "cgroup.kill",
                 false,

@@ -133,62 +133,60 @@ fn run_without_cgroups(stop: bool) -> (Vec<Probe>, bool) {
     (probes, false)
 }
 
-/// `CapEff`/`CapBnd` of /proc/self/status as masks.
-fn capability_sets() -> io::Result<(u64, u64)> {
+/// `CapEff` of /proc/self/status as a mask.
+fn capability_effective() -> io::Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .ok_or_else(|| io::Error::other(format!("no {name} in /proc/self/status")))
-    };
-    Ok((field("CapEff:")?, field("CapBnd:")?))
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or_else(|| io::Error::other("no CapEff in /proc/self/status"))
 }
 
-/// Capabilities root needs: (number, name, where). The supervisor uses the effective set
-/// (uid maps, cgroups, /proc/<init>/root, signals to sandbox uids); init, root in its user
-/// namespace, gets at most the bounding set after its execve.
-const ROOT_CAPS: [(u32, &str, bool, bool); 10] = [
-    // (cap, name, needed effective, needed in the bounding set)
-    (0, "CAP_CHOWN", true, true),
-    (1, "CAP_DAC_OVERRIDE", true, true),
-    (3, "CAP_FOWNER", false, true),
-    (5, "CAP_KILL", true, true),
-    (6, "CAP_SETGID", true, true),
-    (7, "CAP_SETUID", true, true),
-    (8, "CAP_SETPCAP", false, true),
-    (12, "CAP_NET_ADMIN", false, true),
-    (19, "CAP_SYS_PTRACE", true, false),
-    (21, "CAP_SYS_ADMIN", true, true),
+/// The capabilities root needs in its effective set, as measured in a container whose
+/// capabilities were all dropped but these (the container helper's finding: each one's
+/// absence fails every sandbox): CHOWN (the program's pipes), SETUID and SETGID (the
+/// uid and gid maps), SYS_ADMIN (the runtime's seccomp profile allows namespaces only
+/// with it; cgroup mounts), SYS_PTRACE (the sandbox's files reached through
+/// /proc/<init>/root). What init needs inside its own namespace is tried by the
+/// namespace probe itself.
+const ROOT_CAPS: [(u32, &str); 5] = [
+    (0, "CAP_CHOWN"),
+    (6, "CAP_SETGID"),
+    (7, "CAP_SETUID"),
+    (19, "CAP_SYS_PTRACE"),
+    (21, "CAP_SYS_ADMIN"),
 ];
 
 fn capabilities() -> Result<String, Missing> {
-    let (eff, bnd) = capability_sets().map_err(|e| Missing {
+    let eff = capability_effective().map_err(|e| Missing {
         what: format!("the capability sets (reading /proc/self/status: {e})"),
         how: "mount a proc filesystem at /proc".into(),
     })?;
-    for (cap, name, effective, bounding) in ROOT_CAPS {
-        let set = if effective && eff & (1 << cap) == 0 {
-            Some("effective")
-        } else if bounding && bnd & (1 << cap) == 0 {
-            Some("bounding")
-        } else {
-            None
-        };
-        if let Some(set) = set {
-            return Err(Missing {
-                what: format!(
-                    "capability {name} (not in this root process's {set} set, as a container drops it)"
-                ),
-                how: format!(
-                    "give the container {name} (podman/docker --cap-add {}; see docs/container.md)",
-                    name.trim_start_matches("CAP_")
-                ),
-            });
-        }
+    let missing: Vec<&str> = ROOT_CAPS
+        .iter()
+        .filter(|(cap, _)| eff & (1 << cap) == 0)
+        .map(|(_, name)| *name)
+        .collect();
+    if missing.is_empty() {
+        return Ok("root with the capabilities the namespace tier uses".into());
     }
-    Ok("root with the capabilities the namespace tier uses".into())
+    Err(Missing {
+        what: format!(
+            "capabilit{} {} (not in this root process's effective set, as a container drops them)",
+            if missing.len() == 1 { "y" } else { "ies" },
+            missing.join(", ")
+        ),
+        how: format!(
+            "give the container {} (podman/docker {}; see docs/container.md)",
+            missing.join(", "),
+            missing
+                .iter()
+                .map(|n| format!("--cap-add {}", n.trim_start_matches("CAP_")))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    })
 }
 
 fn landlock() -> Result<String, Missing> {
@@ -300,6 +298,7 @@ fn userns_missing(errno: i32) -> Missing {
 fn try_clone(flags: libc::c_int) -> Result<(), i32> {
     // SAFETY: the child only calls _exit, which is async-signal-safe.
     match unsafe { crate::sys::clone_process(flags as u64, None) } {
+        // SAFETY: in the child, which only leaves at once.
         Ok(None) => unsafe { libc::_exit(0) },
         Ok(Some(c)) => {
             reap(c.pid);
@@ -417,6 +416,7 @@ fn namespaces() -> Vec<(&'static str, Result<String, Missing>)> {
     // the fds above, and ends with _exit: fine in the child of a multi-threaded process.
     let cloned = unsafe { crate::sys::clone_process(all as u64, None) };
     let child = match cloned {
+        // SAFETY: in the child; `probe_child`'s contract is the clone's (see above).
         Ok(None) => unsafe { probe_child(raw) },
         Ok(Some(c)) => c,
         Err(e) => {
@@ -702,27 +702,24 @@ fn cgroup(host: &CgroupHost) -> Result<String, Missing> {
     let cg = host
         .create(&id, &limits)
         .map_err(|e| cgroup_missing(&chain(&e)))?;
-    // A process to move in, as a sandbox's init is moved: a child that waits on a pipe.
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cgroup_missing(&chain(&e)))?;
-    let raw_r = r.as_raw_fd();
-    let raw_w = w.as_raw_fd();
-    // SAFETY: the child only calls close, read and _exit (async-signal-safe).
-    let child = match unsafe { crate::sys::clone_process(0, cg.clone_into_fd().map(|f| f.as_raw_fd())) } {
-        Ok(None) => unsafe {
-            libc::close(raw_w);
-            let mut b = 0u8;
-            libc::read(raw_r, (&mut b as *mut u8).cast(), 1);
-            libc::_exit(0)
-        },
+    // A process born in it, as a sandbox's init is (`CLONE_INTO_CGROUP` into its
+    // cgroup2 directory, which checks the permissions a move would: v2's rule that the
+    // writer may write the common ancestor's cgroup.procs). Moving it into the v1
+    // directories as well would cost a RCU grace period (about 12 ms here) and check
+    // nothing more: a v1 directory this process could make and limit is one it may put
+    // its own processes in.
+    let child = match unsafe {
+        // SAFETY: the child only calls _exit (async-signal-safe).
+        crate::sys::clone_process(0, cg.clone_into_fd().map(|f| f.as_raw_fd()))
+    } {
+        // SAFETY: in the child, which only leaves at once.
+        Ok(None) => unsafe { libc::_exit(0) },
         Ok(Some(c)) => c,
         Err(e) => {
             let _ = cg.destroy();
-            return Err(cgroup_missing(&format!("cloning a process into it: {e}")));
+            return Err(cgroup_missing(&format!("starting a process in it: {e}")));
         }
     };
-    drop(r);
-    let attached = cg.attach(child.pid, child.in_cgroup);
-    drop(w);
     reap(child.pid);
     let where_ = cg
         .paths()
@@ -732,7 +729,6 @@ fn cgroup(host: &CgroupHost) -> Result<String, Missing> {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let destroyed = cg.destroy();
-    attached.map_err(|e| cgroup_missing(&chain(&e)))?;
     destroyed.map_err(|e| cgroup_missing(&format!("removing it: {}", chain(&e))))?;
     Ok(format!(
         "memory, pids and cpu limits set and joined under {where_}"
@@ -814,6 +810,33 @@ mod tests {
         ] {
             assert!(names.contains(&name), "{name} missing from {names:?}");
         }
+    }
+
+    /// Where the time goes (printed; `cargo test -p airlock-sandbox --lib preflight --
+    /// --nocapture`).
+    #[test]
+    fn cost_of_each_part() {
+        let t = Instant::now();
+        let ns = namespaces();
+        let t_ns = t.elapsed();
+        let t = Instant::now();
+        let host = CgroupHost::detect();
+        let t_detect = t.elapsed();
+        let t = Instant::now();
+        let cg = host.map_err(|e| chain(&e)).map(|h| cgroup(&h));
+        let t_cg = t.elapsed();
+        println!("cgroup detect {t_detect:?}");
+        let t = Instant::now();
+        let _ = landlock();
+        if !rootless() {
+            let _ = capabilities();
+        }
+        let t_rest = t.elapsed();
+        println!(
+            "namespaces {t_ns:?} ({} verdicts), cgroup {t_cg:?} ({:?}), the rest {t_rest:?}",
+            ns.len(),
+            cg.is_ok()
+        );
     }
 
     #[test]
