@@ -37,8 +37,13 @@ if own_namespace; then
     # Hybrid host (v1 controllers on a tmpfs): the unified hierarchy too.
     if [ "$(stat -f -c %T /sys/fs/cgroup)" = tmpfs ] && ! mountpoint -q /sys/fs/cgroup/unified \
         && grep -qw cgroup2 /proc/filesystems; then
+        # The engine's tmpfs is mode 0555: root needs CAP_DAC_OVERRIDE to add a directory,
+        # or, as its owner, a chmod (no capability) around the mkdir.
+        mode="$(stat -c %a /sys/fs/cgroup)"
+        chmod u+w /sys/fs/cgroup 2>/dev/null
         mkdir -p /sys/fs/cgroup/unified 2>/dev/null \
-            && mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 /sys/fs/cgroup/unified 2>/dev/null || true
+            && mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 /sys/fs/cgroup/unified 2>/dev/null
+        chmod "$mode" /sys/fs/cgroup 2>/dev/null || true
     fi
 fi
 
