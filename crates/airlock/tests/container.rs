@@ -638,6 +638,34 @@ fn daemon_in_container_runs_sandboxes_and_leaves_nothing() {
         .get(&format!("/v1/sandboxes/{id}/files?path=out.txt"))
         .expect(200);
     assert_eq!(got.body, b"made\n");
+    // Files only the sandbox's user may read, in a directory only it may enter: the daemon
+    // reaches them without CAP_DAC_OVERRIDE.
+    let v = client
+        .session_exec(
+            &id,
+            &json!({"cmd": ["sh", "-c", "umask 077; mkdir private; echo mine > private/secret"]}),
+        )
+        .expect(200)
+        .json();
+    ok_stdout(&v);
+    let got = client
+        .get(&format!("/v1/sandboxes/{id}/files?path=private/secret"))
+        .expect(200);
+    assert_eq!(got.body, b"mine\n");
+    client
+        .put(
+            &format!("/v1/sandboxes/{id}/files?path=private/new.txt"),
+            b"put\n",
+        )
+        .expect(204);
+    let v = client
+        .session_exec(
+            &id,
+            &json!({"cmd": ["sh", "-c", "cat private/new.txt; stat -c %a private private/secret"]}),
+        )
+        .expect(200)
+        .json();
+    assert_eq!(ok_stdout(&v), "put\n700\n600\n");
     // Its cgroup is the container's: below the container's own cgroup on the host.
     let during = sandbox_dirs(&cgroup);
     assert!(!during.is_empty(), "no sandbox cgroup below {cgroup}");
