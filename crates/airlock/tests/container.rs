@@ -666,9 +666,13 @@ fn daemon_in_container_runs_sandboxes_and_leaves_nothing() {
         .expect(200)
         .json();
     assert_eq!(ok_stdout(&v), "put\n700\n600\n");
-    // Its cgroup is the container's: below the container's own cgroup on the host.
+    // Its cgroup (named by its id) is below the container's own cgroup on the host.
     let during = sandbox_dirs(&cgroup);
-    assert!(!during.is_empty(), "no sandbox cgroup below {cgroup}");
+    let named = |dirs: &BTreeSet<PathBuf>| dirs.iter().filter(|d| d.ends_with(&id)).count();
+    assert!(
+        named(&during) > 0,
+        "no cgroup of session {id} below {cgroup}: {during:?}"
+    );
 
     // Limits: the memory cap ends in oom, the pids cap stops a fork loop.
     let v = client.exec_ok(&json!({
@@ -695,6 +699,14 @@ fn daemon_in_container_runs_sandboxes_and_leaves_nothing() {
     // Deleting the session removes its cgroup.
     client.delete(&format!("/v1/sandboxes/{id}")).expect(204);
     client.get(&format!("/v1/sandboxes/{id}")).api_error(404);
+    let removed = poll(Duration::from_secs(10), || {
+        (named(&sandbox_dirs(&cgroup)) == 0).then_some(())
+    });
+    assert!(
+        removed.is_some(),
+        "session {id}'s cgroups are left: {:?}",
+        sandbox_dirs(&cgroup)
+    );
 
     // Stop: the daemon purges, runc removes the container's cgroup; nothing is left.
     c.stop();
