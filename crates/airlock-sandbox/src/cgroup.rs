@@ -735,6 +735,11 @@ fn owned_and_writable(dir: &Path, euid: u32) -> bool {
 
 /// Whether this process may write in `dir` (a read-only mount says no).
 fn writable(dir: &Path) -> bool {
+    may_create_in(dir).is_ok()
+}
+
+/// `faccessat(dir, W_OK|X_OK, AT_EACCESS)`: whether this euid may create entries in `dir`.
+fn may_create_in(dir: &Path) -> io::Result<()> {
     use nix::unistd::{AccessFlags, faccessat};
     faccessat(
         nix::fcntl::AT_FDCWD,
@@ -742,7 +747,7 @@ fn writable(dir: &Path) -> bool {
         AccessFlags::W_OK | AccessFlags::X_OK,
         nix::fcntl::AtFlags::AT_EACCESS,
     )
-    .is_ok()
+    .map_err(io::Error::from)
 }
 
 /// Decides where sandboxes go in each of `hiers` (see [`CgroupParent`] and the module
@@ -1361,6 +1366,27 @@ impl CgroupHost {
             });
         }
         slots
+    }
+
+    /// Whether sandboxes can be created here, without creating one (for preflight checks
+    /// and `doctor`): every controller that enforces the limits is offered where sandboxes
+    /// go, and this process may create directories in each parent (or, for a parent still
+    /// to be made, in its nearest existing ancestor). The error is the one
+    /// [`CgroupHost::create`] would return.
+    pub fn check_usable(&self) -> Result<(), CgroupError> {
+        self.check_controllers()?;
+        for slot in self.plan() {
+            let existing = slot
+                .base
+                .ancestors()
+                .find(|dir| dir.is_dir())
+                .unwrap_or(&slot.mount);
+            may_create_in(existing).map_err(|source| CgroupError::Mkdir {
+                path: slot.base.join(AIRLOCK_DIR),
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     /// Fails unless every controller we enforce limits with is available.
@@ -3211,6 +3237,13 @@ mod tests {
             host.parent_kind(),
             &ParentKind::Delegated(format!("{} is owned by uid {USER}", own.display()))
         );
+        assert!(matches!(
+            host.check_usable(),
+            Err(CgroupError::MissingController {
+                controller: "memory",
+                ..
+            })
+        ));
         let err = host.create("sb", &MIB64).expect_err("memory is not delegated");
         assert!(
             matches!(&err, CgroupError::MissingController { controller: "memory", detail }
