@@ -1277,6 +1277,9 @@ impl CgroupHost {
                     root.display()
                 )
             }
+            None if self.placement.left_out.iter().any(|h| h.cgroup2) => {
+                format!("v1: {}; cgroup2 not used (not delegated)", have.join(", "))
+            }
             None => format!("v1: {}; no cgroup2", have.join(", ")),
         };
         if !missing.is_empty() {
@@ -3450,6 +3453,10 @@ mod tests {
         let line = host.describe_parent();
         assert!(line.contains("not delegated, so not used: cpuacct"), "{line}");
         assert!(line.contains("freezer") && line.contains("cgroup2"), "{line}");
+        assert_eq!(
+            host.describe(),
+            "v1: memory, pids, cpu; cgroup2 not used (not delegated)"
+        );
         let cg = host.create("sb", &MIB64).expect("create");
         assert_eq!(cg.paths().count(), 3);
     }
