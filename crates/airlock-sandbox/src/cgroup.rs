@@ -3668,6 +3668,40 @@ mod tests {
         }
     }
 
+    /// The move out of a delegated v2 cgroup, on this host's cgroup2: every process of a
+    /// test-made cgroup ends up in its `supervisor` leaf, and the cgroup is left empty.
+    #[test]
+    fn real_evacuate_moves_every_process_to_the_leaf() {
+        let host = real_host();
+        let Some(mount) = host.cgroup2.clone() else {
+            return;
+        };
+        let dir = mount.join(format!("airlock-test-evacuate-{}", std::process::id()));
+        fs::create_dir(&dir).expect("mkdir");
+        let mut child = gated("sleep 30 & sleep 30 & wait", "sh");
+        write_file(&dir.join("cgroup.procs"), &child.id().to_string()).expect("join");
+        open_gate(&mut child);
+        wait_until("two sleeps", || {
+            read_pids(&dir.join("cgroup.procs")).is_ok_and(|p| p.len() == 3)
+        });
+        let mut moved = read_pids(&dir.join("cgroup.procs")).unwrap();
+        moved.sort_unstable();
+        host.evacuate(&dir, &mount).expect("evacuate");
+        let leaf = dir.join(SUPERVISOR_DIR);
+        assert_eq!(read_pids(&dir.join("cgroup.procs")).unwrap(), Vec::<i32>::new());
+        let mut in_leaf = read_pids(&leaf.join("cgroup.procs")).unwrap();
+        in_leaf.sort_unstable();
+        assert_eq!(in_leaf, moved);
+        let _ = fs::write(leaf.join("cgroup.kill"), "1");
+        let _ = child.kill();
+        let _ = child.wait();
+        wait_until("leaf empty", || {
+            read_pids(&leaf.join("cgroup.procs")).is_ok_and(|p| p.is_empty())
+        });
+        fs::remove_dir(&leaf).expect("rmdir leaf");
+        fs::remove_dir(&dir).expect("rmdir");
+    }
+
     /// Dropping a cgroup with a live process kills it and removes every directory.
     #[test]
     fn real_drop_kills_and_removes() {
