@@ -28,7 +28,11 @@
 //!   `memory`, `pids` and `cpu` cgroups below their roots.
 //! - **root**: `<hierarchy root>/airlock/...`, as before parents existed.
 //! - **PATH**: the cgroup PATH (e.g. `/airlock.slice`) in every hierarchy, created when
-//!   missing (and never removed: it is the operator's).
+//!   missing (and never removed: it is the operator's). For a non-root process it must be
+//!   its own in `memory`, `pids` and `cpu`; the optional hierarchies are used where it is.
+//!
+//! On v2, a process in the `supervisor` leaf of a cgroup (see below) counts as in that
+//! cgroup, so a later airlock started from a moved process finds the same parent.
 //!
 //! [`CgroupHost::describe_parent`] says which, for `airlock doctor`.
 //!
@@ -142,8 +146,8 @@ const HOW_V2: &str = "run airlock in a cgroup delegated to you, e.g. `systemd-ru
      or a systemd unit with Delegate=yes (see docs/cgroups.md)";
 /// How an ordinary user gets a delegated cgroup on v1 (root makes it).
 const HOW_V1: &str = "as root, make a directory in each of the memory, pids and cpu hierarchies (and cpuacct, \
-     freezer, unified where mounted), `chown -R` it to this user, and move the user's shell into it \
-     (`echo $$ > DIR/cgroup.procs` in each); see docs/cgroups.md";
+     freezer, unified where mounted) and `chown -R` it to this user; then move the user's shell into it \
+     (`echo $$ > DIR/cgroup.procs` in each), or pass `--cgroup-parent /DIR`; see docs/cgroups.md";
 
 /// Where sandbox cgroups go in each hierarchy (`--cgroup-parent`; see the module docs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
