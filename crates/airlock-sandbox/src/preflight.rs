@@ -731,7 +731,7 @@ fn cgroup(host: &CgroupHost) -> Result<String, Missing> {
     let destroyed = cg.destroy();
     destroyed.map_err(|e| cgroup_missing(&format!("removing it: {}", chain(&e))))?;
     Ok(format!(
-        "memory, pids and cpu limits set and joined under {where_}"
+        "memory, pids and cpu limits set under {where_}, a process started in it"
     ))
 }
 
