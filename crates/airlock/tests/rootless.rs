@@ -629,3 +629,41 @@ fn as_a_user_without_user_namespaces_airlock_refuses_naming_them() {
     assert!(out.stdout.is_empty());
     assert_doctor_says_the_same(&user, Some(&cg), &bin, &prefix, &line);
 }
+
+/// The preflight as root, in a mount namespace of its own whose /proc has a path mounted
+/// over it as a container runtime masks /proc/keys: the kernel refuses a new proc in a
+/// user namespace then, and airlock says so, naming the masked path, before any sandbox.
+#[test]
+fn a_masked_proc_is_named() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/proc/keys").exists() {
+        eprintln!("NOTE: skipped: needs root and /proc/keys");
+        return;
+    }
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount --bind /dev/null /proc/keys && exec \"$@\"",
+            "masked",
+            env!("CARGO_BIN_EXE_airlock"),
+            "run",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare");
+    let line = refusal(&out);
+    assert!(
+        line.starts_with(
+            "airlock: cannot isolate: proc in a new pid namespace (mount: Operation not permitted"
+        ),
+        "{line}"
+    );
+    assert!(line.contains("/proc/keys"), "{line}");
+    assert!(line.contains("unmask"), "{line}");
+}
