@@ -264,10 +264,10 @@ impl Drop for TunMode {
     }
 }
 
-/// Runs `args` as `user`: a root shell first places itself in the delegated cgroup (when
-/// given), then becomes the user (no supplementary groups) and execs. Killed after
-/// `within` (a refusal that did not come must not hang the suite).
-fn as_user(user: &TestUser, cgroup: Option<&Delegated>, args: &[&str], within: Duration) -> Output {
+/// The command that runs `args` as `user`: a root shell first places itself in the
+/// delegated cgroup (when given), then becomes the user (no supplementary groups) and
+/// execs (so the child's pid is the program's).
+fn user_command(user: &TestUser, cgroup: Option<&Delegated>, args: &[&str]) -> Command {
     let script = r#"for f in $AIRLOCK_TEST_PROCS; do echo $$ > "$f" || exit 97; done
 exec setpriv --reuid="$AIRLOCK_TEST_UID" --regid="$AIRLOCK_TEST_GID" --clear-groups -- "$@""#;
     let mut cmd = Command::new("sh");
@@ -286,7 +286,13 @@ exec setpriv --reuid="$AIRLOCK_TEST_UID" --regid="$AIRLOCK_TEST_GID" --clear-gro
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawning sh");
+    cmd
+}
+
+/// Runs `args` as `user` (see [`user_command`]). Killed after `within` (a refusal that
+/// did not come must not hang the suite).
+fn as_user(user: &TestUser, cgroup: Option<&Delegated>, args: &[&str], within: Duration) -> Output {
+    let mut child = user_command(user, cgroup, args).spawn().expect("spawning sh");
     let mut stdout = child.stdout.take().expect("stdout");
     let mut stderr = child.stderr.take().expect("stderr");
     let out_reader = std::thread::spawn(move || {
@@ -677,4 +683,91 @@ fn a_masked_proc_is_named() {
     );
     assert!(line.contains("/proc/keys"), "{line}");
     assert!(line.contains("unmask"), "{line}");
+}
+
+/// The daemon as the user, with a delegated cgroup: its sandboxes are cloned by the zygote
+/// (no exec of init), and a one-shot exec and a session's exec and file read answer as
+/// root's do. SIGTERM stops it.
+#[test]
+fn as_a_user_with_a_delegated_cgroup_the_daemon_serves() {
+    use std::io::{BufRead, BufReader, Write};
+    skip_unless_able!();
+    let user = TestUser::new("s");
+    let bin = BinCopy::new("s");
+    let cg = Delegated::new(&user);
+    let exe = bin.bin.to_str().expect("utf-8");
+    let mut child = user_command(&user, Some(&cg), &[exe, "serve", "--listen", "127.0.0.1:0"])
+        .spawn()
+        .expect("spawning serve");
+    /// SIGTERM to the daemon (our child, by pid) and a wait, on every path.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            // SAFETY: kill with our own child's pid and a signal number.
+            unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while self.0.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().expect("stdout");
+    let mut daemon = Stop(child);
+    let mut first = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut first)
+        .expect("reading serve's stdout");
+    let Some(addr) = first.trim().strip_prefix("airlock: listening on http://") else {
+        let mut err = String::new();
+        let _ = daemon.0.stderr.take().map(|mut e| e.read_to_string(&mut err));
+        panic!("serve did not start: {first:?} {err}");
+    };
+    let addr = addr.to_owned();
+    let request = |method: &str, path: &str, body: &str| -> (u16, String) {
+        let mut conn = std::net::TcpStream::connect(&addr).expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        write!(
+            conn,
+            "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).expect("read");
+        let status = reply.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = reply
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    };
+    let (code, body) = request(
+        "POST",
+        "/v1/exec",
+        r#"{"cmd":["sh","-c","id -u; grep CapEff /proc/self/status"]}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(stdout_of(&v), "1000\nCapEff:\t0000000000000000\n", "{v}");
+
+    let (code, body) = request("POST", "/v1/sandboxes", r#"{"ttl_s":60}"#);
+    assert_eq!(code, 201, "{body}");
+    let id = serde_json::from_str::<Value>(&body).expect("JSON")["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let (code, body) = request(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        r#"{"cmd":["sh","-c","echo kept > /workspace/a; id -u"]}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(stdout_of(&serde_json::from_str(&body).expect("JSON")), "1000\n");
+    let (code, body) = request("GET", &format!("/v1/sandboxes/{id}/files?path=a"), "");
+    assert_eq!((code, body.as_str()), (200, "kept\n"));
+    let (code, _) = request("DELETE", &format!("/v1/sandboxes/{id}"), "");
+    assert!((200..300).contains(&code), "delete: {code}");
 }
