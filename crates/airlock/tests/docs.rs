@@ -112,8 +112,14 @@ fn every_shell_block_names_the_test_that_runs_it() {
             let not_run = prev.starts_with("<!-- not run:") && prev.ends_with("-->") && prev.len() > 20;
             if not_run && file == "docs/benchmarks.md" {
                 // Not run, but not stale either: the scripts it names exist.
-                let block = text.lines().skip(line).take_while(|l| !l.trim_start().starts_with("```"));
-                for word in block.flat_map(str::split_whitespace).filter(|w| w.starts_with("bench/")) {
+                let block = text
+                    .lines()
+                    .skip(line)
+                    .take_while(|l| !l.trim_start().starts_with("```"));
+                for word in block
+                    .flat_map(str::split_whitespace)
+                    .filter(|w| w.starts_with("bench/"))
+                {
                     if !repo_root().join(word).exists() {
                         problems.push(format!("{file}:{line}: {word} does not exist"));
                     }
