@@ -40,9 +40,9 @@ def type_of(schema):
         name = ref_name(schema["$ref"])
         kind = "response" if "/responses/" in schema["$ref"] else "schema"
         return f"[{name}](#{anchor(kind, name)})"
-    for key in ("oneOf", "anyOf"):
+    for key in ("oneOf", "anyOf", "allOf"):
         if key in schema:
-            return " or ".join(type_of(s) for s in schema[key])
+            return (" and " if key == "allOf" else " or ").join(type_of(s) for s in schema[key])
     t = schema.get("type")
     if isinstance(t, list):
         parts = [x for x in t if x != "null"]
@@ -51,7 +51,7 @@ def type_of(schema):
     if t == "array":
         return "array of " + (type_of(schema.get("items")) or "any")
     if "enum" in schema:
-        return " \\| ".join(f"`{json.dumps(v)}`" for v in schema["enum"])
+        return " | ".join(f"`{json.dumps(v)}`" for v in schema["enum"])
     if "const" in schema:
         return f"`{json.dumps(schema['const'])}`"
     if t == "object" and "additionalProperties" in schema and isinstance(schema["additionalProperties"], dict):
@@ -103,29 +103,69 @@ def operation(lines, path, method, op, shared_params):
     lines.append("")
 
 
+def inline_object(schema):
+    """The inline object schema (with properties) that `schema` is, or holds as array items or
+    as a nullable alternative; None for a `$ref` or a scalar."""
+    if not isinstance(schema, dict) or "$ref" in schema:
+        return None
+    if "properties" in schema:
+        return schema
+    if isinstance(schema.get("items"), dict):
+        return inline_object(schema["items"])
+    for key in ("oneOf", "anyOf"):
+        for alt in schema.get(key, []):
+            found = inline_object(alt)
+            if found:
+                return found
+    return None
+
+
+def property_rows(lines, schema, prefix=""):
+    """One table row per property, and rows for the properties of inline objects under it
+    (`error.code`, `results[].kind`)."""
+    required = set(schema.get("required", []))
+    for pname, p in schema.get("properties", {}).items():
+        lines.append(f"| `{prefix}{pname}` | {cell(type_of(p))} | {'yes' if pname in required else 'no'} | "
+                     f"{cell(bounds(p))} | {cell(p.get('description', ''))} |")
+        inner = inline_object(p)
+        if inner:
+            suffix = "[]." if p.get("type") == "array" else "."
+            property_rows(lines, inner, prefix + pname + suffix)
+
+
+def property_table(lines, schema):
+    lines += ["| property | type | required | bounds, default | description |", "|---|---|---|---|---|"]
+    property_rows(lines, schema)
+    lines.append("")
+
+
 def schema_section(lines, name, schema, kind="schema"):
     lines += [f"### {name}", "", f"<a id=\"{anchor(kind, name)}\"></a>", ""]
     if schema.get("description"):
         lines += [schema["description"], ""]
-    props = schema.get("properties")
-    if props:
-        required = set(schema.get("required", []))
-        lines += ["| property | type | required | bounds, default | description |", "|---|---|---|---|---|"]
-        for pname, p in props.items():
-            lines.append(f"| `{pname}` | {cell(type_of(p))} | {'yes' if pname in required else 'no'} | "
-                         f"{cell(bounds(p))} | {cell(p.get('description', ''))} |")
-        lines.append("")
-    else:
+    if schema.get("properties"):
+        property_table(lines, schema)
+    for key in ("oneOf", "anyOf"):
+        alts = schema.get(key, [])
+        if not alts:
+            continue
+        lines += [("One of:" if key == "oneOf" else "Any of:"), ""]
+        for i, alt in enumerate(alts):
+            label = alt.get("title")
+            if not label and "type" not in alt and "$ref" not in alt and alt.get("required"):
+                label = "with " + ", ".join(f"`{r}`" for r in alt["required"])
+            label = label or type_of(alt) or f"form {i + 1}"
+            lines += [f"#### {name}: {label}", ""]
+            if alt.get("description"):
+                lines += [alt["description"], ""]
+            if alt.get("properties"):
+                property_table(lines, alt)
+            elif "$ref" not in alt and alt.get("type") not in (None, "object"):
+                lines += [f"Type: {type_of(alt)}.", ""]
+    if not schema.get("properties") and not any(k in schema for k in ("oneOf", "anyOf")):
         t = type_of(schema)
         if t and t != "object":
             lines += [f"Type: {t}.", ""]
-    for key in ("oneOf", "anyOf"):
-        for i, alt in enumerate(schema.get(key, [])):
-            label = alt.get("title") or type_of(alt)
-            lines.append(f"- {'one of' if key == 'oneOf' else 'any of'}: {cell(label)}"
-                         + (f": {cell(alt['description'])}" if alt.get("description") else ""))
-            if i == len(schema[key]) - 1:
-                lines.append("")
 
 
 def render(doc):
