@@ -14,6 +14,8 @@
 //! Every piece of host state the tests make (the account, the cgroup directories, the
 //! binary's copy) has a drop guard that removes it on every path, failures included.
 
+mod common;
+
 use serde_json::Value;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -770,4 +772,79 @@ fn as_a_user_with_a_delegated_cgroup_the_daemon_serves() {
     assert_eq!((code, body.as_str()), (200, "kept\n"));
     let (code, _) = request("DELETE", &format!("/v1/sandboxes/{id}"), "");
     assert!((200..300).contains(&code), "delete: {code}");
+}
+
+/// docs/cgroups.md's v1 delegation block, as typed but for the user's name (`U=alice` is
+/// the reader's own account; here it is the test's), run as root; then the user runs a
+/// sandbox with `--cgroup-parent /airlock-<user>` without being moved there, and the
+/// sandbox's cgroup is made under those directories (the memory limit written there by
+/// root bounds it).
+#[test]
+fn docs_cgroups_v1_delegation_block_runs_as_typed() {
+    skip_unless_able!();
+    let user = TestUser::new("b");
+    let bin = BinCopy::new("b");
+    let block = common::docs::doc_shell_block("docs/cgroups.md", "## Delegating a cgroup");
+    assert!(
+        block.starts_with("U=alice;"),
+        "the block's first line changed: {block}"
+    );
+    let script = block.replacen("U=alice;", &format!("U={};", user.name), 1);
+    let n = format!("airlock-{}", user.name);
+    // Removed on every path, even when the block fails half-way.
+    struct Dirs(Vec<PathBuf>);
+    impl Drop for Dirs {
+        fn drop(&mut self) {
+            for d in &self.0 {
+                remove_cgroup_tree(d);
+            }
+        }
+    }
+    let dirs = Dirs(
+        ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"]
+            .iter()
+            .map(|h| Path::new("/sys/fs/cgroup").join(h).join(&n))
+            .collect(),
+    );
+    let out = Command::new("sh").args(["-ec", &script]).output().expect("sh");
+    assert!(
+        out.status.success(),
+        "the block failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let memory = dirs.0[0].clone();
+    assert!(memory.is_dir(), "the block made no {}", memory.display());
+    // What root may then write there bounds all the user's sandboxes.
+    std::fs::write(memory.join("memory.limit_in_bytes"), "64M").expect("a limit on the parent");
+    let parent = format!("/{n}");
+    let mut args = vec![
+        bin.bin.to_str().expect("utf-8"),
+        "run",
+        "--json",
+        "--cgroup-parent",
+        &parent,
+        "--memory",
+        "256M",
+        "--",
+    ];
+    let r = {
+        args.extend_from_slice(&["id", "-u"]);
+        let out = as_user(&user, None, &args, RUN_WITHIN);
+        assert!(
+            out.status.success(),
+            "exit {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).expect("JSON")
+    };
+    assert_eq!(stdout_of(&r).trim(), "1000", "{r}");
+    // 150 MiB under a 64 MiB parent: the parent's limit ends it, not the sandbox's 256M.
+    args.truncate(args.len() - 2);
+    args.extend_from_slice(&["python3", "-c", "b = bytearray(150 << 20); print('survived')"]);
+    let out = as_user(&user, None, &args, RUN_WITHIN);
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(r["outcome"], "oom", "{r}");
+    drop(dirs);
 }
