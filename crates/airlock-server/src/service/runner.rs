@@ -251,7 +251,8 @@ pub async fn in_session(
     spec: Spec,
     stream: Option<mpsc::Sender<StreamEvent>>,
 ) -> Result<ExecResponse, ApiError> {
-    if *state.stopping.borrow() {
+    // A draining node's sessions keep working; only a closing one refuses.
+    if *state.closing.borrow() {
         return Err(ApiError::shutting_down());
     }
     detached(move |gone| async move { in_session_task(&state, &key, session, spec, gone, stream).await })
