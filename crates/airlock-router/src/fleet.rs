@@ -290,7 +290,18 @@ mod tests {
                 Peer::Static("[::1]:9".into()),
             ]
         );
-        for bad in ["", ",", "host", "host:", "host:0", "host:99999", "dns:x", ":80", "dns::80", "a b:80"] {
+        for bad in [
+            "",
+            ",",
+            "host",
+            "host:",
+            "host:0",
+            "host:99999",
+            "dns:x",
+            ":80",
+            "dns::80",
+            "a b:80",
+        ] {
             assert!(parse_peers(bad).is_err(), "{bad:?} was accepted");
         }
     }

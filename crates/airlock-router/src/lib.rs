@@ -39,8 +39,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use fleet::{Peer, parse_peers};
 use fleet::{Fleet, Status};
+pub use fleet::{Peer, parse_peers};
 use route::{Own, Route};
 
 /// The most of a request body the router holds to send it again to another node (new
@@ -316,7 +316,8 @@ impl Router {
     async fn resolve(&self) {
         let lookups = self.config.peers.iter().map(|peer| async move {
             let name = peer.lookup();
-            let found = tokio::time::timeout(self.config.poll_timeout, tokio::net::lookup_host(name.clone())).await;
+            let found =
+                tokio::time::timeout(self.config.poll_timeout, tokio::net::lookup_host(name.clone())).await;
             (name, found)
         });
         let results = futures_util::future::join_all(lookups).await;
@@ -329,8 +330,12 @@ impl Router {
                     addrs.dedup();
                     resolved.insert(name, addrs);
                 }
-                Ok(Err(e)) => tracing::warn!(peer = %name, error = %e, "cannot resolve peer; keeping its last addresses"),
-                Err(_) => tracing::warn!(peer = %name, "resolving peer timed out; keeping its last addresses"),
+                Ok(Err(e)) => {
+                    tracing::warn!(peer = %name, error = %e, "cannot resolve peer; keeping its last addresses")
+                }
+                Err(_) => {
+                    tracing::warn!(peer = %name, "resolving peer timed out; keeping its last addresses")
+                }
             }
         }
         let mut all: Vec<SocketAddr> = resolved.values().flatten().copied().collect();
@@ -343,7 +348,9 @@ impl Router {
     /// Asks every node's `/readyz` at once.
     async fn poll_all(&self) {
         let addrs = self.fleet.addresses();
-        let polls = addrs.iter().map(|addr| async move { (*addr, self.poll(*addr).await) });
+        let polls = addrs
+            .iter()
+            .map(|addr| async move { (*addr, self.poll(*addr).await) });
         for (addr, polled) in futures_util::future::join_all(polls).await {
             self.fleet.record(addr, polled);
         }
@@ -397,7 +404,11 @@ impl Router {
         } else {
             StatusCode::SERVICE_UNAVAILABLE
         };
-        (status, axum::Json(json!({"ready": ready, "router": true, "nodes": nodes}))).into_response()
+        (
+            status,
+            axum::Json(json!({"ready": ready, "router": true, "nodes": nodes})),
+        )
+            .into_response()
     }
 
     /// Sends `req` to the node at `addr`, its body streamed, and streams the answer back;
@@ -429,8 +440,11 @@ impl Router {
                 tokio::spawn(async move {
                     match futures_util::future::try_join(client_side, node_side).await {
                         Ok((client, node)) => {
-                            let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(node))
-                                .await;
+                            let _ = tokio::io::copy_bidirectional(
+                                &mut TokioIo::new(client),
+                                &mut TokioIo::new(node),
+                            )
+                            .await;
                         }
                         Err(e) => tracing::debug!(error = %e, "an upgrade did not complete"),
                     }
@@ -564,7 +578,10 @@ impl Router {
         if why.is_empty() {
             why.push("no peer resolved".into());
         }
-        (no_node(format!("no node takes new work now: {}", why.join("; "))), None)
+        (
+            no_node(format!("no node takes new work now: {}", why.join("; "))),
+            None,
+        )
     }
 
     /// A list every node holds part of: asked of every node that answers polls, the
@@ -572,16 +589,21 @@ impl Router {
     /// in the `airlock-missing-nodes` header; an error every node gives (401) is answered.
     async fn fan_out(&self, req: Request) -> Response {
         let head = Head::of(&req);
-        let nodes: Vec<(SocketAddr, String)> = self
-            .fleet
-            .snapshot()
-            .into_iter()
+        let all = self.fleet.snapshot();
+        let nodes: Vec<(SocketAddr, String)> = all
+            .iter()
             .filter(|(_, s)| s.up)
-            .filter_map(|(a, s)| Some((a, s.node?)))
+            .filter_map(|(a, s)| Some((*a, s.node.clone()?)))
             .collect();
         if nodes.is_empty() {
             return no_node("no node answers now".into());
         }
+        // Down nodes hold their part of the list too: named as missing.
+        let mut missing: Vec<String> = all
+            .into_iter()
+            .filter(|(_, s)| !s.up)
+            .filter_map(|(_, s)| s.node)
+            .collect();
         let asks = nodes.iter().map(|(addr, name)| {
             let req = head.request(Bytes::new());
             async move {
@@ -601,14 +623,15 @@ impl Router {
         });
         let answers = futures_util::future::join_all(asks).await;
         let mut merged: Option<Value> = None;
-        let mut missing = Vec::new();
         let mut first_error = None;
         for (name, answer) in answers {
             match answer {
-                Ok((status, _, bytes)) if status.is_success() => match serde_json::from_slice::<Value>(&bytes) {
-                    Ok(v) => merged = Some(merge(merged.take(), v)),
-                    Err(_) => missing.push(name),
-                },
+                Ok((status, _, bytes)) if status.is_success() => {
+                    match serde_json::from_slice::<Value>(&bytes) {
+                        Ok(v) => merged = Some(merge(merged.take(), v)),
+                        Err(_) => missing.push(name),
+                    }
+                }
                 Ok((status, headers, bytes)) => {
                     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
                         let mut resp = Response::new(Body::from(bytes));
@@ -633,7 +656,11 @@ impl Router {
             }
             return no_node(format!("no node answered ({})", missing.join(", ")));
         };
+        let mut merged = merged;
+        sort_by_creation(&mut merged);
         let mut resp = axum::Json(merged).into_response();
+        missing.sort();
+        missing.dedup();
         if !missing.is_empty()
             && let Ok(v) = HeaderValue::from_str(&missing.join(","))
         {
@@ -668,7 +695,9 @@ impl Router {
                     .into_response();
                 };
                 let Some((addr, _)) = self.fleet.find(node) else {
-                    return node_unavailable(format!("node {node} (of MCP session {session}) is not in this fleet now"));
+                    return node_unavailable(format!(
+                        "node {node} (of MCP session {session}) is not in this fleet now"
+                    ));
                 };
                 let mut req = req;
                 set_host(addr, &mut req);
@@ -689,7 +718,10 @@ impl Router {
                 let head = Head::of(&req);
                 let body = match axum::body::to_bytes(req.into_body(), MAX_BUFFERED_BODY).await {
                     Ok(b) => b,
-                    Err(_) => return ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE, "body too large").into_response(),
+                    Err(_) => {
+                        return ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE, "body too large")
+                            .into_response();
+                    }
                 };
                 let rewrite = move |addr: SocketAddr, req: &mut Request| set_host(addr, req);
                 // The node that answered: the one whose id the session gets.
@@ -725,6 +757,21 @@ impl Router {
             Ok(resp) => resp,
             Err(f) => node_unavailable(format!("the node at {addr} did not answer: {}", f.message)),
         }
+    }
+}
+
+/// A merged list in the order a node gives its own: oldest first (`created_at`), the
+/// list itself or the arrays of an object.
+fn sort_by_creation(v: &mut Value) {
+    let created = |x: &Value| x["created_at"].as_f64().unwrap_or(0.0);
+    match v {
+        Value::Array(a) => a.sort_by(|x, y| created(x).total_cmp(&created(y))),
+        Value::Object(o) => {
+            for a in o.values_mut().filter_map(Value::as_array_mut) {
+                a.sort_by(|x, y| created(x).total_cmp(&created(y)));
+            }
+        }
+        _ => {}
     }
 }
 
@@ -776,12 +823,18 @@ mod tests {
         );
         assert_eq!(merge(Some(json!([1, 2])), json!([3])), json!([1, 2, 3]));
         assert_eq!(merge(None, json!([3])), json!([3]));
+        let mut v = json!([{"id": "b", "created_at": 2.0}, {"id": "a", "created_at": 1.0}]);
+        sort_by_creation(&mut v);
+        assert_eq!(v[0]["id"], "a");
     }
 
     #[test]
     fn hop_by_hop_headers_go_and_the_rest_stay() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-private"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
         h.insert("x-private", HeaderValue::from_static("1"));
         h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
@@ -796,7 +849,10 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         assert!(!is_upgrade(&h));
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, Upgrade"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
         assert!(is_upgrade(&h));
     }
 }

@@ -113,11 +113,21 @@ mod tests {
             ("GET", format!("/v1/sandboxes/{id}/ports/8000/index.html")),
             ("POST", format!("/v1/sandboxes/{id}/processes/p1/stdin")),
         ] {
-            assert_eq!(classify(method, &path, Some("front:8080")), node("n2", id), "{method} {path}");
+            assert_eq!(
+                classify(method, &path, Some("front:8080")),
+                node("n2", id),
+                "{method} {path}"
+            );
         }
         let sid = "n3--snap-0123456789abcdef";
-        assert_eq!(classify("GET", &format!("/v1/snapshots/{sid}"), None), node("n3", sid));
-        assert_eq!(classify("DELETE", &format!("/v1/snapshots/{sid}"), None), node("n3", sid));
+        assert_eq!(
+            classify("GET", &format!("/v1/snapshots/{sid}"), None),
+            node("n3", sid)
+        );
+        assert_eq!(
+            classify("DELETE", &format!("/v1/snapshots/{sid}"), None),
+            node("n3", sid)
+        );
     }
 
     #[test]
@@ -148,10 +158,21 @@ mod tests {
     #[test]
     fn a_ports_host_goes_to_its_node_whatever_the_path() {
         let id = "n1--gv-2ffefa68b8534ad2";
-        assert_eq!(classify("GET", "/healthz", Some(&format!("8000-{id}.example:80"))), node("n1", id));
-        assert_eq!(classify("POST", "/v1/exec", Some(&format!("3000-{id}.localhost"))), node("n1", id));
+        assert_eq!(
+            classify("GET", "/healthz", Some(&format!("8000-{id}.example:80"))),
+            node("n1", id)
+        );
+        assert_eq!(
+            classify("POST", "/v1/exec", Some(&format!("3000-{id}.localhost"))),
+            node("n1", id)
+        );
         // Not a port's host: the API's routes.
-        for host in ["localhost:8080", "8000-2ffefa68b8534ad2.x", "x-n1--a.example", "8000-n1--a"] {
+        for host in [
+            "localhost:8080",
+            "8000-2ffefa68b8534ad2.x",
+            "x-n1--a.example",
+            "8000-n1--a",
+        ] {
             assert_eq!(classify("POST", "/v1/exec", Some(host)), Route::NewWork, "{host}");
         }
     }

@@ -96,9 +96,22 @@ mod tests {
     #[test]
     fn an_id_splits_at_its_first_double_hyphen_into_node_and_local_id() {
         assert_eq!(split("n1--2ffefa68b8534ad2"), Some(("n1", "2ffefa68b8534ad2")));
-        assert_eq!(split("n-1--gv-2ffefa68b8534ad2"), Some(("n-1", "gv-2ffefa68b8534ad2")));
-        assert_eq!(split("n1--snap-0123456789abcdef"), Some(("n1", "snap-0123456789abcdef")));
-        for bad in ["2ffefa68b8534ad2", "gv-2ffefa68b8534ad2", "--x", "n1--", "N1--x", "n1-x"] {
+        assert_eq!(
+            split("n-1--gv-2ffefa68b8534ad2"),
+            Some(("n-1", "gv-2ffefa68b8534ad2"))
+        );
+        assert_eq!(
+            split("n1--snap-0123456789abcdef"),
+            Some(("n1", "snap-0123456789abcdef"))
+        );
+        for bad in [
+            "2ffefa68b8534ad2",
+            "gv-2ffefa68b8534ad2",
+            "--x",
+            "n1--",
+            "N1--x",
+            "n1-x",
+        ] {
             assert_eq!(split(bad), None, "{bad:?}");
         }
     }

@@ -630,7 +630,11 @@ mod tests {
         for named in [format!("n1--{id}"), format!("node-7--gv-{id}")] {
             assert_eq!(port_host(&format!("8000-{named}.x")), Some((named, 8000)));
         }
-        for bad in [format!("80-N1--{id}.x"), format!("80-n1---{id}.x"), format!("80---{id}.x")] {
+        for bad in [
+            format!("80-N1--{id}.x"),
+            format!("80-n1---{id}.x"),
+            format!("80---{id}.x"),
+        ] {
             assert_eq!(port_host(&bad), None, "{bad}");
         }
         for bad in [
