@@ -262,6 +262,9 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// What adjusts a request for the node it goes to (MCP's `Host`).
+type Rewrite = dyn Fn(SocketAddr, &mut Request) + Sync;
+
 /// A request's head, kept to send it again.
 #[derive(Debug, Clone)]
 struct Head {
@@ -513,12 +516,7 @@ impl Router {
 
     /// Sends new work to the best node that takes it (`rewrite` adjusts the request for
     /// the chosen node: MCP's); the answer, and the name of the node that gave it.
-    async fn place(
-        &self,
-        head: &Head,
-        body: Bytes,
-        rewrite: Option<&(dyn Fn(SocketAddr, &mut Request) + Sync)>,
-    ) -> (Response, Option<String>) {
+    async fn place(&self, head: &Head, body: Bytes, rewrite: Option<&Rewrite>) -> (Response, Option<String>) {
         let mut tried = Vec::new();
         for addr in self.fleet.candidates() {
             let name = self
