@@ -130,8 +130,8 @@ pub fn port_host(host: &str) -> Option<(String, u16)> {
     let minted = crate::node::split(id).map_or(id, |(_, local)| local);
     let hex = minted
         .strip_prefix("gv-")
-        .or_else(|| id.strip_prefix("vm-"))
-        .unwrap_or(id);
+        .or_else(|| minted.strip_prefix("vm-"))
+        .unwrap_or(minted);
     let id_ok = hex.len() == 16 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if !port_ok || !id_ok {
         return None;
