@@ -315,11 +315,35 @@ fn a_fleet_behind_one_router_survives_a_killed_node_and_a_drained_one() {
     read_until(&mut ws, "pty-42");
     drop(ws);
 
-    // A port's own host name goes to the node in it: the router's answer is the node's.
+    // A program's port, by path and by its own host name (`8000-<id>.<server>`).
+    let r_bg = front.session_exec(
+        &on_n1,
+        &json!({"cmd": ["sh", "-c", "cd /tmp && echo hello-port > index.html && exec python3 -m http.server 8000"], "background": true}),
+    );
+    assert_eq!(r_bg.status, 201, "{}", r_bg.text());
+    let port = front
+        .post_json(&format!("/v1/sandboxes/{on_n1}/ports"), &json!({"port": 8000}))
+        .expect(201)
+        .json();
+    let by_path = poll(Duration::from_secs(30), || {
+        let r = front.get(&format!("/v1/sandboxes/{on_n1}/ports/8000/index.html"));
+        (r.status == 200).then_some(r)
+    });
+    assert_eq!(
+        by_path
+            .expect("the port never answered through the router")
+            .text(),
+        "hello-port\n"
+    );
     let host = format!("8000-{on_n1}.localhost");
-    let via = front.request("GET", "/", &[("Host", &host)], None);
-    let direct = n1.client().request("GET", "/", &[("Host", &host)], None);
-    assert_eq!((via.status, via.text()), (direct.status, direct.text()));
+    // The host a client is told is the router's (the one it asked), with the id's node.
+    assert_eq!(
+        port["host"],
+        format!("8000-{on_n1}.127.0.0.1:{}", r.port),
+        "{port}"
+    );
+    let by_host = front.request("GET", "/index.html", &[("Host", &host)], None);
+    assert_eq!((by_host.status, by_host.text()), (200, "hello-port\n".to_owned()));
 
     // Snapshots name their node too; a session from one is made on that node.
     let snap = front
