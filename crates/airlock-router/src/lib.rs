@@ -158,8 +158,43 @@ pub async fn run(
     result
 }
 
+/// Marks an answer the router made itself (not a node's).
+#[derive(Debug, Clone, Copy)]
+struct Made;
+
+/// An error the router answers itself.
+trait Answer {
+    /// The error as a response marked [`Made`].
+    fn made(self) -> Response;
+}
+
+impl Answer for ApiError {
+    fn made(self) -> Response {
+        let mut resp = self.into_response();
+        resp.extensions_mut().insert(Made);
+        resp
+    }
+}
+
 /// Every request: the router's own routes, or a node's.
 async fn handle(State(router): State<Arc<Router>>, req: Request) -> Response {
+    // A body the router answers without reading: the connection cannot carry another
+    // request (its rest would be read as one), and the client is told so.
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    let mut resp = route_request(router, req).await;
+    if has_body && resp.extensions().get::<Made>().is_some() {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// Answers `req` by its route.
+async fn route_request(router: Arc<Router>, req: Request) -> Response {
     let host = req
         .headers()
         .get(header::HOST)
@@ -173,7 +208,7 @@ async fn handle(State(router): State<Arc<Router>>, req: Request) -> Response {
         Route::Unowned(id) => ApiError::not_found(format!(
             "no sandbox or snapshot {id}: ids through a router name their node (NAME--…)"
         ))
-        .into_response(),
+        .made(),
         Route::NewWork => router.new_work(req).await,
         Route::FanOut => router.fan_out(req).await,
         Route::Mcp => router.mcp(req).await,
@@ -190,7 +225,7 @@ fn node_unavailable(message: String) -> Response {
         field: None,
         retry_after: Some(1),
     }
-    .into_response()
+    .made()
 }
 
 /// A 503: no node takes new work now.
@@ -202,7 +237,7 @@ fn no_node(message: String) -> Response {
         field: None,
         retry_after: Some(1),
     }
-    .into_response()
+    .made()
 }
 
 /// Why a forwarded request got no answer.
@@ -454,7 +489,20 @@ impl Router {
                 });
             }
         } else {
+            // A node that closes (its answer came before the whole body, a 413) says so;
+            // the client must hear it too, or it would send its next request into a
+            // connection that drops it.
+            let close = resp
+                .headers()
+                .get_all(header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")));
             strip_hop_by_hop(resp.headers_mut());
+            if close {
+                resp.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
         }
         Ok(resp.map(Body::new))
     }
@@ -494,7 +542,7 @@ impl Router {
                     StatusCode::PAYLOAD_TOO_LARGE,
                     format!("the body exceeds {MAX_BUFFERED_BODY} bytes (what a router forwards)"),
                 )
-                .into_response();
+                .made();
             }
         };
         if head.method == Method::POST
@@ -508,7 +556,7 @@ impl Router {
                 _ => ApiError::not_found(format!(
                     "no snapshot {snapshot}: ids through a router name their node (NAME--…)"
                 ))
-                .into_response(),
+                .made(),
             };
         }
         self.place(&head, body, None).await.0
@@ -690,7 +738,7 @@ impl Router {
                     return ApiError::not_found(format!(
                         "MCP session {session} was not begun through this router (its ids name their node)"
                     ))
-                    .into_response();
+                    .made();
                 };
                 let Some((addr, _)) = self.fleet.find(node) else {
                     return node_unavailable(format!(
@@ -717,8 +765,7 @@ impl Router {
                 let body = match axum::body::to_bytes(req.into_body(), MAX_BUFFERED_BODY).await {
                     Ok(b) => b,
                     Err(_) => {
-                        return ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE, "body too large")
-                            .into_response();
+                        return ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE, "body too large").made();
                     }
                 };
                 let rewrite = move |addr: SocketAddr, req: &mut Request| set_host(addr, req);

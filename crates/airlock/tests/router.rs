@@ -367,6 +367,34 @@ fn a_fleet_behind_one_router_survives_a_killed_node_and_a_drained_one() {
     front.delete(&format!("/v1/sandboxes/{restored}")).expect(204);
     front.delete(&format!("/v1/snapshots/{sid}")).expect(204);
 
+    // MCP: a session begins on a node, its id names that node, and it goes on there.
+    let mcp = |headers: &[(&str, &str)], body: &str| {
+        let mut h = vec![
+            ("Accept", "application/json, text/event-stream"),
+            ("Content-Type", "application/json"),
+        ];
+        h.extend_from_slice(headers);
+        front.request("POST", "/mcp", &h, Some(body.as_bytes()))
+    };
+    let init = mcp(
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+    );
+    assert_eq!(init.status, 200, "{}", init.text());
+    let mcp_id = init.header("mcp-session-id").expect("a session id").to_owned();
+    assert!(["n1", "n2", "n3"].contains(&node_of(&mcp_id)), "{mcp_id}");
+    let ack = mcp(
+        &[("Mcp-Session-Id", &mcp_id)],
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert_eq!(ack.status, 202, "{}", ack.text());
+    let tools = mcp(
+        &[("Mcp-Session-Id", &mcp_id)],
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    );
+    assert_eq!(tools.status, 200, "{}", tools.text());
+    assert!(tools.text().contains("create_sandbox"), "{}", tools.text());
+
     // 200 mixed requests from four clients; n3 is killed partway.
     let done = Arc::new(AtomicUsize::new(0));
     let next = Arc::new(AtomicUsize::new(0));
