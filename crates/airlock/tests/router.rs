@@ -269,8 +269,11 @@ fn a_fleet_behind_one_router_survives_a_killed_node_and_a_drained_one() {
         ))
         .api_error(404);
 
-    // A streamed exec passes through event by event.
+    // A session's exec result names the session as the API does.
     let on_n1 = sessions.iter().find(|s| node_of(s) == "n1").unwrap().clone();
+    let v = front.session_exec(&on_n1, &sh("true")).expect(200).json();
+    assert_eq!(v["id"], on_n1.as_str(), "{v}");
+    // A streamed exec passes through event by event.
     let events = front
         .sse(
             &format!("/v1/sandboxes/{on_n1}/exec"),
