@@ -40,9 +40,17 @@ fn node(name: &str, extra: &[&str]) -> Daemon {
     Daemon::start(&args)
 }
 
-/// The router in front of `nodes` (static peers).
+/// The router in front of `nodes`: the first by a DNS name (`dns:localhost:PORT`, every
+/// address it resolves to), the others by address.
 fn router(nodes: &[&Daemon]) -> Daemon {
-    let peers: Vec<String> = nodes.iter().map(|d| format!("127.0.0.1:{}", d.port)).collect();
+    let peers: Vec<String> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match i {
+            0 => format!("dns:localhost:{}", d.port),
+            _ => format!("127.0.0.1:{}", d.port),
+        })
+        .collect();
     Daemon::start(&["--route", &peers.join(",")])
 }
 
