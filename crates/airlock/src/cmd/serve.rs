@@ -97,6 +97,11 @@ pub struct ServeArgs {
     /// one more gets a 429 `session_quota` [default: half of --max-sandboxes, 1 to 16].
     #[arg(long, value_name = "N")]
     max_sessions_per_key: Option<usize>,
+    /// Where sandbox cgroups go: `auto` (under this process's own cgroup when it is
+    /// delegated to it, e.g. a systemd unit with Delegate=yes; else each hierarchy's
+    /// root), `root`, or a cgroup PATH such as /airlock.slice (docs/cgroups.md).
+    #[arg(long, value_name = "auto|root|PATH", default_value = "auto")]
+    cgroup_parent: airlock_sandbox::cgroup::CgroupParent,
     /// This daemon's name in a fleet: every session and snapshot id it hands out becomes
     /// `NAME--<id>`, so a router (`--route`) finds the node from the id; lowercase
     /// letters, digits and single hyphens, 1 to 20 characters. With it, SIGTERM drains:
@@ -328,6 +333,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(Peers(peers)) = &args.route {
         return route(&args, peers.clone());
     }
+    airlock_sandbox::cgroup::set_parent(args.cgroup_parent.clone());
     let config = args.config()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
