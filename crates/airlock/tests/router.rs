@@ -586,23 +586,9 @@ fn a_node_name_is_checked_and_the_router_needs_peers() {
     assert!(f.stderr.contains("--node"), "{}", f.stderr);
 }
 
-/// The shell block under `heading` in docs/fleet.md.
-fn docs_shell_block(heading: &str) -> String {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/fleet.md")).unwrap();
-    let section = text
-        .split(heading)
-        .nth(1)
-        .unwrap_or_else(|| panic!("docs/fleet.md has no section {heading:?}"));
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .unwrap_or_else(|| panic!("docs/fleet.md's {heading:?} has no shell block"));
-    block.split("```").next().unwrap().to_owned()
-}
-
 #[test]
 fn the_fleet_example_in_the_docs_runs_as_typed() {
-    let script = docs_shell_block("## Try it on one host");
+    let script = common::docs::doc_shell_block("docs/fleet.md", "## Try it on one host");
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_airlock"))
         .parent()
         .unwrap();
