@@ -204,6 +204,11 @@ async fn route_request(router: Arc<Router>, req: Request) -> Response {
     match route {
         Route::Own(Own::Healthz) => axum::Json(json!({"status": "ok"})).into_response(),
         Route::Own(Own::Readyz) => router.readyz(),
+        Route::Own(Own::Metrics) => ApiError::not_found(format!(
+            "the router has no metrics of its own: scrape each node's /metrics ({})",
+            router.fleet.names().join(", ")
+        ))
+        .made(),
         Route::Node { node, id } => router.to_node(&node, &id, req).await,
         Route::Unowned(id) => ApiError::not_found(format!(
             "no sandbox or snapshot {id}: ids through a router name their node (NAME--…)"

@@ -35,6 +35,8 @@ pub enum Own {
     Healthz,
     /// `GET /readyz`.
     Readyz,
+    /// `/metrics`: each node has its own (the router answers where to scrape).
+    Metrics,
 }
 
 /// The route of a request of `method` to `path`, sent to `host` (its `Host` header).
@@ -47,6 +49,7 @@ pub fn classify(method: &str, path: &str, host: Option<&str>) -> Route {
     match path {
         "/healthz" => return Route::Own(Own::Healthz),
         "/readyz" => return Route::Own(Own::Readyz),
+        "/metrics" => return Route::Own(Own::Metrics),
         "/mcp" => return Route::Mcp,
         _ => {}
     }
@@ -150,6 +153,7 @@ mod tests {
         assert_eq!(classify("GET", "/v1/snapshots", None), Route::FanOut);
         assert_eq!(classify("GET", "/healthz", None), Route::Own(Own::Healthz));
         assert_eq!(classify("GET", "/readyz", None), Route::Own(Own::Readyz));
+        assert_eq!(classify("GET", "/metrics", None), Route::Own(Own::Metrics));
         assert_eq!(classify("POST", "/mcp", None), Route::Mcp);
         assert_eq!(classify("GET", "/openapi.json", None), Route::AnyNode);
         assert_eq!(classify("GET", "/v1/exec", None), Route::AnyNode);

@@ -267,6 +267,8 @@ fn a_fleet_behind_one_router_survives_a_killed_node_and_a_drained_one() {
     let e = front.get("/v1/sandboxes/n9--0123456789abcdef").api_error(503);
     assert_eq!(e["code"], "node_unavailable", "{e}");
     assert!(e["message"].as_str().unwrap().contains("n9"), "{e}");
+    let e = front.get("/metrics").api_error(404);
+    assert!(e["message"].as_str().unwrap().contains("n1, n2, n3"), "{e}");
     let e = front.get("/v1/sandboxes/0123456789abcdef").api_error(404);
     assert_eq!(e["code"], "not_found", "{e}");
     // A node refuses an id of another node (or none) as unknown.

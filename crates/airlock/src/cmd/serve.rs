@@ -83,7 +83,8 @@ pub struct ServeArgs {
     /// Concurrent requests per API key.
     #[arg(long, value_name = "N", default_value_t = 64)]
     per_key_concurrency: usize,
-    /// At shutdown, how long running execs get to finish before they are killed.
+    /// At shutdown, how long running execs get to finish before they are killed (with
+    /// --node, also how long the draining node's sessions keep working at most).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     grace: std::time::Duration,
     /// Session TTL when a request gives none [default: 10m, or --max-session-ttl if that
