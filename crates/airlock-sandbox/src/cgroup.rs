@@ -28,7 +28,11 @@
 //!   `memory`, `pids` and `cpu` cgroups below their roots.
 //! - **root**: `<hierarchy root>/airlock/...`, as before parents existed.
 //! - **PATH**: the cgroup PATH (e.g. `/airlock.slice`) in every hierarchy, created when
-//!   missing (and never removed: it is the operator's).
+//!   missing (and never removed: it is the operator's). For a non-root process it must be
+//!   its own in `memory`, `pids` and `cpu`; the optional hierarchies are used where it is.
+//!
+//! On v2, a process in the `supervisor` leaf of a cgroup (see below) counts as in that
+//! cgroup, so a later airlock started from a moved process finds the same parent.
 //!
 //! [`CgroupHost::describe_parent`] says which, for `airlock doctor`.
 //!
@@ -142,8 +146,8 @@ const HOW_V2: &str = "run airlock in a cgroup delegated to you, e.g. `systemd-ru
      or a systemd unit with Delegate=yes (see docs/cgroups.md)";
 /// How an ordinary user gets a delegated cgroup on v1 (root makes it).
 const HOW_V1: &str = "as root, make a directory in each of the memory, pids and cpu hierarchies (and cpuacct, \
-     freezer, unified where mounted), `chown -R` it to this user, and move the user's shell into it \
-     (`echo $$ > DIR/cgroup.procs` in each); see docs/cgroups.md";
+     freezer, unified where mounted) and `chown -R` it to this user; then move the user's shell into it \
+     (`echo $$ > DIR/cgroup.procs` in each), or pass `--cgroup-parent /DIR`; see docs/cgroups.md";
 
 /// Where sandbox cgroups go in each hierarchy (`--cgroup-parent`; see the module docs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -735,6 +739,11 @@ fn owned_and_writable(dir: &Path, euid: u32) -> bool {
 
 /// Whether this process may write in `dir` (a read-only mount says no).
 fn writable(dir: &Path) -> bool {
+    may_create_in(dir).is_ok()
+}
+
+/// `faccessat(dir, W_OK|X_OK, AT_EACCESS)`: whether this euid may create entries in `dir`.
+fn may_create_in(dir: &Path) -> io::Result<()> {
     use nix::unistd::{AccessFlags, faccessat};
     faccessat(
         nix::fcntl::AT_FDCWD,
@@ -742,7 +751,7 @@ fn writable(dir: &Path) -> bool {
         AccessFlags::W_OK | AccessFlags::X_OK,
         nix::fcntl::AtFlags::AT_EACCESS,
     )
-    .is_ok()
+    .map_err(io::Error::from)
 }
 
 /// Decides where sandboxes go in each of `hiers` (see [`CgroupParent`] and the module
@@ -1272,6 +1281,9 @@ impl CgroupHost {
                     root.display()
                 )
             }
+            None if self.placement.left_out.iter().any(|h| h.cgroup2) => {
+                format!("v1: {}; cgroup2 not used (not delegated)", have.join(", "))
+            }
             None => format!("v1: {}; no cgroup2", have.join(", ")),
         };
         if !missing.is_empty() {
@@ -1361,6 +1373,27 @@ impl CgroupHost {
             });
         }
         slots
+    }
+
+    /// Whether sandboxes can be created here, without creating one (for preflight checks
+    /// and `doctor`): every controller that enforces the limits is offered where sandboxes
+    /// go, and this process may create directories in each parent (or, for a parent still
+    /// to be made, in its nearest existing ancestor). The error is the one
+    /// [`CgroupHost::create`] would return.
+    pub fn check_usable(&self) -> Result<(), CgroupError> {
+        self.check_controllers()?;
+        for slot in self.plan() {
+            let existing = slot
+                .base
+                .ancestors()
+                .find(|dir| dir.is_dir())
+                .unwrap_or(&slot.mount);
+            may_create_in(existing).map_err(|source| CgroupError::Mkdir {
+                path: slot.base.join(AIRLOCK_DIR),
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     /// Fails unless every controller we enforce limits with is available.
@@ -3211,6 +3244,13 @@ mod tests {
             host.parent_kind(),
             &ParentKind::Delegated(format!("{} is owned by uid {USER}", own.display()))
         );
+        assert!(matches!(
+            host.check_usable(),
+            Err(CgroupError::MissingController {
+                controller: "memory",
+                ..
+            })
+        ));
         let err = host.create("sb", &MIB64).expect_err("memory is not delegated");
         assert!(
             matches!(&err, CgroupError::MissingController { controller: "memory", detail }
@@ -3417,6 +3457,10 @@ mod tests {
         let line = host.describe_parent();
         assert!(line.contains("not delegated, so not used: cpuacct"), "{line}");
         assert!(line.contains("freezer") && line.contains("cgroup2"), "{line}");
+        assert_eq!(
+            host.describe(),
+            "v1: memory, pids, cpu; cgroup2 not used (not delegated)"
+        );
         let cg = host.create("sb", &MIB64).expect("create");
         assert_eq!(cg.paths().count(), 3);
     }
@@ -3626,6 +3670,40 @@ mod tests {
             assert!(!dir.exists(), "{} left behind", dir.display());
             assert!(!dir.parent().unwrap().exists(), "owner dir left behind");
         }
+    }
+
+    /// The move out of a delegated v2 cgroup, on this host's cgroup2: every process of a
+    /// test-made cgroup ends up in its `supervisor` leaf, and the cgroup is left empty.
+    #[test]
+    fn real_evacuate_moves_every_process_to_the_leaf() {
+        let host = real_host();
+        let Some(mount) = host.cgroup2.clone() else {
+            return;
+        };
+        let dir = mount.join(format!("airlock-test-evacuate-{}", std::process::id()));
+        fs::create_dir(&dir).expect("mkdir");
+        let mut child = gated("sleep 30 & sleep 30 & wait", "sh");
+        write_file(&dir.join("cgroup.procs"), &child.id().to_string()).expect("join");
+        open_gate(&mut child);
+        wait_until("two sleeps", || {
+            read_pids(&dir.join("cgroup.procs")).is_ok_and(|p| p.len() == 3)
+        });
+        let mut moved = read_pids(&dir.join("cgroup.procs")).unwrap();
+        moved.sort_unstable();
+        host.evacuate(&dir, &mount).expect("evacuate");
+        let leaf = dir.join(SUPERVISOR_DIR);
+        assert_eq!(read_pids(&dir.join("cgroup.procs")).unwrap(), Vec::<i32>::new());
+        let mut in_leaf = read_pids(&leaf.join("cgroup.procs")).unwrap();
+        in_leaf.sort_unstable();
+        assert_eq!(in_leaf, moved);
+        let _ = fs::write(leaf.join("cgroup.kill"), "1");
+        let _ = child.kill();
+        let _ = child.wait();
+        wait_until("leaf empty", || {
+            read_pids(&leaf.join("cgroup.procs")).is_ok_and(|p| p.is_empty())
+        });
+        fs::remove_dir(&leaf).expect("rmdir leaf");
+        fs::remove_dir(&dir).expect("rmdir");
     }
 
     /// Dropping a cgroup with a live process kills it and removes every directory.

@@ -193,8 +193,7 @@ impl Engine {
         let cgroups = cgroup::CgroupHost::detect();
         // Root or not (see `preflight` and docs/rootless.md): everything a sandbox needs
         // is tried once, and a host that lacks something is refused in one line.
-        preflight::require(cgroups.as_ref().map_err(|e| preflight::chain(e)))
-            .map_err(|m| SandboxError::Host(m.to_string()))?;
+        preflight::require(cgroups.as_ref()).map_err(|m| SandboxError::Host(m.to_string()))?;
         let cgroups = cgroups?;
         let purged = cgroups.purge_stale();
         let program = airlock_seccomp::build()?;

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, poll};
 
-use crate::cgroup::{CgroupHost, CgroupLimits};
+use crate::cgroup::{CgroupError, CgroupHost, CgroupLimits};
 
 /// What the host lacks: the refusal printed as `airlock: cannot isolate: {what}: {how}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +64,7 @@ pub fn rootless() -> bool {
 /// Runs the namespace tier's checks once per process (later calls return the first
 /// verdict): `Err` names the first thing missing.
 /// `cgroups` is the detected layout, or why none was found.
-pub fn require(cgroups: Result<&CgroupHost, String>) -> Result<(), Missing> {
+pub fn require(cgroups: Result<&CgroupHost, &CgroupError>) -> Result<(), Missing> {
     static VERDICT: OnceLock<Result<(), Missing>> = OnceLock::new();
     VERDICT
         .get_or_init(|| {
@@ -87,7 +87,7 @@ pub fn require_proxy() -> Result<(), Missing> {
 pub fn report() -> (Vec<Probe>, Duration) {
     let t0 = Instant::now();
     let host = CgroupHost::detect();
-    let (mut probes, _) = run(host.as_ref().map_err(|e| chain(e)), false);
+    let (mut probes, _) = run(host.as_ref(), false);
     probes.push(Probe {
         name: "/dev/net/tun (--net proxy)",
         result: tun(),
@@ -97,12 +97,12 @@ pub fn report() -> (Vec<Probe>, Duration) {
 
 /// The checks in order; with `stop`, none after the first failure. The flag returned
 /// says whether it stopped.
-fn run(cgroups: Result<&CgroupHost, String>, stop: bool) -> (Vec<Probe>, bool) {
+fn run(cgroups: Result<&CgroupHost, &CgroupError>, stop: bool) -> (Vec<Probe>, bool) {
     let (mut probes, stopped) = run_without_cgroups(stop);
     if !stopped {
         probes.push(Probe {
             name: "cgroup limits",
-            result: cgroups.map_err(|e| cgroup_missing(&e)).and_then(cgroup),
+            result: cgroups.map_err(detect_missing).and_then(cgroup),
         });
     }
     (probes, stopped)
@@ -731,7 +731,7 @@ fn cgroup(host: &CgroupHost) -> Result<String, Missing> {
     let destroyed = cg.destroy();
     destroyed.map_err(|e| cgroup_missing(&format!("removing it: {}", chain(&e))))?;
     Ok(format!(
-        "memory, pids and cpu limits set and joined under {where_}"
+        "memory, pids and cpu limits set under {where_}, a process started in it"
     ))
 }
 
@@ -750,11 +750,25 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// The refusal for a host whose cgroups could not be used at all.
+fn detect_missing(e: &CgroupError) -> Missing {
+    match e {
+        // Its own advice is the cgroup module's; the refusal's is this file's (one fix).
+        CgroupError::NotDelegated {
+            dir, hierarchy, uid, ..
+        } => cgroup_missing(&format!(
+            "no cgroup is delegated to uid {uid}: {} ({hierarchy}) is not owned by and writable for it",
+            dir.display()
+        )),
+        e => cgroup_missing(&chain(e)),
+    }
+}
+
 fn cgroup_missing(cause: &str) -> Missing {
     Missing {
         what: format!("a cgroup for the memory, pids and CPU limits ({cause})"),
         how: if rootless() {
-            "delegate a cgroup to this user: `systemd-run --user --scope -p Delegate=yes airlock …` (cgroup v2), or on cgroup v1 a directory per controller (memory, pids, cpu, cpuacct, freezer) chowned to this user with this shell in it; see docs/rootless.md".into()
+            "delegate a cgroup to this user: `systemd-run --user --scope -p Delegate=yes airlock …` (cgroup v2), or on cgroup v1 a directory per controller (memory, pids, cpu; cpuacct, freezer and the unified cgroup2 where mounted) chowned to this user with this shell in it; see docs/rootless.md".into()
         } else {
             "mount the memory, pids and cpu controllers writable (in a container: a cgroup namespace over a delegated cgroup, e.g. podman --cgroupns=private; see docs/container.md)".into()
         },
@@ -772,7 +786,7 @@ fn tun() -> Result<String, Missing> {
         Err(e) => Err(Missing {
             what: format!("/dev/net/tun for --net proxy (open: {e})"),
             how: match e.raw_os_error() {
-                Some(libc::ENOENT) => "`modprobe tun`, and in a container pass the device (--device /dev/net/tun)".into(),
+                Some(libc::ENOENT) => "a kernel with TUN (as root, load the tun module), and in a container the device passed in (--device /dev/net/tun)".into(),
                 Some(libc::EACCES) if rootless() => "let users open it (`chmod 0666 /dev/net/tun`, as most distributions ship it), or use --net none".into(),
                 _ => "make /dev/net/tun openable read-write (in a container: --device /dev/net/tun and a device cgroup rule allowing c 10:200)".into(),
             },
@@ -823,7 +837,7 @@ mod tests {
         let host = CgroupHost::detect();
         let t_detect = t.elapsed();
         let t = Instant::now();
-        let cg = host.map_err(|e| chain(&e)).map(|h| cgroup(&h));
+        let cg = host.as_ref().map_err(detect_missing).map(cgroup);
         let t_cg = t.elapsed();
         println!("cgroup detect {t_detect:?}");
         let t = Instant::now();

@@ -14,6 +14,8 @@
 //! Every piece of host state the tests make (the account, the cgroup directories, the
 //! binary's copy) has a drop guard that removes it on every path, failures included.
 
+mod common;
+
 use serde_json::Value;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -56,7 +58,7 @@ macro_rules! skip_unless_able {
 }
 
 /// A user account made for one test (no home directory, a group of its own); deleted on
-/// drop, with any process it still has.
+/// drop.
 struct TestUser {
     name: String,
     uid: u32,
@@ -94,11 +96,22 @@ impl TestUser {
 }
 
 impl Drop for TestUser {
+    /// Its processes are gone by now (airlock's runs end; what ran in the delegated
+    /// cgroup was killed by pid when it was removed): `userdel` refuses a user with live
+    /// processes, so it is retried for a moment.
     fn drop(&mut self) {
-        let _ = Command::new("pkill")
-            .args(["-KILL", "-U", &self.uid.to_string()])
-            .status();
-        let _ = Command::new("userdel").arg(&self.name).status();
+        for _ in 0..50 {
+            let removed = Command::new("userdel")
+                .arg(&self.name)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if removed {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("NOTE: could not remove the test user {}", self.name);
     }
 }
 
@@ -230,10 +243,33 @@ impl Drop for Delegated {
     }
 }
 
-/// Runs `args` as `user`: a root shell first places itself in the delegated cgroup (when
-/// given), then becomes the user (no supplementary groups) and execs. Killed after
-/// `within` (a refusal that did not come must not hang the suite).
-fn as_user(user: &TestUser, cgroup: Option<&Delegated>, args: &[&str], within: Duration) -> Output {
+/// /dev/net/tun opened to every user for a test, its mode put back on drop.
+struct TunMode {
+    path: PathBuf,
+    mode: u32,
+}
+
+impl TunMode {
+    fn open_to_users(path: &Path, mode: u32) -> TunMode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o666))
+            .expect("chmod /dev/net/tun");
+        TunMode {
+            path: path.to_owned(),
+            mode,
+        }
+    }
+}
+
+impl Drop for TunMode {
+    fn drop(&mut self) {
+        let _ = std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(self.mode));
+    }
+}
+
+/// The command that runs `args` as `user`: a root shell first places itself in the
+/// delegated cgroup (when given), then becomes the user (no supplementary groups) and
+/// execs (so the child's pid is the program's).
+fn user_command(user: &TestUser, cgroup: Option<&Delegated>, args: &[&str]) -> Command {
     let script = r#"for f in $AIRLOCK_TEST_PROCS; do echo $$ > "$f" || exit 97; done
 exec setpriv --reuid="$AIRLOCK_TEST_UID" --regid="$AIRLOCK_TEST_GID" --clear-groups -- "$@""#;
     let mut cmd = Command::new("sh");
@@ -252,7 +288,13 @@ exec setpriv --reuid="$AIRLOCK_TEST_UID" --regid="$AIRLOCK_TEST_GID" --clear-gro
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawning sh");
+    cmd
+}
+
+/// Runs `args` as `user` (see [`user_command`]). Killed after `within` (a refusal that
+/// did not come must not hang the suite).
+fn as_user(user: &TestUser, cgroup: Option<&Delegated>, args: &[&str], within: Duration) -> Output {
+    let mut child = user_command(user, cgroup, args).spawn().expect("spawning sh");
     let mut stdout = child.stdout.take().expect("stdout");
     let mut stderr = child.stderr.take().expect("stderr");
     let out_reader = std::thread::spawn(move || {
@@ -475,26 +517,54 @@ fn as_a_user_with_a_delegated_cgroup_the_sandbox_is_the_same() {
     let changed = r["files_changed"].to_string();
     assert!(changed.contains("/workspace/made.txt"), "{r}");
 
-    // Proxy mode: works where the user may open /dev/net/tun, else refused naming it.
-    let tun_open = std::fs::metadata("/dev/net/tun").is_ok_and(|m| m.permissions().mode() & 0o006 == 0o006);
-    let args = [
-        bin.bin.to_str().expect("utf-8"),
-        "run",
-        "--net",
-        "proxy",
-        "--",
-        "true",
-    ];
-    let out = as_user(&user, Some(&cg), &args, RUN_WITHIN);
-    if tun_open {
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    } else {
+    // Proxy mode: refused in one line naming /dev/net/tun where the user may not open it
+    // (root's only, as on this host); where the user may, the same proxy as root's: the
+    // metadata address is refused by the proxy, whether asked through it or connected to
+    // directly (redirected by the sandbox's TUN route and nftables rules).
+    let exe = bin.bin.to_str().expect("utf-8");
+    let tun = Path::new("/dev/net/tun");
+    let user_may_open = |m: u32| m & 0o006 == 0o006;
+    let mode = std::fs::metadata(tun).map(|m| m.permissions().mode() & 0o7777);
+    if mode.as_ref().is_ok_and(|m| !user_may_open(*m)) {
+        let out = as_user(
+            &user,
+            Some(&cg),
+            &[exe, "run", "--net", "proxy", "--", "true"],
+            RUN_WITHIN,
+        );
         let line = refusal(&out);
         assert!(
             line.starts_with(
                 "airlock: cannot isolate: /dev/net/tun for --net proxy (open: Permission denied"
             ),
             "{line}"
+        );
+    }
+    if let Ok(mode) = mode {
+        let _opened = (!user_may_open(mode)).then(|| TunMode::open_to_users(tun, mode));
+        let r = run_json(
+            &user,
+            &cg,
+            &bin,
+            &[
+                "--net",
+                "proxy",
+                "--",
+                "python3",
+                "-c",
+                "import socket, urllib.request, urllib.error\n\
+                 try:\n    urllib.request.urlopen('http://169.254.169.254/', timeout=5)\n\
+                 except urllib.error.HTTPError as e:\n    print(e.code)\n\
+                 s = socket.create_connection(('169.254.169.254', 80), timeout=5)\n\
+                 s.sendall(b'GET / HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n')\n\
+                 print(s.recv(12).decode())",
+            ],
+        );
+        assert_eq!(stdout_of(&r), "403\nHTTP/1.1 403\n", "{r}");
+        let egress = r["egress"].as_array().cloned().unwrap_or_default();
+        assert!(
+            !egress.is_empty() && egress.iter().all(|e| e["allowed"] == false),
+            "{r}"
         );
     }
 
@@ -577,4 +647,204 @@ fn as_a_user_without_user_namespaces_airlock_refuses_naming_them() {
     assert!(line.contains("max_user_namespaces = 0"), "{line}");
     assert!(out.stdout.is_empty());
     assert_doctor_says_the_same(&user, Some(&cg), &bin, &prefix, &line);
+}
+
+/// The preflight as root, in a mount namespace of its own whose /proc has a path mounted
+/// over it as a container runtime masks /proc/keys: the kernel refuses a new proc in a
+/// user namespace then, and airlock says so, naming the masked path, before any sandbox.
+#[test]
+fn a_masked_proc_is_named() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/proc/keys").exists() {
+        eprintln!("NOTE: skipped: needs root and /proc/keys");
+        return;
+    }
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount --bind /dev/null /proc/keys && exec \"$@\"",
+            "masked",
+            env!("CARGO_BIN_EXE_airlock"),
+            "run",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare");
+    let line = refusal(&out);
+    assert!(
+        line.starts_with(
+            "airlock: cannot isolate: proc in a new pid namespace (mount: Operation not permitted"
+        ),
+        "{line}"
+    );
+    assert!(line.contains("/proc/keys"), "{line}");
+    assert!(line.contains("unmask"), "{line}");
+}
+
+/// The daemon as the user, with a delegated cgroup: its sandboxes are cloned by the zygote
+/// (no exec of init), and a one-shot exec and a session's exec and file read answer as
+/// root's do. SIGTERM stops it.
+#[test]
+fn as_a_user_with_a_delegated_cgroup_the_daemon_serves() {
+    use std::io::{BufRead, BufReader, Write};
+    skip_unless_able!();
+    let user = TestUser::new("s");
+    let bin = BinCopy::new("s");
+    let cg = Delegated::new(&user);
+    let exe = bin.bin.to_str().expect("utf-8");
+    let mut child = user_command(&user, Some(&cg), &[exe, "serve", "--listen", "127.0.0.1:0"])
+        .spawn()
+        .expect("spawning serve");
+    /// SIGTERM to the daemon (our child, by pid) and a wait, on every path.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            // SAFETY: kill with our own child's pid and a signal number.
+            unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while self.0.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().expect("stdout");
+    let mut daemon = Stop(child);
+    let mut first = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut first)
+        .expect("reading serve's stdout");
+    let Some(addr) = first.trim().strip_prefix("airlock: listening on http://") else {
+        let mut err = String::new();
+        let _ = daemon.0.stderr.take().map(|mut e| e.read_to_string(&mut err));
+        panic!("serve did not start: {first:?} {err}");
+    };
+    let addr = addr.to_owned();
+    let request = |method: &str, path: &str, body: &str| -> (u16, String) {
+        let mut conn = std::net::TcpStream::connect(&addr).expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        write!(
+            conn,
+            "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).expect("read");
+        let status = reply.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = reply
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    };
+    let (code, body) = request(
+        "POST",
+        "/v1/exec",
+        r#"{"cmd":["sh","-c","id -u; grep CapEff /proc/self/status"]}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(stdout_of(&v), "1000\nCapEff:\t0000000000000000\n", "{v}");
+
+    let (code, body) = request("POST", "/v1/sandboxes", r#"{"ttl_s":60}"#);
+    assert_eq!(code, 201, "{body}");
+    let id = serde_json::from_str::<Value>(&body).expect("JSON")["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let (code, body) = request(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        r#"{"cmd":["sh","-c","echo kept > /workspace/a; id -u"]}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(stdout_of(&serde_json::from_str(&body).expect("JSON")), "1000\n");
+    let (code, body) = request("GET", &format!("/v1/sandboxes/{id}/files?path=a"), "");
+    assert_eq!((code, body.as_str()), (200, "kept\n"));
+    let (code, _) = request("DELETE", &format!("/v1/sandboxes/{id}"), "");
+    assert!((200..300).contains(&code), "delete: {code}");
+}
+
+/// docs/cgroups.md's v1 delegation block, as typed but for the user's name (`U=alice` is
+/// the reader's own account; here it is the test's), run as root; then the user runs a
+/// sandbox with `--cgroup-parent /airlock-<user>` without being moved there, and the
+/// sandbox's cgroup is made under those directories (the memory limit written there by
+/// root bounds it).
+#[test]
+fn docs_cgroups_v1_delegation_block_runs_as_typed() {
+    skip_unless_able!();
+    let user = TestUser::new("b");
+    let bin = BinCopy::new("b");
+    let block = common::docs::doc_shell_block("docs/cgroups.md", "## Delegating a cgroup");
+    assert!(
+        block.starts_with("U=alice;"),
+        "the block's first line changed: {block}"
+    );
+    let script = block.replacen("U=alice;", &format!("U={};", user.name), 1);
+    let n = format!("airlock-{}", user.name);
+    // Removed on every path, even when the block fails half-way.
+    struct Dirs(Vec<PathBuf>);
+    impl Drop for Dirs {
+        fn drop(&mut self) {
+            for d in &self.0 {
+                remove_cgroup_tree(d);
+            }
+        }
+    }
+    let dirs = Dirs(
+        ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"]
+            .iter()
+            .map(|h| Path::new("/sys/fs/cgroup").join(h).join(&n))
+            .collect(),
+    );
+    let out = Command::new("sh").args(["-ec", &script]).output().expect("sh");
+    assert!(
+        out.status.success(),
+        "the block failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let memory = dirs.0[0].clone();
+    assert!(memory.is_dir(), "the block made no {}", memory.display());
+    // What root may then write there bounds all the user's sandboxes.
+    std::fs::write(memory.join("memory.limit_in_bytes"), "64M").expect("a limit on the parent");
+    let parent = format!("/{n}");
+    let mut args = vec![
+        bin.bin.to_str().expect("utf-8"),
+        "run",
+        "--json",
+        "--cgroup-parent",
+        &parent,
+        "--memory",
+        "256M",
+        "--",
+    ];
+    let r = {
+        args.extend_from_slice(&["id", "-u"]);
+        let out = as_user(&user, None, &args, RUN_WITHIN);
+        assert!(
+            out.status.success(),
+            "exit {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).expect("JSON")
+    };
+    assert_eq!(stdout_of(&r).trim(), "1000", "{r}");
+    // 150 MiB under a 64 MiB parent: the parent's limit ends it, not the sandbox's 256M.
+    args.truncate(args.len() - 2);
+    args.extend_from_slice(&["python3", "-c", "b = bytearray(150 << 20); print('survived')"]);
+    let out = as_user(&user, None, &args, RUN_WITHIN);
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(r["outcome"], "oom", "{r}");
+    drop(dirs);
 }
