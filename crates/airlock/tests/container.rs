@@ -10,6 +10,7 @@
 //! Skips (saying why) only where podman, runc, mmdebstrap or buildah is absent; CI installs
 //! them. The Dockerfile/script agreement test needs none of them.
 
+mod common;
 mod egressutil;
 mod serverutil;
 
@@ -84,17 +85,12 @@ fn image() -> &'static str {
             "no {}/airlock-guest: `cargo build -p airlock-guest` first (CI builds the workspace)",
             bin_dir.display()
         );
-        let doc = read("docs/container.md");
-        let line = doc
-            .lines()
-            .find(|l| l.starts_with("deploy/container/build-image.sh --bin-dir"))
-            .expect("docs/container.md has no `build-image.sh --bin-dir` line");
-        let command = line.split(" #").next().unwrap();
+        let block = common::docs::doc_shell_block("docs/container.md", "## Build");
         assert!(
-            command.contains("--bin-dir target/debug --tag localhost/airlock:dev"),
-            "{line}"
+            block.contains("--bin-dir target/debug") && block.contains("--tag localhost/airlock:dev"),
+            "docs/container.md's build block changed: {block}"
         );
-        let command = command
+        let command = block
             .replace("target/debug", &bin_dir.display().to_string())
             .replace("localhost/airlock:dev", TAG);
         let t0 = Instant::now();
@@ -335,16 +331,7 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// The run command of docs/container.md (its first shell block under `## Run`).
 fn doc_run_block() -> String {
-    let doc = read("docs/container.md");
-    let section = doc
-        .split("\n## Run\n")
-        .nth(1)
-        .expect("docs/container.md has no ## Run");
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .expect("## Run has no shell block");
-    block.split("```").next().unwrap().to_owned()
+    common::docs::doc_shell_block("docs/container.md", "## Run")
 }
 
 /// Where a container's network comes from.
