@@ -270,9 +270,16 @@ impl ImageBuilder {
 
     /// The initramfs for this agent and kernel.
     fn initramfs(&self, release: &str, modules: &Path) -> Result<PathBuf, ImageError> {
-        let meta = fs::metadata(&self.agent).map_err(|e| ImageError::Agent {
-            path: self.agent.clone(),
-            reason: format!("{e} (build it with `cargo build -p airlock-guest`, or set AIRLOCK_GUEST)"),
+        let meta = fs::metadata(&self.agent).map_err(|e| match crate::vm::agent_not_found(&self.agent) {
+            // Nowhere it was looked for: the message names every place, each once.
+            Some(looked) if e.kind() == io::ErrorKind::NotFound => ImageError::Agent {
+                path: PathBuf::from("airlock-guest"),
+                reason: looked,
+            },
+            _ => ImageError::Agent {
+                path: self.agent.clone(),
+                reason: format!("{e} (build it with `cargo build -p airlock-guest`, or set AIRLOCK_GUEST)"),
+            },
         })?;
         let mut key = Fnv::new();
         key.add(self.agent.as_os_str().as_encoded_bytes());
