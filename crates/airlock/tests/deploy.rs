@@ -200,19 +200,25 @@ fn a_missing_guest_agent_is_reported_once_with_where_it_was_looked_for() {
     assert!(stderr.contains("not found"), "{stderr}");
 }
 
-/// Builds the .deb from the built binaries into `out`; returns its path.
-fn build_deb(out: &Path) -> PathBuf {
-    let deb = ok(Command::new(root().join("deploy/debian/build-deb.sh"))
-        .arg(built())
-        .arg(out)
-        .env("DEB_COMPRESSION", "gzip"));
-    PathBuf::from(deb.trim())
+/// The .deb of the built binaries, built once for the tests of this file (gzip: xz takes
+/// a minute over a debug build), in cargo's scratch directory for tests (target/tmp),
+/// replaced on every run.
+fn built_deb() -> &'static Path {
+    static DEB: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DEB.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deploy-deb");
+        let _ = std::fs::remove_dir_all(&out);
+        let deb = ok(Command::new(root().join("deploy/debian/build-deb.sh"))
+            .arg(built())
+            .arg(&out)
+            .env("DEB_COMPRESSION", "gzip"));
+        PathBuf::from(deb.trim())
+    })
 }
 
 #[test]
 fn the_debian_package_holds_the_binaries_unit_and_conffile() {
-    let out = scratch();
-    let deb = build_deb(out.path());
+    let deb = built_deb();
     let version = env!("CARGO_PKG_VERSION");
     assert!(
         deb.file_name()
@@ -223,7 +229,7 @@ fn the_debian_package_holds_the_binaries_unit_and_conffile() {
         deb.display()
     );
 
-    let listing = ok(Command::new("dpkg-deb").arg("-c").arg(&deb));
+    let listing = ok(Command::new("dpkg-deb").arg("-c").arg(deb));
     let entries: Vec<(&str, &str)> = listing
         .lines()
         .map(|l| {
@@ -254,7 +260,7 @@ fn the_debian_package_holds_the_binaries_unit_and_conffile() {
     assert!(!listing.contains("api-keys"), "{listing}");
 
     let field = |name: &str| {
-        ok(Command::new("dpkg-deb").args(["-f"]).arg(&deb).arg(name))
+        ok(Command::new("dpkg-deb").args(["-f"]).arg(deb).arg(name))
             .trim()
             .to_owned()
     };
@@ -268,12 +274,12 @@ fn the_debian_package_holds_the_binaries_unit_and_conffile() {
     for rec in ["runsc", "qemu-system-x86", "squashfs-tools", "lz4"] {
         assert!(recommends.contains(rec), "Recommends: {recommends}");
     }
-    let info = ok(Command::new("dpkg-deb").arg("-I").arg(&deb));
+    let info = ok(Command::new("dpkg-deb").arg("-I").arg(deb));
     for script in ["postinst", "prerm", "postrm", "conffiles"] {
         assert!(info.contains(script), "no {script} in:\n{info}");
     }
     let control = scratch();
-    ok(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(control.path()));
+    ok(Command::new("dpkg-deb").arg("-e").arg(deb).arg(control.path()));
     assert_eq!(
         std::fs::read_to_string(control.path().join("conffiles")).unwrap(),
         "/etc/default/airlock\n"
@@ -286,7 +292,7 @@ fn the_debian_package_holds_the_binaries_unit_and_conffile() {
     match Command::new("lintian").arg("--version").output() {
         Err(_) => println!("skipped lintian: not installed (apt-get install lintian; .ci/run does)"),
         Ok(_) => {
-            let out = run(Command::new("lintian").arg(&deb));
+            let out = run(Command::new("lintian").arg(deb));
             let report = String::from_utf8_lossy(&out.stdout);
             println!("lintian {}:\n{report}", deb.display());
             let errors: Vec<&str> = report.lines().filter(|l| l.starts_with("E:")).collect();
@@ -297,7 +303,7 @@ fn the_debian_package_holds_the_binaries_unit_and_conffile() {
     // Unpacked as it installs, the package's airlock finds the guest agent in
     // /usr/libexec/airlock relative to itself (<exe dir>/../libexec/airlock).
     let tree = scratch();
-    ok(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(tree.path()));
+    ok(Command::new("dpkg-deb").arg("-x").arg(deb).arg(tree.path()));
     std::fs::set_permissions(tree.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let line = doctor_agent_line(&tree.path().join("usr/bin/airlock"));
     let agent = tree.path().join("usr/libexec/airlock/airlock-guest");
@@ -320,10 +326,9 @@ fn the_maintainer_scripts_make_a_key_enable_the_unit_and_purge() {
         println!("skipped: systemd is running here, and the scripts would start the unit");
         return;
     }
-    let out = scratch();
-    let deb = build_deb(out.path());
+    let deb = built_deb();
     let control = scratch();
-    ok(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(control.path()));
+    ok(Command::new("dpkg-deb").arg("-e").arg(deb).arg(control.path()));
     let unit = root().join("deploy/systemd/airlock.service");
     let c = control.path().display();
     let script = format!(
@@ -618,7 +623,12 @@ fn the_kubernetes_manifests_match_the_binary() {
     for (what, w) in [("DaemonSet", daemons), ("router", router)] {
         let (c, pod, labels) = container(w);
         assert_eq!(c["image"], format!("ghcr.io/airlock/airlock:{version}"), "{what}");
-        assert_eq!(strings(&c["command"]), ["/usr/bin/airlock"], "{what}");
+        let command = strings(&c["command"]);
+        assert_eq!(
+            command.last().map(String::as_str),
+            Some("/usr/bin/airlock"),
+            "{what}"
+        );
         let args = strings(&c["args"]);
         assert_eq!(args[0], "serve", "{what}");
         assert_flags_exist(what, &args, &flags);
@@ -664,6 +674,30 @@ fn the_kubernetes_manifests_match_the_binary() {
     }
     let (_, daemon_port, daemon_labels) = ports[0].clone();
     let (_, router_port, router_labels) = ports[1].clone();
+
+    // The daemon runs through the image's entrypoint (which makes its cgroups writable),
+    // as the image's ENTRYPOINT does.
+    let (c, _, _) = container(daemons);
+    let command = strings(&c["command"]);
+    let dockerfile = root().join("deploy/container/Dockerfile");
+    match std::fs::read_to_string(&dockerfile) {
+        Ok(text) => {
+            let line = text
+                .lines()
+                .find_map(|l| l.strip_prefix("ENTRYPOINT "))
+                .expect("the Dockerfile's ENTRYPOINT");
+            let entrypoint: Vec<String> = serde_json::from_str(line).unwrap();
+            assert_eq!(
+                entrypoint[..command.len()],
+                command[..],
+                "DaemonSet command vs the image's ENTRYPOINT"
+            );
+        }
+        Err(_) => println!(
+            "DaemonSet: {} is not here yet (another part adds it): its command {command:?} is unchecked",
+            dockerfile.display()
+        ),
+    }
 
     // The daemons: on labelled nodes, named per pod, admission below the memory limit,
     // scraped on their port.
