@@ -122,6 +122,24 @@ fn scratch() -> tempfile::TempDir {
 
 #[test]
 fn make_install_lays_out_a_prefix_whose_airlock_finds_its_helpers() {
+    // Without NO_BUILD, install builds the release binaries of airlock and every helper
+    // first (shown, not run: a release build takes minutes).
+    let plan = ok(Command::new("make")
+        .arg("-C")
+        .arg(root())
+        .args(["--no-print-directory", "-n", "install"]));
+    // (`cargo`, or the CARGO that runs this test.)
+    let first = plan.lines().next().unwrap_or_default();
+    assert!(
+        first.ends_with(
+            "cargo build --locked --profile release -p airlock -p airlock-guest -p airlock-gvisor -p airlock-gvisor-compat"
+        ),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("\"target/release/airlock-guest\" \"/usr/local/libexec/airlock/airlock-guest\""),
+        "{plan}"
+    );
     let dest = scratch();
     let prefix = "/usr/local";
     make_install(dest.path(), prefix);
