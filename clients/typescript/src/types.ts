@@ -32,7 +32,7 @@ export interface Limits {
   output_bytes?: number;
 }
 
-/** A value the sandboxed program may use but never read (see the main README). */
+/** A value the sandboxed program may use but never read (see docs/network.md, "Secrets the sandbox can use but never read"). */
 export interface Secret {
   /** The environment variable holding a placeholder. */
   name: string;

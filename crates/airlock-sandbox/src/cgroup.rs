@@ -3,7 +3,7 @@
 //! Every sandbox gets one directory in every cgroup hierarchy it uses:
 //!
 //! ```text
-//! <mount>/airlock/<owner>/<sandbox_id>
+//! <parent>/airlock/<owner>/<sandbox_id>
 //! ```
 //!
 //! where `<owner>` is `<supervisor pid>-<start time>` (field 22 of `/proc/<pid>/stat`), so a
@@ -11,12 +11,40 @@
 //! sandboxes of another daemon, even when the dead daemon's pid has been recycled
 //! ([`CgroupHost::purge_stale`]).
 //!
+//! `<parent>` is chosen per hierarchy by [`CgroupParent`] (`--cgroup-parent`):
+//!
+//! - **auto** (the default): this process's own cgroup when it is *delegated* to it, so the
+//!   limits of the systemd unit or container airlock runs in also bound its sandboxes; the
+//!   hierarchy's root otherwise (root only: an ordinary user without a delegated cgroup
+//!   gets [`CgroupError::NotDelegated`]). Delegated means, on v2: the own cgroup carries
+//!   the `trusted.delegate` or `user.delegate` xattr (systemd's `Delegate=yes`), or it is
+//!   the root of a cgroup namespace other than the host's (a container) and writable, or
+//!   this process is not root and owns it. On v1/hybrid: the root of a cgroup namespace
+//!   other than the host's; for a non-root process, the own cgroup of each of `memory`,
+//!   `pids` and `cpu` is not the hierarchy's root and is owned by and writable for this
+//!   euid (what `chown` by root delegates; `cpuacct`, `freezer` and the unified cgroup2 are
+//!   used only where they are delegated too); for root, the xattr above on the own cgroup
+//!   of the unified cgroup2 hierarchy (systemd puts it there on hybrid hosts) with the own
+//!   `memory`, `pids` and `cpu` cgroups below their roots.
+//! - **root**: `<hierarchy root>/airlock/...`, as before parents existed.
+//! - **PATH**: the cgroup PATH (e.g. `/airlock.slice`) in every hierarchy, created when
+//!   missing (and never removed: it is the operator's). For a non-root process it must be
+//!   its own in `memory`, `pids` and `cpu`; the optional hierarchies are used where it is.
+//!
+//! On v2, a process in the `supervisor` leaf of a cgroup (see below) counts as in that
+//! cgroup, so a later airlock started from a moved process finds the same parent.
+//!
+//! [`CgroupHost::describe_parent`] says which, for `airlock doctor`.
+//!
 //! Two layouts are supported, detected from `/proc/self/mountinfo`:
 //!
 //! - **v2**: `memory`, `pids` and `cpu` live on the cgroup2 hierarchy. They are enabled in
-//!   `cgroup.subtree_control` of the root (when needed), of `airlock` and of the owner
-//!   directory; the sandbox directory gets `memory.max`, `memory.swap.max = 0`, `pids.max`
-//!   and `cpu.max`.
+//!   `cgroup.subtree_control` of the parent (and, for the root or a PATH, of every level
+//!   from the hierarchy's root down to it), of `airlock` and of the owner directory; the
+//!   sandbox directory gets `memory.max`, `memory.swap.max = 0`, `pids.max` and `cpu.max`.
+//!   A delegated own cgroup holds this process, and v2 lets no cgroup with processes
+//!   enable controllers for its children: before the first sandbox, every process in it
+//!   moves to the leaf `<own>/supervisor`.
 //! - **v1 / hybrid**: one v1 hierarchy per controller (or co-mounted ones, such as
 //!   `cpu,cpuacct`). `memory`, `pids` and `cpu` are required; `cpuacct` (CPU time),
 //!   `freezer` (race-free kill) and a controller-less cgroup2 (`cgroup.kill`,
@@ -31,6 +59,7 @@
 //! # fn main() -> Result<(), airlock_sandbox::cgroup::CgroupError> {
 //! let host = CgroupHost::detect()?;
 //! println!("cgroups: {}", host.describe());
+//! println!("cgroup parent: {}", host.describe_parent());
 //! host.purge_stale();
 //! let limits = CgroupLimits { memory_bytes: 256 << 20, cpus: 0.5, pids: 65 };
 //! let cgroup = host.create("sb-1", &limits)?;
@@ -44,12 +73,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::OsString;
+use std::fmt;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write as _};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -97,6 +129,94 @@ const FREEZE_WAIT: Duration = Duration::from_millis(500);
 const KILL_LOOP_WAIT: Duration = Duration::from_secs(1);
 /// Sandbox ids are path components in cgroupfs; bounded so paths stay far below PATH_MAX.
 const MAX_ID_LEN: usize = 128;
+/// The leaf of a delegated v2 cgroup that its own processes move to, so that controllers
+/// can be enabled for its children (v2 lets no cgroup with processes do that).
+const SUPERVISOR_DIR: &str = "supervisor";
+/// A process forked while the others move out lands in the old cgroup; this many rounds
+/// of moving catch it (the daemon forks nothing else while its first sandbox is set up).
+const EVACUATE_ROUNDS: usize = 4;
+/// Inode number of the host's (initial) cgroup namespace, fixed by the kernel
+/// (`PROC_CGROUP_INIT_INO`, include/linux/proc_ns.h).
+const HOST_CGROUP_NS_INO: u64 = 0xEFFF_FFFB;
+/// The xattrs systemd sets on a cgroup it delegates (`Delegate=yes`): `trusted.` from the
+/// system manager, `user.` from a user's manager.
+const DELEGATE_XATTRS: [&str; 2] = ["trusted.delegate", "user.delegate"];
+/// How an ordinary user gets a delegated cgroup on v2.
+const HOW_V2: &str = "run airlock in a cgroup delegated to you, e.g. `systemd-run --user --scope -p Delegate=yes airlock ...` \
+     or a systemd unit with Delegate=yes (see docs/cgroups.md)";
+/// How an ordinary user gets a delegated cgroup on v1 (root makes it).
+const HOW_V1: &str = "as root, make a directory in each of the memory, pids and cpu hierarchies (and cpuacct, \
+     freezer, unified where mounted) and `chown -R` it to this user; then move the user's shell into it \
+     (`echo $$ > DIR/cgroup.procs` in each), or pass `--cgroup-parent /DIR`; see docs/cgroups.md";
+
+/// Where sandbox cgroups go in each hierarchy (`--cgroup-parent`; see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CgroupParent {
+    /// Under this process's own cgroup when it is delegated to it, else at the hierarchy's
+    /// root (for root; an ordinary user gets [`CgroupError::NotDelegated`]).
+    #[default]
+    Auto,
+    /// At the hierarchy's root, whatever this process's own cgroup is.
+    Root,
+    /// This cgroup path (absolute, as `/proc/self/cgroup` writes them: `/airlock.slice`)
+    /// in every hierarchy; created when missing.
+    Path(PathBuf),
+}
+
+impl FromStr for CgroupParent {
+    type Err = String;
+
+    /// `auto`, `root`, or an absolute cgroup path without `.` or `..` components.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(CgroupParent::Auto),
+            "root" => Ok(CgroupParent::Root),
+            _ if s.starts_with('/') && s.split('/').all(|part| part != "." && part != "..") => {
+                Ok(CgroupParent::Path(PathBuf::from(s)))
+            }
+            _ => Err(format!(
+                "expected auto, root or an absolute cgroup path such as /airlock.slice (no . or ..), not {s:?}"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for CgroupParent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CgroupParent::Auto => f.write_str("auto"),
+            CgroupParent::Root => f.write_str("root"),
+            CgroupParent::Path(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// The parent [`CgroupHost::detect`] uses ([`set_parent`]).
+static PARENT: Mutex<CgroupParent> = Mutex::new(CgroupParent::Auto);
+
+/// Sets the parent every later [`CgroupHost::detect`] of this process uses (the command
+/// line's `--cgroup-parent`, before any engine starts). The default is
+/// [`CgroupParent::Auto`].
+pub fn set_parent(parent: CgroupParent) {
+    *PARENT.lock().unwrap_or_else(PoisonError::into_inner) = parent;
+}
+
+/// The parent [`CgroupHost::detect`] uses.
+pub fn parent() -> CgroupParent {
+    PARENT.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+/// Why sandbox cgroups go where they go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParentKind {
+    /// At each hierarchy's root (`<mount>/airlock/...`): outside this process's own
+    /// cgroup, so the limits of the unit or container it runs in do not cover sandboxes.
+    HostRoot,
+    /// Under this process's own cgroup, delegated to it; says how that was told.
+    Delegated(String),
+    /// Under the cgroup path given with `--cgroup-parent`.
+    Explicit,
+}
 
 /// Resource caps applied to one sandbox's cgroup.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -135,6 +255,30 @@ pub enum CgroupError {
     /// Neither a `cgroup` nor a `cgroup2` file system is mounted.
     #[error("no cgroup file system is mounted (no cgroup or cgroup2 entry in the mount table)")]
     NoCgroupFs,
+    /// This process's cgroups could not be read from `/proc/self/cgroup`.
+    #[error("cannot read the cgroups of this process from {path}")]
+    ReadOwnCgroup {
+        /// The file read.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// This process is not root and its own cgroup is not delegated to it: it may not
+    /// create cgroups anywhere, and it never runs a sandbox without them.
+    #[error(
+        "no cgroup is delegated to uid {uid}: {dir} ({hierarchy}) is not owned by and writable for it; {how}"
+    )]
+    NotDelegated {
+        /// The directory that would have to be delegated.
+        dir: PathBuf,
+        /// Its hierarchy (`cgroup2`, or the v1 controllers, e.g. `memory`).
+        hierarchy: String,
+        /// This process's effective uid.
+        uid: u32,
+        /// How to delegate one.
+        how: &'static str,
+    },
     /// Our own start time could not be read from `/proc/self/stat`.
     #[error("cannot read the start time of this process from {path}")]
     ReadOwnStat {
@@ -263,11 +407,12 @@ impl CgroupError {
 /// How directories and signals behave: on a real cgroupfs, or on a fake one made of plain
 /// directories and files (unit tests).
 ///
-/// A fake cgroupfs differs from the kernel's in three ways, each handled here and nowhere
+/// A fake cgroupfs differs from the kernel's in four ways, each handled here and nowhere
 /// else: a new directory does not get interface files by itself (we give it an empty copy
 /// of every file the test put in the hierarchy's root, as the kernel populates a new cgroup
 /// with the files its hierarchy offers); `rmdir` does not ignore those files (we remove
-/// the tree); and the pids in its `cgroup.procs` are made up, so no signal is ever sent
+/// the tree); a pid written to a `cgroup.procs` stays listed in the one it left (we empty
+/// that one); and the pids in its `cgroup.procs` are made up, so no signal is ever sent
 /// and no wait is done. Everything else (every read and every write, with no-create
 /// semantics) runs the same code on both. The mode is chosen by `statfs` of the mount
 /// point, so a real cgroupfs can never be treated as a fake one.
@@ -308,6 +453,13 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// Every process listed in the `cgroup.procs` file `procs` was moved elsewhere.
+    fn moved_out(self, procs: &Path) {
+        if self == Fs::Fake {
+            let _ = fs::write(procs, "");
+        }
     }
 
     /// Removes a sandbox cgroup and any child cgroups below it (deepest first).
@@ -353,7 +505,85 @@ impl Fs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct V1Hierarchy {
     mount: PathBuf,
+    /// The cgroup shown at `mount` (`/` unless only a sub-tree is mounted).
+    root: PathBuf,
     controllers: Vec<String>,
+}
+
+/// Where this host's sandbox cgroups go, and why (see [`CgroupParent`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Placement {
+    /// `(mount point, parent directory)` of each hierarchy used: sandboxes go in
+    /// `<parent>/airlock/<owner>/<id>`.
+    bases: Vec<(PathBuf, PathBuf)>,
+    /// Why there.
+    kind: ParentKind,
+    /// v2: the highest level whose `cgroup.subtree_control` we write, down to the parent
+    /// (the hierarchy's root for `root` and a PATH; the parent itself when delegated, as
+    /// the levels above belong to whoever delegated it). Its `cgroup.controllers` says
+    /// what sandboxes can get.
+    enable_from: Option<PathBuf>,
+    /// v2: the parent is this process's own cgroup; its processes move to its
+    /// `supervisor` leaf before controllers are enabled in it.
+    evacuate: bool,
+    /// Optional hierarchies left out because they are not delegated to this (non-root)
+    /// process.
+    left_out: Vec<Hier>,
+}
+
+impl Placement {
+    /// Each hierarchy's root: the layout of `--cgroup-parent root`.
+    fn at_roots(hiers: &[Hier], kind: ParentKind, v2: bool) -> Placement {
+        Placement {
+            bases: hiers.iter().map(|h| (h.mount.clone(), h.mount.clone())).collect(),
+            kind,
+            enable_from: hiers.iter().find(|h| v2 && h.cgroup2).map(|h| h.mount.clone()),
+            evacuate: false,
+            left_out: Vec::new(),
+        }
+    }
+}
+
+/// One hierarchy sandboxes may use, as seen by [`CgroupHost::layout`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Hier {
+    /// Its mount point.
+    mount: PathBuf,
+    /// `cgroup2`, or the v1 controllers (`cpu,cpuacct`): for messages.
+    name: String,
+    /// This process's own cgroup directory in it (`None`: not below the mount).
+    own: Option<PathBuf>,
+    /// The own cgroup is `/`: the hierarchy's root, or a cgroup namespace's.
+    own_is_ns_root: bool,
+    /// Carries memory, pids or cpu where sandboxes take them from.
+    required: bool,
+    /// The cgroup2 hierarchy.
+    cgroup2: bool,
+}
+
+/// What, beside the tables, decides where sandboxes may go.
+#[derive(Debug, Clone, Copy)]
+struct Identity {
+    /// This process's effective uid.
+    euid: u32,
+    /// In the host's (initial) cgroup namespace.
+    host_cgroupns: bool,
+}
+
+impl Identity {
+    fn current() -> Identity {
+        Identity {
+            euid: nix::unistd::geteuid().as_raw(),
+            // Unreadable: a kernel without cgroup namespaces, so the host's.
+            host_cgroupns: fs::metadata("/proc/self/ns/cgroup")
+                .ok()
+                .is_none_or(|m| m.ino() == HOST_CGROUP_NS_INO),
+        }
+    }
+
+    fn root(self) -> bool {
+        self.euid == 0
+    }
 }
 
 /// One hierarchy a sandbox gets a directory in.
@@ -361,6 +591,8 @@ struct V1Hierarchy {
 struct Slot {
     /// Mount point of the hierarchy.
     mount: PathBuf,
+    /// The parent directory of `airlock/` in it (see [`CgroupParent`]).
+    base: PathBuf,
     /// Controllers of ours it serves (memory, pids, cpu, cpuacct, freezer).
     controllers: Vec<&'static str>,
     /// True for the cgroup2 hierarchy (v2, or the unified one on hybrid hosts).
@@ -387,6 +619,8 @@ pub struct CgroupHost {
     /// CPU time, and the v1 `freezer` and `cpuacct` hierarchies are not used. Each v1
     /// directory costs a mkdir, an attach and an rmdir per sandbox.
     cgroup2_suffices: bool,
+    /// Where sandboxes go in each hierarchy.
+    placement: Placement,
 }
 
 /// A cgroup mount found in the mount table.
@@ -394,6 +628,8 @@ pub struct CgroupHost {
 struct CgMount {
     /// Mount point, unescaped.
     point: PathBuf,
+    /// The cgroup shown at the mount point (mountinfo's root field, unescaped).
+    root: PathBuf,
     /// True when the mount shows the whole hierarchy (its root field is `/`).
     full: bool,
     /// `None` for cgroup2, the controllers for a v1 hierarchy.
@@ -455,11 +691,239 @@ fn parse_mountinfo(text: &str) -> Vec<CgMount> {
         };
         mounts.push(CgMount {
             point: unescape_mountinfo(point),
+            root: unescape_mountinfo(root),
             full: *root == "/",
             v1_controllers,
         });
     }
     mounts
+}
+
+/// The lines of a `/proc/<pid>/cgroup` text, `id:controllers:path`, as (controllers,
+/// path); cgroup2's line has no controllers.
+fn parse_proc_cgroup(text: &str) -> Vec<(Vec<&str>, &str)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let (_id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            let controllers = controllers.split(',').filter(|c| !c.is_empty()).collect();
+            Some((controllers, path))
+        })
+        .collect()
+}
+
+/// The directory of cgroup `path` in a hierarchy mounted at `mount` showing cgroup
+/// `root`; `None` when the mount does not show it (a sub-tree mount elsewhere).
+fn cgroup_dir(mount: &Path, root: &Path, path: &str) -> Option<PathBuf> {
+    let rel = Path::new(path).strip_prefix(root).ok()?;
+    if rel.as_os_str().is_empty() {
+        return Some(mount.to_owned());
+    }
+    rel.components()
+        .all(|c| matches!(c, Component::Normal(_)))
+        .then(|| mount.join(rel))
+}
+
+/// The delegate xattr on `dir`, if any (set and not `0`).
+fn delegate_xattr(dir: &Path) -> Option<&'static str> {
+    DELEGATE_XATTRS.into_iter().find(|name| {
+        let mut value = [0u8; 16];
+        rustix::fs::getxattr(dir, *name, &mut value[..]).is_ok_and(|n| value[..n] != *b"0")
+    })
+}
+
+/// Whether this euid may create cgroups in `dir`: it owns it and may write there.
+fn owned_and_writable(dir: &Path, euid: u32) -> bool {
+    fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == euid) && writable(dir)
+}
+
+/// Whether this process may write in `dir` (a read-only mount says no).
+fn writable(dir: &Path) -> bool {
+    may_create_in(dir).is_ok()
+}
+
+/// `faccessat(dir, W_OK|X_OK, AT_EACCESS)`: whether this euid may create entries in `dir`.
+fn may_create_in(dir: &Path) -> io::Result<()> {
+    use nix::unistd::{AccessFlags, faccessat};
+    faccessat(
+        nix::fcntl::AT_FDCWD,
+        dir,
+        AccessFlags::W_OK | AccessFlags::X_OK,
+        nix::fcntl::AtFlags::AT_EACCESS,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Decides where sandboxes go in each of `hiers` (see [`CgroupParent`] and the module
+/// docs): the parent asked for, or for `auto`, this process's own cgroup when it is
+/// delegated to it.
+fn place(parent: &CgroupParent, hiers: &[Hier], v2: bool, who: Identity) -> Result<Placement, CgroupError> {
+    let own_dirs = |hiers: &[Hier]| -> Vec<(PathBuf, PathBuf)> {
+        hiers
+            .iter()
+            .map(|h| (h.mount.clone(), h.own.clone().unwrap_or_else(|| h.mount.clone())))
+            .collect()
+    };
+    // A non-root process can create cgroups only in directories it owns, and (cgroup2)
+    // move its processes only below a cgroup whose `cgroup.procs` it may write.
+    let not_delegated = |h: &Hier| CgroupError::NotDelegated {
+        dir: h.own.clone().unwrap_or_else(|| h.mount.clone()),
+        hierarchy: h.name.clone(),
+        uid: who.euid,
+        how: if v2 { HOW_V2 } else { HOW_V1 },
+    };
+    let path = match parent {
+        CgroupParent::Root => return Ok(Placement::at_roots(hiers, ParentKind::HostRoot, v2)),
+        CgroupParent::Path(path) => path,
+        CgroupParent::Auto => return place_auto(hiers, v2, who, own_dirs, not_delegated),
+    };
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let bases: Vec<(PathBuf, PathBuf)> = hiers
+        .iter()
+        .map(|h| (h.mount.clone(), h.mount.join(rel)))
+        .collect();
+    let base_of = |h: &Hier| h.mount.join(rel);
+    // On v2 this process's own cgroup may be the parent given: it must leave it first.
+    let evacuate = v2
+        && hiers.iter().any(|h| {
+            h.cgroup2 && h.own.as_ref() == Some(&base_of(h)) && !(who.host_cgroupns && h.own_is_ns_root)
+        });
+    // An ordinary user creates cgroups only in directories it owns: the parent must be
+    // one in every hierarchy it needs, and optional hierarchies are used only where it is.
+    // It also moves processes in cgroup2 only below a cgroup it may write: the unified
+    // hierarchy of a hybrid host is used only when its own cgroup is inside the parent.
+    let mut left_out = Vec::new();
+    if !who.root() {
+        for h in hiers {
+            let base = base_of(h);
+            let usable = owned_and_writable(&base, who.euid)
+                && !(h.cgroup2 && !v2 && !h.own.as_ref().is_some_and(|o| o.starts_with(&base)));
+            if usable {
+                continue;
+            }
+            if h.required {
+                return Err(CgroupError::NotDelegated {
+                    dir: base,
+                    hierarchy: h.name.clone(),
+                    uid: who.euid,
+                    how: if v2 { HOW_V2 } else { HOW_V1 },
+                });
+            }
+            // Shown as the directory that was not the user's.
+            left_out.push(Hier {
+                own: Some(base),
+                ..h.clone()
+            });
+        }
+    }
+    Ok(Placement {
+        bases,
+        kind: ParentKind::Explicit,
+        enable_from: hiers.iter().find(|h| v2 && h.cgroup2).map(|h| h.mount.clone()),
+        evacuate,
+        left_out,
+    })
+}
+
+/// [`place`] for [`CgroupParent::Auto`].
+fn place_auto(
+    hiers: &[Hier],
+    v2: bool,
+    who: Identity,
+    own_dirs: impl Fn(&[Hier]) -> Vec<(PathBuf, PathBuf)>,
+    not_delegated: impl Fn(&Hier) -> CgroupError,
+) -> Result<Placement, CgroupError> {
+    let delegated = |why: String, left_out: Vec<Hier>| Placement {
+        bases: own_dirs(hiers),
+        kind: ParentKind::Delegated(why),
+        enable_from: hiers
+            .iter()
+            .find(|h| v2 && h.cgroup2)
+            .map(|h| h.own.clone().unwrap_or_else(|| h.mount.clone())),
+        evacuate: v2,
+        left_out,
+    };
+    let below_root = |h: &Hier| h.own.as_ref().is_some_and(|o| *o != h.mount);
+    let usable = |h: &Hier| {
+        h.own.as_deref().is_some_and(|o| {
+            if who.root() {
+                writable(o)
+            } else {
+                owned_and_writable(o, who.euid)
+            }
+        })
+    };
+    let ns_why = "this process is at the root of a cgroup namespace (a container's)";
+    let required: Vec<&Hier> = hiers.iter().filter(|h| h.required).collect();
+    // Optional hierarchies (cpuacct, freezer, a hybrid host's cgroup2) are used where they
+    // are delegated too, and left out otherwise.
+    let optional_left_out = |ns: bool| -> Vec<Hier> {
+        hiers
+            .iter()
+            .filter(|h| !h.required && !(usable(h) && (ns || who.root() || below_root(h))))
+            .cloned()
+            .collect()
+    };
+
+    if v2 {
+        let Some(h) = hiers.iter().find(|h| h.cgroup2) else {
+            return Ok(Placement::at_roots(hiers, ParentKind::HostRoot, v2));
+        };
+        let own = h.own.as_deref();
+        let marker = own.and_then(|o| delegate_xattr(o).map(|x| (o, x)));
+        let why = if let Some((dir, name)) = marker.filter(|_| who.root() || usable(h)) {
+            Some(format!(
+                "{name} xattr on {} (systemd Delegate=yes)",
+                dir.display()
+            ))
+        } else if !who.host_cgroupns && h.own_is_ns_root && usable(h) {
+            Some(ns_why.to_owned())
+        } else if !who.root() && below_root(h) && usable(h) {
+            Some(format!(
+                "{} is owned by uid {}",
+                own.unwrap_or(&h.mount).display(),
+                who.euid
+            ))
+        } else {
+            None
+        };
+        return match why {
+            Some(why) => Ok(delegated(why, Vec::new())),
+            None if who.root() => Ok(Placement::at_roots(hiers, ParentKind::HostRoot, v2)),
+            None => Err(not_delegated(h)),
+        };
+    }
+
+    // v1 / hybrid.
+    if !who.host_cgroupns && required.iter().all(|h| h.own_is_ns_root && usable(h)) {
+        return Ok(delegated(ns_why.to_owned(), optional_left_out(true)));
+    }
+    if who.root() {
+        let marker = hiers
+            .iter()
+            .find(|h| h.cgroup2)
+            .and_then(|h| h.own.as_deref())
+            .and_then(|o| delegate_xattr(o).map(|x| (o, x)));
+        return Ok(match marker {
+            Some((dir, name)) if required.iter().all(|h| below_root(h)) => delegated(
+                format!("{name} xattr on {} (systemd Delegate=yes)", dir.display()),
+                Vec::new(),
+            ),
+            _ => Placement::at_roots(hiers, ParentKind::HostRoot, v2),
+        });
+    }
+    if let Some(h) = required.iter().find(|h| !(below_root(h) && usable(h))) {
+        return Err(not_delegated(h));
+    }
+    let names: Vec<&str> = required.iter().map(|h| h.name.as_str()).collect();
+    Ok(delegated(
+        format!(
+            "this process's {} cgroups are owned by uid {}",
+            names.join(", "),
+            who.euid
+        ),
+        optional_left_out(false),
+    ))
 }
 
 /// Field 22 (start time, in clock ticks since boot) of a `/proc/<pid>/stat` text.
@@ -582,16 +1046,39 @@ fn read_u64(path: &Path, key: Option<&str>) -> Option<u64> {
 }
 
 impl CgroupHost {
-    /// Detects the layout of this host from `/proc/self/mountinfo`.
+    /// Detects the layout of this host from `/proc/self/mountinfo` and this process's
+    /// cgroups, with sandboxes under the parent set by [`set_parent`] (auto by default).
     pub fn detect() -> Result<Self, CgroupError> {
+        Self::detect_with(&parent())
+    }
+
+    /// Detects the layout of this host, with sandboxes under `parent`.
+    pub fn detect_with(parent: &CgroupParent) -> Result<Self, CgroupError> {
         let path = PathBuf::from("/proc/self/mountinfo");
-        let text = fs::read_to_string(&path).map_err(|source| CgroupError::ReadMountinfo { path, source })?;
-        Self::from_mountinfo(&text, Path::new("/"))
+        let mountinfo =
+            fs::read_to_string(&path).map_err(|source| CgroupError::ReadMountinfo { path, source })?;
+        let path = PathBuf::from("/proc/self/cgroup");
+        let own = fs::read_to_string(&path).map_err(|source| CgroupError::ReadOwnCgroup { path, source })?;
+        Self::layout(&mountinfo, &own, Path::new("/"), parent, Identity::current())
     }
 
     /// Builds the layout from a mount table, with every mount point re-rooted under
-    /// `prefix` (`/` on a real host; a temp dir holding a fake cgroupfs in tests).
+    /// `prefix` (`/` on a real host; a temp dir holding a fake cgroupfs in tests), and
+    /// sandboxes at each hierarchy's root ([`CgroupParent::Root`]).
     pub fn from_mountinfo(mountinfo: &str, prefix: &Path) -> Result<Self, CgroupError> {
+        Self::layout(mountinfo, "", prefix, &CgroupParent::Root, Identity::current())
+    }
+
+    /// The layout from a mount table and a `/proc/self/cgroup` text (see
+    /// [`CgroupHost::from_mountinfo`]), with sandboxes under `parent` as `who` may place
+    /// them.
+    fn layout(
+        mountinfo: &str,
+        own_cgroups: &str,
+        prefix: &Path,
+        parent: &CgroupParent,
+        who: Identity,
+    ) -> Result<Self, CgroupError> {
         let mounts = parse_mountinfo(mountinfo);
         if mounts.is_empty() {
             return Err(CgroupError::NoCgroupFs);
@@ -603,6 +1090,7 @@ impl CgroupHost {
             match &m.v1_controllers {
                 Some(c) if !c.is_empty() => v1.push(V1Hierarchy {
                     mount: reroot(&m.point),
+                    root: m.root.clone(),
                     controllers: c.clone(),
                 }),
                 Some(_) => {}
@@ -615,14 +1103,66 @@ impl CgroupHost {
                 }
             }
         }
-        let cgroup2 = cgroup2.map(|m| reroot(&m.point));
-        let cgroup2_controllers = cgroup2
-            .as_ref()
-            .and_then(|root| fs::read_to_string(root.join("cgroup.controllers")).ok())
-            .map(|t| t.split_whitespace().map(str::to_owned).collect())
-            .unwrap_or_default();
         let v1_carries = |c: &str| v1.iter().any(|h| h.controllers.iter().any(|x| x == c));
         let v2 = cgroup2.is_some() && !V1_REQUIRED.iter().any(|c| v1_carries(c));
+
+        // The hierarchies sandboxes may use, with this process's own cgroup in each.
+        let own = parse_proc_cgroup(own_cgroups);
+        let own_path = |controller: Option<&str>| {
+            own.iter()
+                .find(|(c, _)| match controller {
+                    Some(name) => c.contains(&name),
+                    None => c.is_empty(),
+                })
+                .map(|(_, p)| *p)
+        };
+        let mut hiers = Vec::new();
+        if !v2 {
+            for h in &v1 {
+                if !h.controllers.iter().any(|c| V1_USED.contains(&c.as_str())) {
+                    continue;
+                }
+                let path = own_path(h.controllers.first().map(String::as_str));
+                hiers.push(Hier {
+                    mount: h.mount.clone(),
+                    name: h.controllers.join(","),
+                    own: path.and_then(|p| cgroup_dir(&h.mount, &h.root, p)),
+                    own_is_ns_root: path == Some("/"),
+                    required: h.controllers.iter().any(|c| V1_REQUIRED.contains(&c.as_str())),
+                    cgroup2: false,
+                });
+            }
+        }
+        if let Some(m) = cgroup2 {
+            let mount = reroot(&m.point);
+            // On v2, a process in a delegated cgroup's `supervisor` leaf was moved there
+            // by airlock (or started from a shell that was moved along): the cgroup it
+            // belongs to is the one above, whose `airlock/` is beside the leaf.
+            let path = own_path(None).map(|p| match p.strip_suffix(SUPERVISOR_DIR) {
+                Some("/") if v2 => "/",
+                Some(above) if v2 && above.ends_with('/') => &above[..above.len() - 1],
+                _ => p,
+            });
+            hiers.push(Hier {
+                own: path.and_then(|p| cgroup_dir(&mount, &m.root, p)),
+                mount,
+                name: "cgroup2".to_owned(),
+                own_is_ns_root: path == Some("/"),
+                required: v2,
+                cgroup2: true,
+            });
+        }
+        let placement = place(parent, &hiers, v2, who)?;
+        let left_out = |mount: &Path| placement.left_out.iter().any(|h| h.mount == mount);
+        v1.retain(|h| !left_out(&h.mount));
+        let cgroup2 = cgroup2.map(|m| reroot(&m.point)).filter(|m| !left_out(m));
+
+        // What sandboxes can get: on v2, what the highest level we enable from offers.
+        let controllers_of = placement.enable_from.clone().or_else(|| cgroup2.clone());
+        let cgroup2_controllers = controllers_of
+            .and_then(|dir| fs::read_to_string(dir.join("cgroup.controllers")).ok())
+            .map(|t| t.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default();
         let probe = cgroup2
             .clone()
             .or_else(|| v1.first().map(|h| h.mount.clone()))
@@ -635,9 +1175,54 @@ impl CgroupHost {
             cgroup2_controllers,
             v2,
             cgroup2_suffices: false,
+            placement,
         };
         host.cgroup2_suffices = !host.v2 && host.has_kill();
         Ok(host)
+    }
+
+    /// Where sandboxes go, and why ([`CgroupParent`]).
+    pub fn parent_kind(&self) -> &ParentKind {
+        &self.placement.kind
+    }
+
+    /// The parent directory of `airlock/` in each hierarchy used, in attach order.
+    pub fn parent_dirs(&self) -> Vec<PathBuf> {
+        self.plan().into_iter().map(|s| s.base).collect()
+    }
+
+    /// One line for `airlock doctor`: the parent directory in each hierarchy, and why.
+    pub fn describe_parent(&self) -> String {
+        let dirs: Vec<String> = self
+            .parent_dirs()
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        let why = match &self.placement.kind {
+            ParentKind::HostRoot => "host root".to_owned(),
+            ParentKind::Delegated(why) => format!("delegated: {why}"),
+            ParentKind::Explicit => "--cgroup-parent".to_owned(),
+        };
+        let mut line = format!("{} ({why})", dirs.join(", "));
+        if !self.placement.left_out.is_empty() {
+            let names: Vec<String> = self
+                .placement
+                .left_out
+                .iter()
+                .map(|h| format!("{} ({})", h.name, h.own.as_deref().unwrap_or(&h.mount).display()))
+                .collect();
+            line.push_str(&format!("; not delegated, so not used: {}", names.join(", ")));
+        }
+        line
+    }
+
+    /// The parent directory in the hierarchy mounted at `mount`.
+    fn base_of(&self, mount: &Path) -> PathBuf {
+        self.placement
+            .bases
+            .iter()
+            .find(|(m, _)| m == mount)
+            .map_or_else(|| mount.to_owned(), |(_, base)| base.clone())
     }
 
     /// True for a pure v2 host (memory, pids and cpu on cgroup2).
@@ -696,6 +1281,9 @@ impl CgroupHost {
                     root.display()
                 )
             }
+            None if self.placement.left_out.iter().any(|h| h.cgroup2) => {
+                format!("v1: {}; cgroup2 not used (not delegated)", have.join(", "))
+            }
             None => format!("v1: {}; no cgroup2", have.join(", ")),
         };
         if !missing.is_empty() {
@@ -705,15 +1293,16 @@ impl CgroupHost {
     }
 
     /// True when `cgroup.kill` (Linux >= 5.14) is usable. The cgroup2 root never has the
-    /// file, so we look in a child cgroup: `airlock` (created if missing, as `create`
-    /// would), else the first few others.
+    /// file, so we look in a child cgroup: `airlock` in the parent (created if missing,
+    /// as `create` would), else the parent itself, else the first few others.
     pub fn has_kill(&self) -> bool {
         let Some(root) = &self.cgroup2 else {
             return false;
         };
-        let airlock = root.join(AIRLOCK_DIR);
+        let base = self.base_of(root);
+        let airlock = base.join(AIRLOCK_DIR);
         let _ = self.fs.mkdir(&airlock, root);
-        if airlock.join("cgroup.kill").exists() {
+        if airlock.join("cgroup.kill").exists() || (base != *root && base.join("cgroup.kill").exists()) {
             return true;
         }
         fs::read_dir(root).is_ok_and(|entries| {
@@ -730,9 +1319,12 @@ impl CgroupHost {
     /// when neither exists (pausing is refused).
     pub fn freezer(&self) -> Option<&'static str> {
         if let Some(root) = &self.cgroup2 {
-            let airlock = root.join(AIRLOCK_DIR);
+            let base = self.base_of(root);
+            let airlock = base.join(AIRLOCK_DIR);
             let _ = self.fs.mkdir(&airlock, root);
-            if airlock.join("cgroup.freeze").exists() {
+            if airlock.join("cgroup.freeze").exists()
+                || (base != *root && base.join("cgroup.freeze").exists())
+            {
                 return Some("cgroup2 cgroup.freeze");
             }
         }
@@ -747,6 +1339,7 @@ impl CgroupHost {
                 .iter()
                 .map(|root| Slot {
                     mount: root.clone(),
+                    base: self.base_of(root),
                     controllers: V2_CONTROLLERS.to_vec(),
                     cgroup2: true,
                 })
@@ -765,6 +1358,7 @@ impl CgroupHost {
                 Some(slot) => slot.controllers.push(controller),
                 None => slots.push(Slot {
                     mount: mount.to_owned(),
+                    base: self.base_of(mount),
                     controllers: vec![controller],
                     cgroup2: false,
                 }),
@@ -773,6 +1367,7 @@ impl CgroupHost {
         if let Some(root) = &self.cgroup2 {
             slots.push(Slot {
                 mount: root.clone(),
+                base: self.base_of(root),
                 controllers: Vec::new(),
                 cgroup2: true,
             });
@@ -780,15 +1375,51 @@ impl CgroupHost {
         slots
     }
 
+    /// Whether sandboxes can be created here, without creating one (for preflight checks
+    /// and `doctor`): every controller that enforces the limits is offered where sandboxes
+    /// go, and this process may create directories in each parent (or, for a parent still
+    /// to be made, in its nearest existing ancestor). The error is the one
+    /// [`CgroupHost::create`] would return.
+    pub fn check_usable(&self) -> Result<(), CgroupError> {
+        self.check_controllers()?;
+        for slot in self.plan() {
+            let existing = slot
+                .base
+                .ancestors()
+                .find(|dir| dir.is_dir())
+                .unwrap_or(&slot.mount);
+            may_create_in(existing).map_err(|source| CgroupError::Mkdir {
+                path: slot.base.join(AIRLOCK_DIR),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
     /// Fails unless every controller we enforce limits with is available.
     fn check_controllers(&self) -> Result<(), CgroupError> {
         if self.v2 {
-            let root = self.cgroup2.as_deref().unwrap_or(Path::new("?"));
+            let from = self
+                .placement
+                .enable_from
+                .as_deref()
+                .or(self.cgroup2.as_deref())
+                .unwrap_or(Path::new("?"));
+            let hint = match self.placement.kind {
+                ParentKind::Delegated(_) => {
+                    " (the cgroup delegated to airlock must offer memory, pids and cpu: \
+                     e.g. Delegate=memory pids cpu in its systemd unit)"
+                }
+                _ => "",
+            };
             for controller in V2_CONTROLLERS {
                 if !self.cgroup2_controllers.iter().any(|c| c == controller) {
                     return Err(CgroupError::MissingController {
                         controller,
-                        detail: format!("{} does not list it", root.join("cgroup.controllers").display()),
+                        detail: format!(
+                            "{} does not list it{hint}",
+                            from.join("cgroup.controllers").display()
+                        ),
                     });
                 }
             }
@@ -807,38 +1438,135 @@ impl CgroupHost {
         Ok(())
     }
 
-    /// Enables `wanted` in `dir/cgroup.subtree_control`, writing only what is missing.
-    fn enable_controllers(&self, dir: &Path, wanted: &[&str]) -> Result<(), CgroupError> {
-        let path = dir.join("cgroup.subtree_control");
-        let current = read_file(&path)?;
+    /// The controllers of `wanted` not yet enabled in `dir/cgroup.subtree_control`, as
+    /// `+name` words.
+    fn missing_controllers(&self, dir: &Path, wanted: &[&str]) -> Result<Vec<String>, CgroupError> {
+        let current = read_file(&dir.join("cgroup.subtree_control"))?;
         // The kernel lists `memory pids`; a fake file keeps what we wrote (`+memory`).
         let enabled: Vec<&str> = current
             .split_whitespace()
             .map(|w| w.trim_start_matches('+'))
             .collect();
-        let missing: Vec<String> = wanted
+        Ok(wanted
             .iter()
             .filter(|c| !enabled.contains(c))
             .map(|c| format!("+{c}"))
-            .collect();
+            .collect())
+    }
+
+    /// Enables `wanted` in `dir/cgroup.subtree_control`, writing only what is missing.
+    fn enable_controllers(&self, dir: &Path, wanted: &[&str]) -> Result<(), CgroupError> {
+        let missing = self.missing_controllers(dir, wanted)?;
         if missing.is_empty() {
             return Ok(());
         }
-        write_file(&path, &missing.join(" "))
+        write_file(&dir.join("cgroup.subtree_control"), &missing.join(" "))
     }
 
-    /// `mkdir -p mount/airlock/<owner>` (enabling `enable` at each level), then
-    /// `mkdir mount/airlock/<owner>/<id>`. Returns (owner dir, sandbox dir).
-    fn make_dirs(&self, mount: &Path, enable: &[&str], id: &str) -> Result<(PathBuf, PathBuf), CgroupError> {
-        let mkdir_p = |path: &Path| match self.fs.mkdir(path, mount) {
+    /// `mkdir dir` in the hierarchy mounted at `mount`; one that exists is fine.
+    fn ensure_dir(&self, dir: &Path, mount: &Path) -> Result<(), CgroupError> {
+        match self.fs.mkdir(dir, mount) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(CgroupError::Mkdir {
-                path: path.to_owned(),
+                path: dir.to_owned(),
                 source: e,
             }),
-            _ if enable.is_empty() => Ok(()),
-            _ => self.enable_controllers(path, enable),
+            _ => Ok(()),
+        }
+    }
+
+    /// `from` and every directory below it down to `to` (just `from` when `to` is not
+    /// below it), top first.
+    fn levels(from: &Path, to: &Path) -> Vec<PathBuf> {
+        let mut levels = vec![from.to_owned()];
+        if let Ok(rel) = to.strip_prefix(from) {
+            for component in rel.components() {
+                let next = levels[levels.len() - 1].join(component);
+                levels.push(next);
+            }
+        }
+        levels
+    }
+
+    /// Makes a slot's parent ready for sandboxes: created when missing (a
+    /// `--cgroup-parent` PATH), and on v2 with memory, pids and cpu enabled in
+    /// `cgroup.subtree_control` at every level from `enable_from` down to it. A parent
+    /// that holds this process's own processes (a delegated own cgroup) is emptied into
+    /// its `supervisor` leaf first: v2 enables no controller for the children of a
+    /// cgroup with processes in it (EBUSY).
+    fn prepare_parent(&self, slot: &Slot, enable: &[&str]) -> Result<(), CgroupError> {
+        if enable.is_empty() {
+            for level in Self::levels(&slot.mount, &slot.base).iter().skip(1) {
+                self.ensure_dir(level, &slot.mount)?;
+            }
+            return Ok(());
+        }
+        let from = self.placement.enable_from.as_deref().unwrap_or(&slot.mount);
+        for (i, level) in Self::levels(from, &slot.base).iter().enumerate() {
+            if i > 0 {
+                self.ensure_dir(level, &slot.mount)?;
+            }
+            let missing = self.missing_controllers(level, enable)?;
+            if missing.is_empty() {
+                continue;
+            }
+            if self.placement.evacuate && *level == slot.base {
+                self.evacuate(level, &slot.mount)?;
+            }
+            write_file(&level.join("cgroup.subtree_control"), &missing.join(" "))?;
+        }
+        Ok(())
+    }
+
+    /// Moves every process of cgroup `dir` into its leaf `supervisor` (whole processes:
+    /// a pid written to a v2 `cgroup.procs` moves all its threads). A process that
+    /// cannot be moved makes the enabling that follows fail with EBUSY, naming the file.
+    fn evacuate(&self, dir: &Path, mount: &Path) -> Result<(), CgroupError> {
+        let leaf = dir.join(SUPERVISOR_DIR);
+        self.ensure_dir(&leaf, mount)?;
+        let from = dir.join("cgroup.procs");
+        let to = leaf.join("cgroup.procs");
+        for _ in 0..EVACUATE_ROUNDS {
+            let pids = read_pids(&from)?;
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                match write_file(&to, &pid.to_string()) {
+                    // Gone meanwhile.
+                    Err(CgroupError::Write { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(CgroupError::Write { source, .. }) => {
+                        return Err(CgroupError::Attach {
+                            pid,
+                            path: to,
+                            source,
+                        });
+                    }
+                    other => other?,
+                }
+            }
+            self.fs.moved_out(&from);
+        }
+        Ok(())
+    }
+
+    /// `mkdir -p base/airlock/<owner>` (enabling `enable` at each level), then
+    /// `mkdir base/airlock/<owner>/<id>`. Returns (owner dir, sandbox dir).
+    fn make_dirs(
+        &self,
+        mount: &Path,
+        base: &Path,
+        enable: &[&str],
+        id: &str,
+    ) -> Result<(PathBuf, PathBuf), CgroupError> {
+        let mkdir_p = |path: &Path| {
+            self.ensure_dir(path, mount)?;
+            if enable.is_empty() {
+                Ok(())
+            } else {
+                self.enable_controllers(path, enable)
+            }
         };
-        let airlock = mount.join(AIRLOCK_DIR);
+        let airlock = base.join(AIRLOCK_DIR);
         let owner = airlock.join(&self.owner);
         let leaf = owner.join(id);
         mkdir_p(&airlock)?;
@@ -865,16 +1593,15 @@ impl CgroupHost {
             } else {
                 &[]
             };
-            if !enable.is_empty() {
-                // The root's subtree_control decides what `airlock` may enable. On a
-                // container's namespace root with processes in it, this write fails with
-                // EBUSY (no internal processes): the error names the file.
-                self.enable_controllers(&slot.mount, enable)?;
-            }
+            // The parent's subtree_control decides what `airlock` may enable. On a cgroup
+            // with processes in it that are not ours to move (a container's namespace root
+            // that airlock was not told is its own), this write fails with EBUSY (no
+            // internal processes): the error names the file.
+            self.prepare_parent(&slot, enable)?;
             // A concurrent destroy of this owner's last sandbox may remove the owner
             // directory between our steps (it rmdirs it when empty): retry once.
-            let (owner_dir, dir) = match self.make_dirs(&slot.mount, enable, sandbox_id) {
-                Err(e) if e.is_not_found() => self.make_dirs(&slot.mount, enable, sandbox_id)?,
+            let (owner_dir, dir) = match self.make_dirs(&slot.mount, &slot.base, enable, sandbox_id) {
+                Err(e) if e.is_not_found() => self.make_dirs(&slot.mount, &slot.base, enable, sandbox_id)?,
                 other => other?,
             };
             cgroup.owner_dirs.push(owner_dir);
@@ -914,7 +1641,7 @@ impl CgroupHost {
         };
         let mut found: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for slot in self.plan() {
-            let base = slot.mount.join(AIRLOCK_DIR);
+            let base = slot.base.join(AIRLOCK_DIR);
             for owner in subdirs(&base) {
                 let ids = subdirs(&base.join(&owner));
                 found.entry(owner).or_default().extend(ids);
@@ -946,7 +1673,7 @@ impl CgroupHost {
             }
             for slot in &plan {
                 self.fs
-                    .rmdir_if_childless(&slot.mount.join(AIRLOCK_DIR).join(&owner));
+                    .rmdir_if_childless(&slot.base.join(AIRLOCK_DIR).join(&owner));
             }
         }
         purged
@@ -967,7 +1694,7 @@ impl CgroupHost {
     fn existing(&self, plan: &[Slot], owner: &str, id: &str) -> Cgroup {
         let mut cgroup = Cgroup::new(self.fs, self.v2, id);
         for slot in plan {
-            let owner_dir = slot.mount.join(AIRLOCK_DIR).join(owner);
+            let owner_dir = slot.base.join(AIRLOCK_DIR).join(owner);
             let path = owner_dir.join(id);
             if path.is_dir() {
                 cgroup.owner_dirs.push(owner_dir);
@@ -2266,11 +2993,13 @@ mod tests {
             vec![
                 CgMount {
                     point: "/sys/fs/cgroup/unified".into(),
+                    root: "/docker/abc".into(),
                     full: false,
                     v1_controllers: None
                 },
                 CgMount {
                     point: "/sys/fs/cgroup/x".into(),
+                    root: "/".into(),
                     full: true,
                     v1_controllers: Some(vec![])
                 },
@@ -2287,6 +3016,453 @@ mod tests {
         assert_eq!(parse_owner("123-456"), Some((123, 456)));
         assert_eq!(parse_owner("123"), None);
         assert_eq!(parse_owner("x-1"), None);
+    }
+
+    // ---- parents: where sandboxes go (fake cgroupfs) ----
+
+    /// A uid no account uses, for a pretended ordinary user (files chowned to it).
+    const USER: u32 = 0x3fff_0101;
+
+    fn who(euid: u32) -> Identity {
+        Identity {
+            euid,
+            host_cgroupns: true,
+        }
+    }
+
+    /// Makes cgroup `path` in the fake hierarchy at `mount` (relative to the temp dir),
+    /// populated as the kernel would (the root's files), with `files` written over them.
+    fn fake_cgroup(tmp: &tempfile::TempDir, mount: &str, path: &str, files: &[(&str, &str)]) -> PathBuf {
+        let root = tmp.path().join(mount);
+        let dir = root.join(path.trim_start_matches('/'));
+        fs::create_dir_all(&dir).expect("mkdir cgroup");
+        for entry in fs::read_dir(&root).unwrap().flatten() {
+            if entry.file_type().unwrap().is_file() {
+                fs::File::create(dir.join(entry.file_name())).unwrap();
+            }
+        }
+        for (name, content) in files {
+            fs::write(dir.join(name), content).unwrap();
+        }
+        dir
+    }
+
+    /// `chown -R uid dir`.
+    fn chown_tree(dir: &Path, uid: u32) {
+        std::os::unix::fs::chown(dir, Some(uid), None).expect("chown");
+        for entry in fs::read_dir(dir).unwrap().flatten() {
+            if entry.file_type().unwrap().is_dir() {
+                chown_tree(&entry.path(), uid);
+            } else {
+                std::os::unix::fs::chown(entry.path(), Some(uid), None).expect("chown");
+            }
+        }
+    }
+
+    fn layout(
+        tmp: &tempfile::TempDir,
+        mountinfo: &str,
+        own: &str,
+        parent: &CgroupParent,
+        who: Identity,
+    ) -> Result<CgroupHost, CgroupError> {
+        let host = CgroupHost::layout(mountinfo, own, tmp.path(), parent, who)?;
+        assert_eq!(host.fs, Fs::Fake);
+        Ok(host)
+    }
+
+    /// A fake cgroupfs with the mount points of `mountinfo` and `files` at their roots.
+    fn fake_fs(mountinfo: &str, files: &[(&str, &str)]) -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        for m in parse_mountinfo(mountinfo) {
+            fs::create_dir_all(tmp.path().join(m.point.strip_prefix("/").unwrap())).unwrap();
+        }
+        for (rel, content) in files {
+            fs::write(tmp.path().join(rel), content).unwrap();
+        }
+        tmp
+    }
+
+    const V2_OWN: &str = "0::/system.slice/airlock.service\n";
+    const HYBRID_OWN: &str = "\
+10:name=systemd:/system.slice/airlock.service
+9:pids:/deleg
+8:blkio:/
+7:freezer:/
+6:devices:/
+5:memory:/deleg
+4:cpuset:/
+3:cpuacct:/
+2:cpu:/deleg
+0::/deleg
+";
+
+    #[test]
+    fn cgroup_parent_parses_and_prints() {
+        for (text, parent) in [
+            ("auto", CgroupParent::Auto),
+            ("root", CgroupParent::Root),
+            ("/airlock.slice", CgroupParent::Path("/airlock.slice".into())),
+            ("/a/b-c/d", CgroupParent::Path("/a/b-c/d".into())),
+        ] {
+            assert_eq!(text.parse::<CgroupParent>(), Ok(parent.clone()));
+            assert_eq!(parent.to_string(), text);
+        }
+        for bad in ["", "a/b", "/a/../b", "/a/./b", "Auto"] {
+            assert!(bad.parse::<CgroupParent>().is_err(), "{bad:?}");
+        }
+        assert_eq!(CgroupParent::default(), CgroupParent::Auto);
+    }
+
+    #[test]
+    fn own_cgroups_are_found_below_their_mounts() {
+        let own = parse_proc_cgroup(HYBRID_OWN);
+        assert_eq!(own[0], (vec!["name=systemd"], "/system.slice/airlock.service"));
+        assert_eq!(own.last(), Some(&(vec![], "/deleg")));
+        let mount = Path::new("/sys/fs/cgroup/memory");
+        assert_eq!(
+            cgroup_dir(mount, Path::new("/"), "/a/b"),
+            Some(PathBuf::from("/sys/fs/cgroup/memory/a/b"))
+        );
+        assert_eq!(cgroup_dir(mount, Path::new("/"), "/"), Some(mount.to_owned()));
+        // A container's sub-tree mount shows its own cgroup at the mount point.
+        assert_eq!(
+            cgroup_dir(mount, Path::new("/docker/abc"), "/docker/abc/x"),
+            Some(mount.join("x"))
+        );
+        assert_eq!(cgroup_dir(mount, Path::new("/docker/abc"), "/other"), None);
+    }
+
+    /// systemd's Delegate=yes on v2: the own cgroup has trusted.delegate; sandboxes go
+    /// below it, after this process moved to `supervisor`, with controllers enabled from
+    /// the own cgroup down (never above it).
+    #[test]
+    fn v2_delegated_by_xattr_puts_sandboxes_under_the_own_cgroup() {
+        let tmp = fake_fs(V2, V2_FILES);
+        let own = fake_cgroup(
+            &tmp,
+            "sys/fs/cgroup",
+            "/system.slice/airlock.service",
+            &[
+                ("cgroup.controllers", "cpu memory pids\n"),
+                ("cgroup.procs", "4242\n4343\n"),
+            ],
+        );
+        // No delegation mark: the host root, as before parents existed.
+        let host = layout(&tmp, V2, V2_OWN, &CgroupParent::Auto, who(0)).expect("layout");
+        assert_eq!(host.parent_kind(), &ParentKind::HostRoot);
+        assert_eq!(host.parent_dirs(), vec![tmp.path().join("sys/fs/cgroup")]);
+        assert!(
+            host.describe_parent().ends_with("(host root)"),
+            "{}",
+            host.describe_parent()
+        );
+
+        rustix::fs::setxattr(&own, "trusted.delegate", b"1", rustix::fs::XattrFlags::empty())
+            .expect("setxattr (tmpfs or ext4 as root)");
+        let host = layout(&tmp, V2, V2_OWN, &CgroupParent::Auto, who(0)).expect("layout");
+        assert!(
+            matches!(host.parent_kind(), ParentKind::Delegated(why) if why.contains("trusted.delegate")),
+            "{:?}",
+            host.parent_kind()
+        );
+        assert_eq!(host.parent_dirs(), vec![own.clone()]);
+        assert_eq!(
+            host.describe_parent(),
+            format!(
+                "{} (delegated: trusted.delegate xattr on {} (systemd Delegate=yes))",
+                own.display(),
+                own.display()
+            )
+        );
+        let cg = host.create("sb-deleg", &MIB64).expect("create");
+        let dir = own.join(AIRLOCK_DIR).join(host.owner()).join("sb-deleg");
+        assert_eq!(cg.paths().collect::<Vec<_>>(), vec![dir.as_path()]);
+        assert_eq!(read(&dir.join("memory.max")), "67108864");
+        // Every process of the own cgroup moved to its leaf, then the controllers were
+        // enabled in it; the levels above it are whoever delegated it's, untouched.
+        assert_eq!(read(&own.join("cgroup.procs")), "");
+        assert_eq!(read(&own.join(SUPERVISOR_DIR).join("cgroup.procs")), "4343");
+        for level in [
+            own.clone(),
+            own.join(AIRLOCK_DIR),
+            own.join(AIRLOCK_DIR).join(host.owner()),
+        ] {
+            assert_eq!(read(&level.join("cgroup.subtree_control")), "+memory +pids +cpu");
+        }
+        let root = tmp.path().join("sys/fs/cgroup");
+        assert_eq!(read(&root.join("cgroup.subtree_control")), "");
+        assert!(!root.join(AIRLOCK_DIR).join(host.owner()).exists());
+        assert_eq!(host.count_sandboxes(), 1);
+        cg.destroy().expect("destroy");
+        assert!(!dir.exists());
+        assert_eq!(host.count_sandboxes(), 0);
+
+        // The next airlock started from a process that was moved along (a shell) is in
+        // the leaf: it still belongs to the delegated cgroup, not to a deeper one.
+        let leaf_line = "0::/system.slice/airlock.service/supervisor\n";
+        let host = layout(&tmp, V2, leaf_line, &CgroupParent::Auto, who(0)).expect("layout");
+        assert_eq!(host.parent_dirs(), vec![own.clone()]);
+        let cg = host.create("sb-again", &MIB64).expect("create");
+        assert!(!own.join(SUPERVISOR_DIR).join(SUPERVISOR_DIR).exists());
+        cg.destroy().expect("destroy");
+    }
+
+    /// An ordinary user's own v2 cgroup, owned by it: delegated. Without memory in its
+    /// cgroup.controllers: no sandbox, and the error names the file.
+    #[test]
+    fn v2_user_owned_cgroup_is_delegated_and_fails_closed_without_a_controller() {
+        let tmp = fake_fs(V2, V2_FILES);
+        let own = fake_cgroup(
+            &tmp,
+            "sys/fs/cgroup",
+            "/user.slice/user-1000.slice/app.scope",
+            &[("cgroup.controllers", "cpu pids\n")],
+        );
+        let own_line = "0::/user.slice/user-1000.slice/app.scope\n";
+        // Not owned by the user: a clear refusal naming the directory and the fix.
+        let err = layout(&tmp, V2, own_line, &CgroupParent::Auto, who(USER)).expect_err("not delegated");
+        match &err {
+            CgroupError::NotDelegated {
+                dir,
+                hierarchy,
+                uid,
+                how,
+            } => {
+                assert_eq!(dir, &own);
+                assert_eq!(hierarchy, "cgroup2");
+                assert_eq!(*uid, USER);
+                assert!(how.contains("Delegate=yes"), "{how}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(err.to_string().contains(&own.display().to_string()), "{err}");
+
+        chown_tree(&own, USER);
+        let host = layout(&tmp, V2, own_line, &CgroupParent::Auto, who(USER)).expect("layout");
+        assert_eq!(
+            host.parent_kind(),
+            &ParentKind::Delegated(format!("{} is owned by uid {USER}", own.display()))
+        );
+        assert!(matches!(
+            host.check_usable(),
+            Err(CgroupError::MissingController {
+                controller: "memory",
+                ..
+            })
+        ));
+        let err = host.create("sb", &MIB64).expect_err("memory is not delegated");
+        assert!(
+            matches!(&err, CgroupError::MissingController { controller: "memory", detail }
+                if detail.contains(&own.join("cgroup.controllers").display().to_string())),
+            "{err:?}"
+        );
+        assert_eq!(host.count_sandboxes(), 0);
+        // With memory delegated too, it works.
+        fs::write(own.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let host = layout(&tmp, V2, own_line, &CgroupParent::Auto, who(USER)).expect("layout");
+        let cg = host.create("sb", &MIB64).expect("create");
+        assert!(cg.paths().all(|p| p.starts_with(&own)));
+        cg.destroy().expect("destroy");
+    }
+
+    /// A container with its own cgroup namespace: its root is the parent, and this
+    /// process (with the container's others) moves to `supervisor` first.
+    #[test]
+    fn v2_cgroup_namespace_root_is_delegated() {
+        let mut files = V2_FILES.to_vec();
+        files.push(("sys/fs/cgroup/cgroup.procs", "1\n7\n"));
+        let tmp = fake_fs(V2, &files);
+        let ns = Identity {
+            euid: 0,
+            host_cgroupns: false,
+        };
+        let host = layout(&tmp, V2, "0::/\n", &CgroupParent::Auto, ns).expect("layout");
+        let root = tmp.path().join("sys/fs/cgroup");
+        assert!(
+            matches!(host.parent_kind(), ParentKind::Delegated(why) if why.contains("cgroup namespace")),
+            "{:?}",
+            host.parent_kind()
+        );
+        let _cg = host.create("sb-ns", &MIB64).expect("create");
+        assert_eq!(read(&root.join("cgroup.procs")), "");
+        assert_eq!(read(&root.join(SUPERVISOR_DIR).join("cgroup.procs")), "7");
+        assert_eq!(read(&root.join("cgroup.subtree_control")), "+memory +pids +cpu");
+        // Started from the leaf later: still the namespace's root.
+        let host = layout(&tmp, V2, "0::/supervisor\n", &CgroupParent::Auto, ns).expect("layout");
+        assert_eq!(host.parent_dirs(), vec![root.clone()]);
+        // In the host's namespace, the real root cgroup is never "delegated".
+        let host = layout(&tmp, V2, "0::/\n", &CgroupParent::Auto, who(0)).expect("layout");
+        assert_eq!(host.parent_kind(), &ParentKind::HostRoot);
+    }
+
+    /// `--cgroup-parent PATH` on v2: made when missing, controllers enabled at every
+    /// level from the root down; the process is not moved (it is not in PATH).
+    #[test]
+    fn v2_explicit_parent_is_made_and_enabled_from_the_root() {
+        let tmp = fake_fs(V2, V2_FILES);
+        let parent = CgroupParent::Path("/airlock.slice/sandboxes".into());
+        let host = layout(&tmp, V2, V2_OWN, &parent, who(0)).expect("layout");
+        let root = tmp.path().join("sys/fs/cgroup");
+        let base = root.join("airlock.slice/sandboxes");
+        assert_eq!(host.parent_kind(), &ParentKind::Explicit);
+        assert_eq!(
+            host.describe_parent(),
+            format!("{} (--cgroup-parent)", base.display())
+        );
+        let cg = host.create("sb-path", &MIB64).expect("create");
+        assert!(cg.paths().all(|p| p.starts_with(&base)));
+        for level in [root.clone(), root.join("airlock.slice"), base.clone()] {
+            assert_eq!(read(&level.join("cgroup.subtree_control")), "+memory +pids +cpu");
+        }
+        assert!(!base.join(SUPERVISOR_DIR).exists());
+        cg.destroy().expect("destroy");
+        // The parent is the operator's: it stays.
+        assert!(base.is_dir());
+        // `root` forces the old layout even where the own cgroup is delegated.
+        let own = fake_cgroup(&tmp, "sys/fs/cgroup", "/system.slice/airlock.service", &[]);
+        rustix::fs::setxattr(&own, "trusted.delegate", b"1", rustix::fs::XattrFlags::empty()).unwrap();
+        let host = layout(&tmp, V2, V2_OWN, &CgroupParent::Root, who(0)).expect("layout");
+        assert_eq!(host.parent_dirs(), vec![root]);
+    }
+
+    fn hybrid_own_dirs(tmp: &tempfile::TempDir) -> Vec<PathBuf> {
+        ["memory", "pids", "cpu", "unified"]
+            .iter()
+            .map(|m| fake_cgroup(tmp, &format!("sys/fs/cgroup/{m}"), "/deleg", &[]))
+            .collect()
+    }
+
+    /// An ordinary user on v1 with memory, pids, cpu (and the unified cgroup2) chowned to
+    /// it by root: sandboxes go there; cpuacct and freezer, not delegated, are not used.
+    #[test]
+    fn v1_user_owned_directories_are_delegated() {
+        let tmp = fake_fs(HYBRID, HYBRID_FILES);
+        let dirs = hybrid_own_dirs(&tmp);
+        // Nothing chowned yet: refused, naming the first directory and how to delegate.
+        let err = layout(&tmp, HYBRID, HYBRID_OWN, &CgroupParent::Auto, who(USER)).expect_err("refused");
+        assert!(
+            matches!(&err, CgroupError::NotDelegated { dir, hierarchy, how, .. }
+                if *dir == dirs[2] && hierarchy == "cpu" && how.contains("chown")),
+            "{err:?}"
+        );
+        for dir in &dirs[..2] {
+            chown_tree(dir, USER);
+        }
+        // cpu still is not.
+        assert!(matches!(
+            layout(&tmp, HYBRID, HYBRID_OWN, &CgroupParent::Auto, who(USER)),
+            Err(CgroupError::NotDelegated { .. })
+        ));
+        for dir in &dirs {
+            chown_tree(dir, USER);
+        }
+        let host = layout(&tmp, HYBRID, HYBRID_OWN, &CgroupParent::Auto, who(USER)).expect("layout");
+        assert!(
+            matches!(host.parent_kind(), ParentKind::Delegated(why) if why.contains(&format!("owned by uid {USER}"))),
+            "{:?}",
+            host.parent_kind()
+        );
+        assert_eq!(host.parent_dirs(), dirs);
+        let line = host.describe_parent();
+        assert!(line.contains("not delegated, so not used: cpuacct"), "{line}");
+        assert!(line.contains("freezer"), "{line}");
+        let cg = host.create("sb-user", &MIB64).expect("create");
+        let paths: Vec<&Path> = cg.paths().collect();
+        assert_eq!(paths.len(), 4);
+        for (path, dir) in paths.iter().zip(&dirs) {
+            assert_eq!(*path, dir.join(AIRLOCK_DIR).join(host.owner()).join("sb-user"));
+        }
+        assert_eq!(read(&paths[0].join("memory.limit_in_bytes")), "67108864");
+        assert!(
+            !tmp.path()
+                .join("sys/fs/cgroup/memory")
+                .join(AIRLOCK_DIR)
+                .join(host.owner())
+                .exists()
+        );
+        cg.destroy().expect("destroy");
+        // A dead owner's leftovers below the parent are purged there.
+        let stale = dirs[0].join(AIRLOCK_DIR).join("999999999-1").join("sb-old");
+        fs::create_dir_all(&stale).unwrap();
+        assert_eq!(host.purge_stale(), 1);
+        assert!(!stale.exists());
+    }
+
+    /// Root on v1/hybrid: delegated when systemd marked the own cgroup2 directory and the
+    /// own memory, pids and cpu cgroups are below their roots; the host root otherwise.
+    #[test]
+    fn v1_root_is_delegated_by_the_unified_xattr() {
+        let tmp = fake_fs(HYBRID, HYBRID_FILES);
+        let dirs = hybrid_own_dirs(&tmp);
+        let host = layout(&tmp, HYBRID, HYBRID_OWN, &CgroupParent::Auto, who(0)).expect("layout");
+        assert_eq!(host.parent_kind(), &ParentKind::HostRoot);
+        rustix::fs::setxattr(
+            &dirs[3],
+            "trusted.delegate",
+            b"1",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+        let host = layout(&tmp, HYBRID, HYBRID_OWN, &CgroupParent::Auto, who(0)).expect("layout");
+        assert!(matches!(host.parent_kind(), ParentKind::Delegated(_)));
+        let root = tmp.path().join("sys/fs/cgroup");
+        // cpuacct and freezer: this process is at their roots, which root may use.
+        assert_eq!(
+            host.parent_dirs(),
+            vec![
+                dirs[0].clone(),
+                dirs[1].clone(),
+                dirs[2].clone(),
+                root.join("cpuacct"),
+                root.join("freezer"),
+                dirs[3].clone()
+            ]
+        );
+        // The mark alone is not enough: memory at its root is not delegated.
+        let own = HYBRID_OWN.replace("5:memory:/deleg", "5:memory:/");
+        let host = layout(&tmp, HYBRID, &own, &CgroupParent::Auto, who(0)).expect("layout");
+        assert_eq!(host.parent_kind(), &ParentKind::HostRoot);
+    }
+
+    /// `--cgroup-parent PATH` on v1: made in every hierarchy used; the limits go below it.
+    #[test]
+    fn v1_explicit_parent_is_made_in_every_hierarchy() {
+        let tmp = fake_fs(HYBRID, HYBRID_FILES);
+        let parent = CgroupParent::Path("/test-parent".into());
+        let host = layout(&tmp, HYBRID, HYBRID_OWN, &parent, who(0)).expect("layout");
+        let cg = host.create("sb", &MIB64).expect("create");
+        for m in ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"] {
+            let base = tmp.path().join("sys/fs/cgroup").join(m).join("test-parent");
+            assert!(
+                cg.paths()
+                    .any(|p| p == base.join(AIRLOCK_DIR).join(host.owner()).join("sb")),
+                "{m}"
+            );
+        }
+        cg.destroy().expect("destroy");
+
+        // An ordinary user: the parent must be its own in memory, pids and cpu; the
+        // optional hierarchies are used only where it is (cgroup2 also only around its
+        // own cgroup, which is elsewhere here).
+        let err = layout(&tmp, HYBRID, HYBRID_OWN, &parent, who(USER)).expect_err("not the user's");
+        assert!(matches!(err, CgroupError::NotDelegated { .. }), "{err:?}");
+        for m in ["memory", "pids", "cpu", "unified"] {
+            chown_tree(
+                &tmp.path().join("sys/fs/cgroup").join(m).join("test-parent"),
+                USER,
+            );
+        }
+        let host = layout(&tmp, HYBRID, HYBRID_OWN, &parent, who(USER)).expect("layout");
+        let line = host.describe_parent();
+        assert!(line.contains("not delegated, so not used: cpuacct"), "{line}");
+        assert!(line.contains("freezer") && line.contains("cgroup2"), "{line}");
+        assert_eq!(
+            host.describe(),
+            "v1: memory, pids, cpu; cgroup2 not used (not delegated)"
+        );
+        let cg = host.create("sb", &MIB64).expect("create");
+        assert_eq!(cg.paths().count(), 3);
     }
 
     // ---- real cgroups on this host (requires root) ----
@@ -2483,7 +3659,7 @@ mod tests {
         let mut child = Command::new("sleep").arg("30").spawn().expect("spawn");
         let mut dirs = Vec::new();
         for slot in host.plan() {
-            let dir = slot.mount.join(AIRLOCK_DIR).join(owner).join("test-real-purge");
+            let dir = slot.base.join(AIRLOCK_DIR).join(owner).join("test-real-purge");
             fs::create_dir_all(&dir).expect("mkdir");
             write_file(&dir.join("cgroup.procs"), &child.id().to_string()).expect("attach");
             dirs.push(dir);
@@ -2494,6 +3670,40 @@ mod tests {
             assert!(!dir.exists(), "{} left behind", dir.display());
             assert!(!dir.parent().unwrap().exists(), "owner dir left behind");
         }
+    }
+
+    /// The move out of a delegated v2 cgroup, on this host's cgroup2: every process of a
+    /// test-made cgroup ends up in its `supervisor` leaf, and the cgroup is left empty.
+    #[test]
+    fn real_evacuate_moves_every_process_to_the_leaf() {
+        let host = real_host();
+        let Some(mount) = host.cgroup2.clone() else {
+            return;
+        };
+        let dir = mount.join(format!("airlock-test-evacuate-{}", std::process::id()));
+        fs::create_dir(&dir).expect("mkdir");
+        let mut child = gated("sleep 30 & sleep 30 & wait", "sh");
+        write_file(&dir.join("cgroup.procs"), &child.id().to_string()).expect("join");
+        open_gate(&mut child);
+        wait_until("two sleeps", || {
+            read_pids(&dir.join("cgroup.procs")).is_ok_and(|p| p.len() == 3)
+        });
+        let mut moved = read_pids(&dir.join("cgroup.procs")).unwrap();
+        moved.sort_unstable();
+        host.evacuate(&dir, &mount).expect("evacuate");
+        let leaf = dir.join(SUPERVISOR_DIR);
+        assert_eq!(read_pids(&dir.join("cgroup.procs")).unwrap(), Vec::<i32>::new());
+        let mut in_leaf = read_pids(&leaf.join("cgroup.procs")).unwrap();
+        in_leaf.sort_unstable();
+        assert_eq!(in_leaf, moved);
+        let _ = fs::write(leaf.join("cgroup.kill"), "1");
+        let _ = child.kill();
+        let _ = child.wait();
+        wait_until("leaf empty", || {
+            read_pids(&leaf.join("cgroup.procs")).is_ok_and(|p| p.is_empty())
+        });
+        fs::remove_dir(&leaf).expect("rmdir leaf");
+        fs::remove_dir(&dir).expect("rmdir");
     }
 
     /// Dropping a cgroup with a live process kills it and removes every directory.

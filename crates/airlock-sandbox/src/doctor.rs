@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::cgroup::CgroupHost;
+use crate::cgroup::{CgroupError, CgroupHost, CgroupParent};
 
 /// One line of the report.
 #[derive(Debug, Clone)]
@@ -56,6 +56,18 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// An error and its causes, `: `-separated.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Probes the host.
 pub fn run() -> Vec<Check> {
     let root = is_root();
@@ -83,16 +95,50 @@ pub fn run() -> Vec<Check> {
         "sysctl -w user.max_user_namespaces=15000",
     ));
 
-    match CgroupHost::detect() {
-        Err(e) if !root => checks.push(check(
-            "cgroups",
-            true,
-            false,
-            format!("not checked as this user: {e}"),
-            NEEDS_ROOT,
-        )),
+    // Where sandbox cgroups go: under this process's delegated cgroup (so the limits of
+    // its unit or container bound them), or at each hierarchy's root. An ordinary user
+    // with no delegated cgroup gets a FAIL here, and the rest of the cgroup lines as the
+    // hierarchies' roots show them.
+    let (detected, parent) = match CgroupHost::detect() {
+        Err(e @ CgroupError::NotDelegated { .. }) => (
+            CgroupHost::detect_with(&CgroupParent::Root),
+            Some(check(
+                "cgroup parent",
+                true,
+                false,
+                e.to_string(),
+                "delegate a cgroup to this user (systemd Delegate=yes, or v1 directories chowned by root): see docs/cgroups.md",
+            )),
+        ),
+        Ok(host) => {
+            let parent = match host.check_usable() {
+                Ok(()) => check("cgroup parent", true, true, host.describe_parent(), ""),
+                Err(e) => check(
+                    "cgroup parent",
+                    true,
+                    false,
+                    format!("{}: {}", host.describe_parent(), with_causes(&e)),
+                    "give airlock a cgroup it may write with memory, pids and cpu: see docs/cgroups.md",
+                ),
+            };
+            (Ok(host), Some(parent))
+        }
+        Err(e) => (Err(e), None),
+    };
+    match detected {
+        Err(e) if !root => {
+            checks.push(check(
+                "cgroups",
+                true,
+                false,
+                format!("not checked as this user: {e}"),
+                NEEDS_ROOT,
+            ));
+            checks.extend(parent);
+        }
         Ok(host) => {
             checks.push(check("cgroups", true, true, host.describe(), ""));
+            checks.extend(parent);
             checks.push(check(
                 "cgroup.kill",
                 false,

@@ -20,7 +20,7 @@ struct Cli {
 enum Command {
     /// Run COMMAND in a fresh sandbox and purge it afterwards.
     Run(cmd::run::RunArgs),
-    /// Serve the HTTP API: one-shot execs, sessions, warm pool (see README).
+    /// Serve the HTTP API: one-shot execs, sessions, warm pool (see docs/service.md).
     Serve(cmd::serve::ServeArgs),
     /// Serve the same tools as `/mcp` over MCP on stdio (for agents that launch airlock).
     Mcp(cmd::mcp::McpArgs),

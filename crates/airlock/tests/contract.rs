@@ -144,8 +144,20 @@ fn everyday_tools_work(t: Tier) {
     );
 }
 
-/// The README's example for every tier ("Three isolation tiers, one contract"), as typed.
+/// docs/isolation.md's example for every tier (its first block: one line per tier), as
+/// typed.
 fn the_readme_example_prints_42(t: Tier) {
+    let block = common::docs::doc_shell_block("docs/isolation.md", "# Isolation");
+    let prefix = format!("airlock run --isolation {} -- ", t.name);
+    let line = block
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("docs/isolation.md has no line {prefix:?}: {block}"));
+    assert_eq!(
+        line.split("  #").next().unwrap().trim(),
+        "python3 -c 'print(6*7)'",
+        "docs/isolation.md's line changed: run it below as typed"
+    );
     let run = t.run(&["--", "python3", "-c", "print(6*7)"]);
     assert_eq!(
         (run.code(), run.stdout().as_str()),

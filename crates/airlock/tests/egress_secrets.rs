@@ -412,12 +412,15 @@ fn readme_net() -> (Net, Pki, Api, Api) {
     (net, pki, api, plain)
 }
 
-/// The README's first network example with `*` and a deny rule ("Network: none, or out
+/// docs/network.md's first example with `*` and a deny rule ("Network: none, or out
 /// through the filtering proxy"), as typed: example.com is any public host.
 #[test]
 fn readme_star_and_deny_example_runs_as_typed() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let line = readme
+    let block = common::docs::doc_shell_block(
+        "docs/network.md",
+        "# Network: none, or out through the filtering proxy",
+    );
+    let line = block
         .lines()
         .find(|l| l.starts_with("airlock run --net proxy --allow '*' --deny"))
         .expect("the README's line");
@@ -444,23 +447,13 @@ fn readme_star_and_deny_example_runs_as_typed() {
     assert_eq!(api.seen().len(), 1);
 }
 
-/// The README's secret example ("Secrets the sandbox can use but never read"), as typed
+/// docs/network.md's secret example ("Secrets the sandbox can use but never read"), as typed
 /// but for the value: `api.github.com` is the fake API on a public address of the test's
 /// namespace, whose certificate airlock trusts through `SSL_CERT_FILE`.
 #[test]
 fn readme_secret_example_runs_as_typed() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let section = readme
-        .split("### Secrets the sandbox can use but never read")
-        .nth(1)
-        .expect("the README's secrets section");
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .unwrap()
-        .split("```")
-        .next()
-        .unwrap();
+    let block =
+        common::docs::doc_shell_block("docs/network.md", "## Secrets the sandbox can use but never read");
     let line = block.replace("\\\n", " ");
     let line = line.trim();
     let args = line
@@ -475,4 +468,52 @@ fn readme_secret_example_runs_as_typed() {
     assert!(!stdout.contains(VALUE) && !stderr.contains(VALUE));
     let seen = api.seen();
     assert_eq!(seen, [format!("api.github.com /user Bearer {VALUE}")], "{seen:?}");
+}
+
+/// docs/network.md's two `--allow-cidr` examples ("Reaching an internal service on
+/// purpose"), as typed: 10.1.2.3 is the fake API (plain HTTP, on ports 8080 and 80) on a
+/// private address of the test namespace's loopback, and `build-cache.internal` names it
+/// there. Without the allowed range the same private address is refused.
+#[test]
+fn docs_allow_cidr_examples_run_as_typed() {
+    let block = common::docs::doc_shell_block("docs/network.md", "## The policy");
+    let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 2, "docs/network.md's block changed: {block}");
+    let net = Net::start();
+    let st = Command::new("ip")
+        .args(["-n", &net.name, "addr", "add", "10.1.2.3/32", "dev", "lo"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut hosts = std::fs::read_to_string(net.hosts_file()).unwrap();
+    hosts.push_str("10.1.2.3 build-cache.internal\n");
+    std::fs::write(net.hosts_file(), hosts).unwrap();
+    let pki = Pki::new();
+    let health = Api::start_on(&net, None, "10.1.2.3", 8080);
+    let cache = Api::start_on(&net, None, "10.1.2.3", 80);
+    for (line, api, seen) in [
+        (lines[0], &health, "10.1.2.3:8080 /health "),
+        (lines[1], &cache, "build-cache.internal / "),
+    ] {
+        let args = line
+            .strip_prefix("airlock ")
+            .unwrap_or_else(|| panic!("docs/network.md's line changed: {line}"));
+        let out = run_line(&net, &pki, args, &[]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{line}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(stdout, "refused\n", "{line}: the fake API's answer");
+        assert_eq!(api.seen(), [seen], "{line}");
+        // The range is what lets it through: without it, a private address is refused.
+        let without = args.replace("--allow-cidr ", "--env X=");
+        let out = run_line(&net, &pki, &without, &[]);
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("refused"),
+            "{without}: reached the private address without --allow-cidr"
+        );
+        assert_eq!(api.seen().len(), 1, "{without}");
+    }
 }

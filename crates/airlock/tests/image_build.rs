@@ -3,6 +3,8 @@
 //! root (the RUN steps are namespace-tier sandboxes), the host's static busybox and
 //! python3 (bench/oci_layout.py writes the base image).
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -250,23 +252,15 @@ fn bad_input_is_one_line_and_tags_nothing() {
     assert_eq!(fs::read_dir(&work).unwrap().count(), 0);
 }
 
-/// The README's build example ("Building images"), as typed: its Airlockfile written into
+/// docs/images.md's build example ("Building images"), as typed: its Airlockfile written into
 /// a context beside a `tool.sh`, its commands run by `sh` in that context, with the base
 /// `tools:1` (busybox) imported first and the store in `AIRLOCK_IMAGE_STORE`.
 #[test]
 fn readme_build_example_runs_as_typed() {
     let Some(setup) = Setup::new("readme") else { return };
-    let readme =
-        fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
-    let section = &readme[readme
-        .find("### Building images")
-        .expect("README section \"Building images\"")..];
-    let block = |fence: &str| -> String {
-        let start = section.find(fence).unwrap_or_else(|| panic!("{fence} block")) + fence.len();
-        section[start..start + section[start..].find("```").unwrap()].to_owned()
-    };
-    let airlockfile = block("```dockerfile\n");
-    let commands = block("```sh\n");
+    let heading = "## Building images";
+    let airlockfile = common::docs::doc_block("docs/images.md", heading, "dockerfile");
+    let commands = common::docs::doc_shell_block("docs/images.md", heading);
     let ctx = setup.ctx();
     fs::write(ctx.join("Airlockfile"), &airlockfile).unwrap();
     fs::write(ctx.join("tool.sh"), "#!/bin/sh\necho \"tool $TOOL_VERSION\"\n").unwrap();

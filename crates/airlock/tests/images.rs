@@ -184,19 +184,12 @@ fn tree(dir: &Path) -> Vec<(PathBuf, u64)> {
 }
 
 // ---------------------------------------------------------------------------------------
-// The README's block, as typed.
+// docs/images.md's block, as typed.
 // ---------------------------------------------------------------------------------------
 
-/// The shell block of README.md's "Images: run a sandbox in an OCI image", its lines
-/// joined where they end in `\`.
+/// The first shell block of docs/images.md, its lines joined where they end in `\`.
 fn readme_block() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
-    let section = &readme[readme
-        .find("## Images: run a sandbox in an OCI image")
-        .expect("README section \"Images: run a sandbox in an OCI image\"")..];
-    let start = section.find("```sh\n").unwrap() + "```sh\n".len();
-    let block = &section[start..start + section[start..].find("```").unwrap()];
+    let block = common::docs::doc_shell_block("docs/images.md", "# Images: run a sandbox in an OCI image");
     let mut lines = Vec::new();
     let mut cur = String::new();
     for l in block.lines() {
@@ -211,7 +204,7 @@ fn readme_block() -> Vec<String> {
     lines
 }
 
-/// The README's image commands run as typed, with only these substitutions (the README
+/// docs/images.md's image commands run as typed, with only these substitutions (the README
 /// names places this test cannot reach):
 ///
 /// - `python:3.12-slim` → an image of that name (the python image of tests/tierutil) on a

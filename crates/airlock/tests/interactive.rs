@@ -661,7 +661,7 @@ fn airlock_shell_attaches_a_real_terminal() {
     assert_eq!(all.as_array().map(Vec::len), Some(0), "{all:#}");
 }
 
-/// README's example, run as typed (against a daemon on its own port, `airlock` being the
+/// docs/interactive.md's example, run as typed (against a daemon on its own port, `airlock` being the
 /// binary under test, the shell given two lines on stdin): the sum, a PNG chart, the
 /// preview through the exposed port, the shell, and the session gone at the end.
 #[test]
@@ -669,7 +669,7 @@ fn readme_interactive_block_runs_as_typed() {
     let d = Daemon::start(&["--pool", "0"]);
     d.wait_ready();
     let work = tempfile::tempdir().unwrap();
-    let script = serverutil::readme_shell_block("## Interactive sessions")
+    let script = common::docs::doc_shell_block("docs/interactive.md", "# Interactive sessions")
         .replace("localhost:8710", &format!("127.0.0.1:{}", d.port))
         .replace(
             "airlock shell",
@@ -693,7 +693,7 @@ fn readme_interactive_block_runs_as_typed() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "the README block failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        "the docs/interactive.md block failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );

@@ -651,12 +651,12 @@ fn snapshots_outlive_the_daemon_even_a_killed_one() {
     );
 }
 
-/// README's example, run as typed against a daemon on its own port.
+/// docs/snapshots.md's example, run as typed against a daemon on its own port.
 #[test]
 fn readme_snapshots_block_runs_as_typed() {
     let d = Daemon::start(&["--pool", "1"]);
     d.wait_ready();
-    let script = serverutil::readme_shell_block("## Snapshots")
+    let script = common::docs::doc_shell_block("docs/snapshots.md", "# Snapshots")
         .replace("localhost:8710", &format!("127.0.0.1:{}", d.port));
     let out = std::process::Command::new("bash")
         .args(["-euo", "pipefail", "-c", &script])
@@ -665,7 +665,7 @@ fn readme_snapshots_block_runs_as_typed() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "the README block failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        "the docs/snapshots.md block failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );

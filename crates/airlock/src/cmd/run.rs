@@ -95,6 +95,11 @@ pub struct RunArgs {
     store: super::image::StoreArgs,
     #[command(flatten)]
     registry: super::image::RegistryArgs,
+    /// Where sandbox cgroups go: `auto` (under this process's own cgroup when it is
+    /// delegated to it, e.g. a systemd unit with Delegate=yes; else each hierarchy's
+    /// root), `root`, or a cgroup PATH such as /airlock.slice (docs/cgroups.md).
+    #[arg(long, value_name = "auto|root|PATH", default_value = "auto")]
+    cgroup_parent: airlock_sandbox::cgroup::CgroupParent,
     /// The program and its arguments (with --image, default: the image's).
     #[arg(required_unless_present = "image", value_name = "COMMAND")]
     command: Vec<String>,
@@ -292,6 +297,7 @@ fn interrupted() -> ExitCode {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    airlock_sandbox::cgroup::set_parent(args.cgroup_parent.clone());
     let store = args.store.clone();
     let registry = args.registry.clone();
     let pull = args.pull.clone();

@@ -97,6 +97,11 @@ pub struct ServeArgs {
     /// one more gets a 429 `session_quota` [default: half of --max-sandboxes, 1 to 16].
     #[arg(long, value_name = "N")]
     max_sessions_per_key: Option<usize>,
+    /// Where sandbox cgroups go: `auto` (under this process's own cgroup when it is
+    /// delegated to it, e.g. a systemd unit with Delegate=yes; else each hierarchy's
+    /// root), `root`, or a cgroup PATH such as /airlock.slice (docs/cgroups.md).
+    #[arg(long, value_name = "auto|root|PATH", default_value = "auto")]
+    cgroup_parent: airlock_sandbox::cgroup::CgroupParent,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -259,6 +264,7 @@ async fn shutdown_signal() {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    airlock_sandbox::cgroup::set_parent(args.cgroup_parent.clone());
     let config = args.config()?;
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(

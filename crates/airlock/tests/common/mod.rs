@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests: every test drives the real `airlock` binary.
 #![allow(dead_code)]
 
+pub mod docs;
 pub mod host;
 
 use serde_json::Value;

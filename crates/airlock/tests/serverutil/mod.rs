@@ -819,18 +819,3 @@ pub fn metric(text: &str, prefix: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
-
-/// The first shell block of README.md's section whose heading starts with `heading`
-/// (`## Snapshots`): what the README tests run as typed.
-pub fn readme_shell_block(heading: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let section = readme
-        .split(heading)
-        .nth(1)
-        .unwrap_or_else(|| panic!("README has no section {heading:?}"));
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .unwrap_or_else(|| panic!("README's {heading:?} has no shell block"));
-    block.split("```").next().unwrap().to_owned()
-}
