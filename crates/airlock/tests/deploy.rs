@@ -16,6 +16,9 @@
 //! The helpers (airlock-guest, airlock-gvisor-agent, libairlock_gvisor_compat.so) must be
 //! built beside airlock: `cargo build --workspace` (as .ci/run does) before these tests.
 
+mod common;
+
+use common::docs::{doc_block, doc_shell_block};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -140,6 +143,23 @@ fn make_install_lays_out_a_prefix_whose_airlock_finds_its_helpers() {
         plan.contains("\"target/release/airlock-guest\" \"/usr/local/libexec/airlock/airlock-guest\""),
         "{plan}"
     );
+    // docs/install.md's from-source block is that build and install, then the installed
+    // airlock's --version and doctor, which this test runs (doctor as nobody, below).
+    let block = doc_shell_block("docs/install.md", "## From source");
+    let commands: Vec<&str> = block
+        .lines()
+        .map(|l| l.split('#').next().unwrap().trim())
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            "make",
+            "sudo make install",
+            "airlock --version",
+            "sudo airlock doctor --no-boot"
+        ],
+        "docs/install.md's from-source block changed: update this test"
+    );
     let dest = scratch();
     let prefix = "/usr/local";
     make_install(dest.path(), prefix);
@@ -245,6 +265,17 @@ fn the_debian_package_holds_the_binaries_unit_and_conffile() {
             .starts_with(&format!("airlock_{version}_")),
         "{}",
         deb.display()
+    );
+
+    // docs/install.md installs the file this builds.
+    let apt = doc_shell_block("docs/install.md", "### Installing the package");
+    assert_eq!(
+        apt.trim(),
+        format!(
+            "sudo apt install ./{}",
+            deb.file_name().unwrap().to_string_lossy()
+        ),
+        "docs/install.md installs another file than build-deb.sh makes"
     );
 
     let listing = ok(Command::new("dpkg-deb").arg("-c").arg(deb));
@@ -504,6 +535,25 @@ fn the_systemd_unit_passes_real_flags_and_verifies() {
             &run(Command::new(env!("CARGO_BIN_EXE_airlock")).args(["serve", "--help"])).stdout
         )
         .contains("AIRLOCK_SNAPSHOT_DIR")
+    );
+
+    // docs/install.md starts this unit and asks it on serve's default address.
+    let start = doc_shell_block("docs/install.md", "### Starting it");
+    let help = ok(Command::new(env!("CARGO_BIN_EXE_airlock")).args(["serve", "--help"]));
+    let listen = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("--listen"))
+        .and_then(|l| l.split("[default: ").nth(1))
+        .and_then(|d| d.split(']').next())
+        .expect("serve --help's --listen default");
+    assert_eq!(
+        start.lines().collect::<Vec<_>>(),
+        [
+            "sudo systemctl daemon-reload",
+            "sudo systemctl enable --now airlock",
+            &format!("curl -s http://{listen}/readyz"),
+        ],
+        "docs/install.md's start block"
     );
 
     // systemd-analyze verify checks the unit's syntax and that ExecStart exists: the
@@ -949,23 +999,6 @@ fn kubernetes_validate_accepts_the_manifests() {
     );
 }
 
-/// The fenced blocks of `doc` that follow a `<!-- deploy.rs runs this block -->` (or
-/// `checks`) line.
-fn marked_blocks(doc: &str, marker: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut lines = doc.lines();
-    while let Some(l) = lines.next() {
-        if l.trim() != marker {
-            continue;
-        }
-        let fence = lines.next().expect("a block after the marker");
-        assert!(fence.starts_with("```"), "no block after {marker}: {fence}");
-        let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
-        blocks.push(body.join("\n"));
-    }
-    blocks
-}
-
 /// docs/install.md's shell examples, run as written but into scratch directories: the
 /// staged install (a debug build instead of the release one), the package build, the key
 /// file (under a scratch /etc, without sudo); its MCP configuration names an installed
@@ -973,12 +1006,11 @@ fn marked_blocks(doc: &str, marker: &str) -> Vec<String> {
 #[test]
 fn the_install_docs_examples_work() {
     let doc = std::fs::read_to_string(root().join("docs/install.md")).unwrap();
-    let blocks = marked_blocks(&doc, "<!-- deploy.rs runs this block -->");
-    assert_eq!(
-        blocks.len(),
-        3,
-        "docs/install.md's tested blocks changed: update this test"
-    );
+    let blocks = [
+        doc_shell_block("docs/install.md", "### A staged install"),
+        doc_shell_block("docs/install.md", "## The Debian package"),
+        doc_shell_block("docs/install.md", "### The key file"),
+    ];
     let tmp = scratch();
     let t = tmp.path().display().to_string();
     let built = built().display().to_string();
@@ -1026,8 +1058,8 @@ fn the_install_docs_examples_work() {
         0o600
     );
 
-    let json = marked_blocks(&doc, "<!-- deploy.rs checks this block -->");
-    let config: Value = serde_json::from_str(&json[0]).unwrap();
+    let json = doc_block("docs/install.md", "## MCP desktop configuration", "json");
+    let config: Value = serde_json::from_str(&json).unwrap();
     let server = &config["mcpServers"]["airlock"];
     assert_eq!(
         server["command"], "/usr/local/bin/airlock",
@@ -1083,18 +1115,82 @@ fn the_kubernetes_docs_match_the_manifests() {
         },
         "docs/kubernetes.md's daemon command differs from the DaemonSet's: {args:?}"
     );
+    // The three shell blocks, run with kubectl replaced by a function that records its
+    // arguments (no cluster here), in a scratch directory that has the repository's
+    // deploy/ (the blocks name deploy/kubernetes/...).
+    let dir = scratch();
+    std::os::unix::fs::symlink(root().join("deploy"), dir.path().join("deploy")).unwrap();
+    let mut recorded = String::new();
+    for heading in ["### Sandbox nodes", "### API keys", "### Applying"] {
+        let block = doc_shell_block("docs/kubernetes.md", heading);
+        let script = format!("kubectl() {{ echo \"kubectl $*\" >> kubectl.log; }}\n{block}");
+        ok(Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &script])
+            .current_dir(dir.path()));
+    }
+    recorded.push_str(&std::fs::read_to_string(dir.path().join("kubectl.log")).unwrap());
     let (key, value) = pod["nodeSelector"].as_object().unwrap().iter().next().unwrap();
-    assert!(doc.contains(&format!(
-        "kubectl label node NODE {key}={}",
-        value.as_str().unwrap()
-    )));
+    let label = format!("{key}={}", value.as_str().unwrap());
+    assert!(
+        recorded.contains(&format!("kubectl label node NODE {label}\n")),
+        "{recorded}"
+    );
+    let toleration = &pod["tolerations"][0];
+    assert_eq!(
+        format!(
+            "{}={}",
+            toleration["key"].as_str().unwrap(),
+            toleration["value"].as_str().unwrap()
+        ),
+        label
+    );
+    assert!(
+        recorded.contains(&format!(
+            "kubectl taint node NODE {label}:{}\n",
+            toleration["effect"].as_str().unwrap()
+        )),
+        "{recorded}"
+    );
+    for line in recorded.lines().filter(|l| l.starts_with("kubectl apply -f ")) {
+        let path = dir.path().join(line.trim_start_matches("kubectl apply -f "));
+        assert!(path.exists(), "{line}: no such file");
+    }
+    assert!(
+        recorded.contains("kubectl apply -f deploy/kubernetes/\n"),
+        "{recorded}"
+    );
+    // The Secret the pods mount, with the file name --api-keys reads.
     let secret = pod["volumes"]
         .as_array()
         .unwrap()
         .iter()
         .find_map(|v| v["secret"]["secretName"].as_str())
         .unwrap();
-    assert!(doc.contains(&format!("create secret generic {secret} --from-file=api-keys=")));
+    let file = Path::new(arg_of(&args, "--api-keys").unwrap())
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        recorded.contains(&format!(
+            "kubectl -n airlock create secret generic {secret} --from-file={file}=api-keys\n"
+        )),
+        "{recorded}"
+    );
+    // The key file it made: name:key lines with keys of 48 hex digits.
+    let keys = std::fs::read_to_string(dir.path().join("api-keys")).unwrap();
+    let names: Vec<&str> = keys
+        .lines()
+        .map(|l| {
+            let (name, key) = l.split_once(':').unwrap();
+            assert!(
+                key.len() == 48 && key.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{keys}"
+            );
+            name
+        })
+        .collect();
+    assert_eq!(names, ["client", "prometheus"]);
     let period = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
     assert!(doc.contains(&format!("terminationGracePeriodSeconds: {period}")));
     let (rc, _, _) = container(find(&docs, "Deployment", "airlock-router"));
