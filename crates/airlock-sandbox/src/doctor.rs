@@ -71,29 +71,7 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 /// Probes the host.
 pub fn run() -> Vec<Check> {
     let root = is_root();
-    let mut checks = vec![check(
-        "root",
-        true,
-        root,
-        if root {
-            "running as root".into()
-        } else {
-            "not root: airlock needs root (each sandbox gets cgroups and an id mapping only root can set up); the checks below that need root say so".into()
-        },
-        "needs root: run airlock as root, e.g. `sudo airlock doctor`",
-    )];
-
-    let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    checks.push(check(
-        "user namespaces",
-        true,
-        userns > 0,
-        format!("max_user_namespaces = {userns}"),
-        "sysctl -w user.max_user_namespaces=15000",
-    ));
+    let mut checks = preflight_lines(root);
 
     // Where sandbox cgroups go: under this process's delegated cgroup (so the limits of
     // its unit or container bound them), or at each hierarchy's root. An ordinary user
@@ -190,20 +168,6 @@ pub fn run() -> Vec<Check> {
         )),
     }
 
-    let seccomp = std::fs::read_to_string("/proc/self/status")
-        .is_ok_and(|s| s.contains("Seccomp_filters:") || s.contains("Seccomp:"));
-    checks.push(check(
-        "seccomp",
-        true,
-        seccomp,
-        if seccomp {
-            "seccomp filters supported".into()
-        } else {
-            "no seccomp in this kernel".into()
-        },
-        "a kernel built with CONFIG_SECCOMP_FILTER",
-    ));
-
     let abi = crate::landlock::kernel_abi();
     let extras = match abi {
         0 => "off",
@@ -291,6 +255,53 @@ pub fn run() -> Vec<Check> {
         "Linux >= 6.7 (tmpfs with a filesystem id, fanotify with file ids)",
     ));
     checks
+}
+
+/// The namespace tier's preflight (see `preflight`), one line per check: the same
+/// verdicts, in the same words, as the refusal of `airlock run` and `airlock serve`.
+fn preflight_lines(root: bool) -> Vec<Check> {
+    let (probes, took) = crate::preflight::report();
+    let failed = probes.iter().filter(|p| p.result.is_err()).count();
+    let required_failed = probes
+        .iter()
+        .any(|p| p.result.is_err() && !p.name.starts_with("/dev/net/tun"));
+    let mut lines = vec![check(
+        "preflight",
+        true,
+        !required_failed,
+        format!(
+            "{} checks in {:.1} ms{}; {}",
+            probes.len(),
+            took.as_secs_f64() * 1e3,
+            if failed > 0 {
+                format!(", {failed} failed")
+            } else {
+                String::new()
+            },
+            if root {
+                "as root: each sandbox gets its own host uid range".to_owned()
+            } else {
+                format!(
+                    "rootless, as uid {}: every sandbox runs as this one host uid (docs/rootless.md)",
+                    // SAFETY: geteuid has no preconditions.
+                    unsafe { libc::geteuid() }
+                )
+            }
+        ),
+        "",
+    )];
+    for p in probes {
+        // The landlock line below says more (which ABI's rules apply).
+        if p.name == "landlock" {
+            continue;
+        }
+        let required = !p.name.starts_with("/dev/net/tun");
+        lines.push(match p.result {
+            Ok(found) => check(p.name, required, true, found, ""),
+            Err(missing) => check(p.name, required, false, missing.to_string(), ""),
+        });
+    }
+    lines
 }
 
 /// Proxy mode's kernel features (see `netns`), tried for real on a thread of its own in a

@@ -39,7 +39,19 @@ pub const INIT_ARG: &str = "__airlock_init__";
 /// Binaries that use the engine call this first thing in `main`.
 pub fn maybe_run_init() {
     match std::env::args_os().nth(1) {
-        Some(a) if a == INIT_ARG => run(),
+        Some(a) if a == INIT_ARG => {
+            if nix::unistd::geteuid().as_raw() == crate::mounts::SANDBOX_ID {
+                // Rootless, init and the programs share a uid: made non-dumpable, init's
+                // /proc entries (even the list of its fds) belong to the namespace's
+                // unmapped root, out of the programs' reach as a root init's are. The
+                // supervisor still reaches them: this exec made the namespace the owner
+                // of init's memory, and the supervisor owns the namespace. (A zygote's
+                // clone keeps the zygote's memory owner, so there init stays dumpable;
+                // its fds are still closed to the programs, who lack its capabilities.)
+                let _ = crate::sys::prctl(libc::PR_SET_DUMPABLE, 0);
+            }
+            run()
+        }
         Some(a) if a == crate::zygote::ZYGOTE_ARG => crate::zygote::serve(),
         _ => {}
     }

@@ -32,6 +32,7 @@ mod netns;
 mod nftables;
 mod payload;
 mod ports;
+pub mod preflight;
 pub mod privileges;
 mod procs;
 mod protocol;
@@ -185,22 +186,15 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Checks the host, builds the seccomp filter, and purges cgroups that crashed
-    /// airlock processes left behind.
+    /// Checks the host ([`preflight::require`]: as root, or as an ordinary user given user
+    /// namespaces and a delegated cgroup), builds the seccomp filter, and purges cgroups
+    /// that crashed airlock processes left behind.
     pub fn new() -> Result<Engine, SandboxError> {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err(SandboxError::Host(
-                "airlock must run as root to enforce memory, CPU and process limits with cgroups (try sudo)"
-                    .into(),
-            ));
-        }
-        if crate::landlock::kernel_abi() < 1 {
-            return Err(SandboxError::Host(
-                crate::landlock::LandlockError::NotEnforced.to_string(),
-            ));
-        }
-        let cgroups = cgroup::CgroupHost::detect()?;
+        let cgroups = cgroup::CgroupHost::detect();
+        // Root or not (see `preflight` and docs/rootless.md): everything a sandbox needs
+        // is tried once, and a host that lacks something is refused in one line.
+        preflight::require(cgroups.as_ref()).map_err(|m| SandboxError::Host(m.to_string()))?;
+        let cgroups = cgroups?;
         let purged = cgroups.purge_stale();
         let program = airlock_seccomp::build()?;
         Ok(Engine {

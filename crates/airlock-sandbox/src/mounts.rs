@@ -257,6 +257,13 @@ pub fn build(layout: &Layout<'_>) -> Result<(), MountError> {
     ] {
         let dir = Path::new(SCRATCH).join(part);
         mkdir_p(&dir, mode)?;
+        // Rootless, the namespace maps no root: init's own uid (the sandbox user's)
+        // stands in for it.
+        let owner = if owner == 0 {
+            nix::unistd::geteuid().as_raw()
+        } else {
+            owner
+        };
         sys(
             "chown",
             &dir,

@@ -97,7 +97,15 @@ pub fn drop_to_sandbox_user(kernel: Kernel) -> Result<(), PrivilegeError> {
     )?;
     // 3.
     let gid = Gid::from_raw(SANDBOX_ID);
-    step("setgroups", setgroups(&[gid]))?;
+    match setgroups(&[gid]) {
+        // Rootless (see docs/rootless.md): the user namespace maps only the user's own
+        // uid and gid, so this process is the sandbox user already, and the kernel denies
+        // setgroups there (an ordinary user must deny it to map a gid at all): the
+        // supplementary groups stay the ones the host gave the user (shown as the
+        // overflow gid, 65534, unless it is the user's own group).
+        Err(nix::errno::Errno::EPERM) if rootless_namespace() => {}
+        r => step("setgroups", r)?,
+    }
     step("setresgid", setresgid(gid, gid, gid))?;
     match kernel {
         Kernel::Linux { cap_last_cap } => {
@@ -120,7 +128,8 @@ pub fn drop_to_sandbox_user(kernel: Kernel) -> Result<(), PrivilegeError> {
     // 4.
     let uid = Uid::from_raw(SANDBOX_ID);
     step("setresuid", setresuid(uid, uid, uid))?;
-    // 5.
+    // 5. (Rootless, the uid did not change, so nothing was cleared at step 4: capset
+    // clears the permitted set here too.)
     step("capset", sys::clear_capabilities())?;
     let ambient = sys::prctl(
         libc::PR_CAP_AMBIENT,
@@ -131,6 +140,13 @@ pub fn drop_to_sandbox_user(kernel: Kernel) -> Result<(), PrivilegeError> {
     }
     step("no_new_privs", sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1))?;
     Ok(())
+}
+
+/// Whether this is a rootless namespace sandbox's process: already the sandbox user in a
+/// user namespace whose setgroups is denied.
+fn rootless_namespace() -> bool {
+    nix::unistd::geteuid() == Uid::from_raw(SANDBOX_ID)
+        && std::fs::read_to_string("/proc/self/setgroups").is_ok_and(|s| s.trim() == "deny")
 }
 
 #[cfg(test)]
@@ -157,6 +173,18 @@ mod tests {
         }
         if !sys::effective_capabilities().is_ok_and(|c| c == 0) {
             return 13;
+        }
+        // Permitted, inheritable and ambient sets empty too (rootless, init's capabilities
+        // are inheritable and ambient; a non-changing setresuid clears nothing).
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        for set in ["CapPrm:", "CapInh:", "CapAmb:"] {
+            let empty = status
+                .lines()
+                .find_map(|l| l.strip_prefix(set))
+                .is_some_and(|v| u64::from_str_radix(v.trim(), 16) == Ok(0));
+            if !empty {
+                return 20;
+            }
         }
         for cap in 0..=cap_last_cap {
             if !sys::prctl(libc::PR_CAPBSET_READ, cap.into()).is_ok_and(|r| r == 0) {
@@ -189,6 +217,16 @@ mod tests {
     /// Forks a child that ignores SIGPIPE and blocks SIGUSR1 as a parent might, drops
     /// its privileges for `kernel`, and checks every step took; returns its exit status.
     fn drop_in_child(kernel: Kernel, cap_last_cap: u32) -> i32 {
+        drop_in_child_after(kernel, cap_last_cap, || Ok(()))
+    }
+
+    /// As `drop_in_child`, after `before` set the child up (a non-zero status when it
+    /// failed).
+    fn drop_in_child_after(
+        kernel: Kernel,
+        cap_last_cap: u32,
+        before: impl FnOnce() -> Result<(), i32>,
+    ) -> i32 {
         // SAFETY: the child only makes syscalls (no allocation unless a step fails, and
         // then only to build its error) and ends with _exit.
         match unsafe { fork() }.expect("fork") {
@@ -198,9 +236,10 @@ mod tests {
                 let mut usr1 = SigSet::empty();
                 usr1.add(Signal::SIGUSR1);
                 let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&usr1), None);
-                let status = match drop_to_sandbox_user(kernel) {
-                    Ok(()) => check_dropped(cap_last_cap),
-                    Err(_) => 1,
+                let status = match before().map(|()| drop_to_sandbox_user(kernel)) {
+                    Err(status) => status,
+                    Ok(Ok(())) => check_dropped(cap_last_cap),
+                    Ok(Err(_)) => 1,
                 };
                 // SAFETY: _exit ends the forked child without running the test harness's
                 // atexit handlers or destructors.
@@ -228,5 +267,59 @@ mod tests {
         assert_eq!(drop_in_child(Kernel::Linux { cap_last_cap }, cap_last_cap), 0);
         // On Linux, the first capability past cap_last_cap is refused: the same set.
         assert_eq!(drop_in_child(Kernel::Gvisor, cap_last_cap), 0);
+    }
+
+    /// What a rootless sandbox's process is before the drop: an ordinary host uid that
+    /// made a user namespace mapping only itself (and its group) to the sandbox user,
+    /// with every capability there also inheritable and ambient (as init keeps them
+    /// across its exec). Returns a non-zero status when a step failed.
+    fn become_rootless_like() -> Result<(), i32> {
+        // An unprivileged host id, well away from real accounts.
+        const HOST_ID: u32 = 0x3fff_0000;
+        let id = Uid::from_raw(HOST_ID);
+        let gid = Gid::from_raw(HOST_ID);
+        setgroups(&[gid]).map_err(|_| 30)?;
+        setresgid(gid, gid, gid).map_err(|_| 31)?;
+        setresuid(id, id, id).map_err(|_| 32)?;
+        // The uid change made the process non-dumpable, its /proc files root's: an
+        // ordinary user's process is dumpable.
+        sys::prctl(libc::PR_SET_DUMPABLE, 1).map_err(|_| 40)?;
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(|_| 33)?;
+        std::fs::write("/proc/self/setgroups", "deny").map_err(|_| 34)?;
+        std::fs::write("/proc/self/uid_map", format!("{SANDBOX_ID} {HOST_ID} 1")).map_err(|_| 35)?;
+        std::fs::write("/proc/self/gid_map", format!("{SANDBOX_ID} {HOST_ID} 1")).map_err(|_| 36)?;
+        if nix::unistd::getuid() != Uid::from_raw(SANDBOX_ID) {
+            return Err(37);
+        }
+        // SAFETY: capget/capset/prctl on locals (see `keep_capabilities_across_exec`).
+        if !unsafe { crate::sandbox::keep_capabilities_across_exec() } {
+            return Err(38);
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        if !status
+            .lines()
+            .any(|l| l.starts_with("CapAmb:") && !l.ends_with("0000000000000000"))
+        {
+            return Err(39);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn drops_everything_rootless_ambient_capabilities_included() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("NOTE: not root: skipped");
+            return;
+        }
+        let cap_last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .expect("cap_last_cap")
+            .trim()
+            .parse()
+            .expect("cap_last_cap");
+        assert_eq!(
+            drop_in_child_after(Kernel::Linux { cap_last_cap }, cap_last_cap, become_rootless_like),
+            0
+        );
     }
 }

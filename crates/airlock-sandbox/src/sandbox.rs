@@ -147,9 +147,13 @@ pub struct Sandbox {
     /// Built ahead of need: its CPU share is the background's until its first exec (see
     /// [`Cgroup::set_background`]).
     background: bool,
-    /// The host uid (and gid) the sandbox user is mapped to: owner of the program's stdio
-    /// pipes.
+    /// The host uid the sandbox user is mapped to: owner of the program's stdio pipes.
+    /// Run by an ordinary user (rootless), that user's own uid, for every sandbox.
     host_user: u32,
+    /// The host gid the sandbox user's group is mapped to (rootless: the user's own).
+    host_group: u32,
+    /// Built by an ordinary user: only the sandbox user is mapped (see `preflight::id_maps`).
+    rootless: bool,
     /// Its root is an image's tree (not the host's system directories).
     image: bool,
     /// A program was spawned in it (see `keeper`): a session exec's deadline spares the
@@ -186,13 +190,13 @@ pub(crate) fn new_id() -> Result<String, SandboxError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Chowns `root` and everything below it to `uid` (as uid and gid), symlinks themselves,
+/// Chowns `root` and everything below it to `uid` and `gid`, symlinks themselves,
 /// following none.
-fn chown_tree(root: &std::path::Path, uid: u32) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(root, Some(uid), Some(uid))?;
+fn chown_tree(root: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(root, Some(uid), Some(gid))?;
     if std::fs::symlink_metadata(root)?.is_dir() {
         for e in std::fs::read_dir(root)? {
-            chown_tree(&e?.path(), uid)?;
+            chown_tree(&e?.path(), uid, gid)?;
         }
     }
     Ok(())
@@ -208,6 +212,9 @@ impl Sandbox {
     ) -> Result<Sandbox, SandboxError> {
         let t0 = Instant::now();
         let policy = egress::proxy(&config.network)?;
+        if policy.is_some() {
+            crate::preflight::require_proxy().map_err(|m| SandboxError::Host(m.to_string()))?;
+        }
         // The trust bundle the sandbox gets: the proxy's (the host's roots and its CA,
         // when it intercepts TLS for secrets), or one the caller gives.
         let ca_bundle: Option<Vec<u8>> = config.ca_bundle.clone().or_else(|| {
@@ -279,6 +286,8 @@ impl Sandbox {
             baseline: None,
             background: ahead,
             host_user: 0,
+            host_group: 0,
+            rootless: crate::preflight::rootless(),
             image: config.image.is_some(),
             spawned: false,
             ports: std::sync::OnceLock::new(),
@@ -291,19 +300,23 @@ impl Sandbox {
 
         // The child waits on the control socket: map its ids, then go.
         let base = host_uid_base(engine.next_slot());
-        sandbox.host_user = base + crate::mounts::SANDBOX_ID;
+        if sandbox.rootless {
+            // The user's own ids are all an ordinary user may map: every sandbox of this
+            // user runs as that one host uid (see docs/rootless.md).
+            // SAFETY: geteuid/getegid have no preconditions and cannot fail.
+            (sandbox.host_user, sandbox.host_group) = unsafe { (libc::geteuid(), libc::getegid()) };
+        } else {
+            sandbox.host_user = base + crate::mounts::SANDBOX_ID;
+            sandbox.host_group = sandbox.host_user;
+        }
         let image_writable = engine.writable_image && config.image.is_some();
         if let (true, Some(tree)) = (image_writable, &config.image) {
             // The build step's own copy: the sandbox user owns all of it.
-            chown_tree(tree, sandbox.host_user).map_err(|e| {
+            chown_tree(tree, sandbox.host_user, sandbox.host_group).map_err(|e| {
                 SandboxError::Setup(format!("handing {} to the sandbox user: {e}", tree.display()))
             })?;
         }
-        let map = format!("0 {base} {}\n", crate::mounts::SANDBOX_ID + 1);
-        for file in ["uid_map", "gid_map"] {
-            let path = format!("/proc/{}/{file}", cloned.pid);
-            std::fs::write(&path, &map).map_err(|e| SandboxError::Setup(format!("writing {path}: {e}")))?;
-        }
+        crate::preflight::write_id_maps(cloned.pid, base).map_err(SandboxError::Setup)?;
         // The child waits for one "go" message before it execs init; then init reads its
         // set-up request (the seccomp program as payload).
         // In proxy mode the child opens the TUN device first (see become_namespace_root).
@@ -677,13 +690,18 @@ impl Sandbox {
         }
         self.forget_index();
         let roots = self.scratch.roots(self.pid, &SNAPSHOT_ROOTS)?;
-        let owner = (self.host_user, self.host_user);
+        let owner = (self.host_user, self.host_group);
         let mut input = Cancellable::new(input, cancel);
         // With the sandbox user's filesystem ids: see `sys::with_fs_ids`.
-        let imported = sys::with_fs_ids(self.host_user, || {
+        let imported = if self.rootless {
+            // This process's own ids are the sandbox user's already.
             airlock_fstree::import(&roots, &mut input, owner)
-        })
-        .map_err(SandboxError::Spawn)?;
+        } else {
+            sys::with_fs_ids(self.host_user, || {
+                airlock_fstree::import(&roots, &mut input, owner)
+            })
+            .map_err(SandboxError::Spawn)?
+        };
         match imported {
             Ok(_) => Ok(()),
             Err(_) if input.cancelled => Err(SandboxError::Cancelled),
@@ -964,15 +982,22 @@ impl Sandbox {
         self.cgroup.as_ref()
     }
 
-    /// The host uid and gid of the sandbox user.
+    /// The host uid of the sandbox user.
     pub(crate) fn host_user(&self) -> u32 {
         self.host_user
     }
 
+    /// The host gid of the sandbox user's group.
+    pub(crate) fn host_group(&self) -> u32 {
+        self.host_group
+    }
+
     /// The host uid of the sandbox's root (its keepers' uid), once a program was
     /// spawned in it: what a session exec's deadline spares (see `Cgroup::kill_except`).
+    /// Rootless, keepers and programs share one host uid, so none is spared: a session
+    /// exec's deadline ends its spawned programs too (docs/rootless.md).
     pub(crate) fn keeper_uid(&self) -> Option<u32> {
-        self.spawned.then(|| self.host_user - crate::mounts::SANDBOX_ID)
+        (self.spawned && !self.rootless).then(|| self.host_user - crate::mounts::SANDBOX_ID)
     }
 
     /// Notes that a program was spawned in it.
@@ -1137,14 +1162,25 @@ pub(crate) unsafe fn become_namespace_root(control: RawFd) {
                 libc::close(fd);
             }
         }
-        // Become the namespace's root: until now the credentials are the host's (unmapped
-        // here). Drop the host's supplementary groups too. Raw syscalls, not glibc's
-        // wrappers: those signal every thread glibc believes exists, and the supervisor's
-        // other threads do not exist in this child.
-        if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+        // Seen from the new namespace: host root is unmapped there (the overflow uid),
+        // while an ordinary user's uid is mapped to the sandbox user's.
+        if libc::geteuid() == crate::mounts::SANDBOX_ID {
+            // Rootless: this process is already the sandbox user (the only id mapped) and
+            // holds every capability in its new namespace, but a non-root execve would
+            // drop them: keep them across init's exec as ambient capabilities (raising
+            // one needs it inheritable first). The payload's privilege drop clears the
+            // ambient and inheritable sets with the rest (see `privileges`).
+            if !keep_capabilities_across_exec() {
+                libc::_exit(125);
+            }
+        } else if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
             || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
             || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
         {
+            // Become the namespace's root: until now the credentials are the host's
+            // (unmapped here). Drop the host's supplementary groups too. Raw syscalls, not
+            // glibc's wrappers: those signal every thread glibc believes exists, and the
+            // supervisor's other threads do not exist in this child.
             libc::_exit(124);
         }
         // Die with the parent. Set only now: a change of effective uid clears it. A
@@ -1152,4 +1188,54 @@ pub(crate) unsafe fn become_namespace_root(control: RawFd) {
         // exits at once.
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
     }
+}
+
+/// Makes every permitted capability inheritable and ambient, so that it survives an
+/// execve by a non-root uid. False when a step failed.
+///
+/// # Safety
+/// Async-signal-safe: raw capget/capset/prctl on locals only.
+pub(crate) unsafe fn keep_capabilities_across_exec() -> bool {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let mut data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: the v3 header and the two data structs the kernel reads or writes.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &header as *const Header, data.as_mut_ptr()) != 0 {
+            return false;
+        }
+        for d in &mut data {
+            d.inheritable = d.permitted;
+        }
+        if libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) != 0 {
+            return false;
+        }
+        // Up to the highest number the kernel knows (it refuses the first past it).
+        for cap in 0..64 {
+            if data[(cap / 32) as usize].permitted & (1 << (cap % 32)) != 0
+                && libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE, cap, 0, 0) != 0
+            {
+                return false;
+            }
+        }
+    }
+    true
 }

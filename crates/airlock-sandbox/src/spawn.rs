@@ -65,7 +65,7 @@ impl Sandbox {
                 let (stderr_r, stderr_w) = pipe()?;
                 for fd in [&stdin_r, &stdout_w, &stderr_w] {
                     let user = self.host_user();
-                    nix::unistd::fchown(fd, Some(user.into()), Some(user.into()))
+                    nix::unistd::fchown(fd, Some(user.into()), Some(self.host_group().into()))
                         .map_err(|e| SandboxError::Spawn(e.into()))?;
                 }
                 Some(([stdin_r, stdout_w, stderr_w], [stdin_w, stdout_r, stderr_r]))

@@ -195,7 +195,7 @@ pub(crate) fn exec(
     // (Landlock leaves pipes alone: they are outside every filesystem it rules.)
     for fd in [&stdin_r, &stdout_w, &stderr_w] {
         let user = sb.host_user();
-        nix::unistd::fchown(fd, Some(user.into()), Some(user.into()))
+        nix::unistd::fchown(fd, Some(user.into()), Some(sb.host_group().into()))
             .map_err(|e| SandboxError::Spawn(e.into()))?;
     }
     let request = Request::Exec {

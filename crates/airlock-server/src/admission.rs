@@ -120,6 +120,21 @@ impl Admission {
         max - self.slots.available_permits()
     }
 
+    /// Sandboxes that could be admitted now (`/readyz`'s capacity for a fleet's router).
+    pub fn free_slots(&self) -> usize {
+        self.slots.available_permits()
+    }
+
+    /// Memory (in bytes) of the budget no admitted sandbox holds now.
+    pub fn free_memory(&self) -> u64 {
+        self.memory_mib.available_permits() as u64 * MIB
+    }
+
+    /// Requests waiting for admission now.
+    pub fn queued(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Waits for room for one sandbox with `memory_bytes` cap; returns the permit and
     /// how long it waited. On refusal the error is a 429 whose code is the reason.
     pub async fn admit(&self, key: Option<&str>, memory_bytes: u64) -> Result<(Permit, Duration), ApiError> {

@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub snapshot_budget: u64,
     /// Most sandboxes one fork request may make (`--max-fork`).
     pub max_fork: usize,
+    /// This daemon's node name in a fleet (`--node`): every session and snapshot id it
+    /// hands out is `NAME--<id>` (see [`crate::node`]); `None`: ids as they are.
+    pub node: Option<String>,
 }
 
 /// Where snapshots are stored by default.
@@ -125,6 +128,7 @@ impl Default for ServerConfig {
             snapshot_dir: None,
             snapshot_budget: 10 << 30,
             max_fork: 16,
+            node: None,
         }
     }
 }
@@ -165,6 +169,9 @@ impl ServerConfig {
         self.max.validate().map_err(|e| format!("server maxima: {e}"))?;
         if self.max_sessions_per_key == 0 {
             return Err("--max-sessions-per-key must be at least 1".into());
+        }
+        if let Some(node) = &self.node {
+            crate::node::validate(node).map_err(|e| format!("--node: {e}"))?;
         }
         if self.max_ttl.is_zero() {
             return Err("--max-session-ttl must be at least 1s".into());

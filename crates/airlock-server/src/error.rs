@@ -122,12 +122,13 @@ impl ApiError {
         e
     }
 
-    /// 503: the service is shutting down.
+    /// 503: the service is shutting down (or, a fleet member, draining: it takes no new
+    /// sessions or one-shot execs; its sessions keep working until it exits).
     pub fn shutting_down() -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "shutting_down",
-            "the service is shutting down",
+            "the service is shutting down: it takes no new sandboxes or execs (another node may)",
         )
     }
 

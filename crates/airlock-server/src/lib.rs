@@ -38,6 +38,7 @@ mod fdio;
 pub mod images;
 pub mod mcp;
 mod metrics;
+pub mod node;
 mod pool;
 mod purge;
 mod routes;
@@ -58,6 +59,9 @@ pub use error::ApiError;
 
 use state::{AppState, purge_session};
 use stop::stopped;
+
+/// How often a draining node looks whether its last sandbox is gone.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
 
 /// How often expired sessions are looked for.
 const REAP_EVERY: Duration = Duration::from_millis(250);
@@ -171,6 +175,7 @@ impl Service {
             reaper,
         } = self;
         state.stopping.send_replace(true);
+        state.closing.send_replace(true);
         state.cancel_all();
         for refill in refills {
             let _ = refill.await;
@@ -223,14 +228,25 @@ pub async fn run(
     let st = Arc::clone(&state);
     let signal = async move {
         shutdown.await;
-        tracing::info!("shutting down: no new requests; running execs get {grace:?}");
+        let deadline = tokio::time::Instant::now() + grace;
         st.stopping.send_replace(true);
         // Past the grace period, running execs are killed (their requests end with 503).
         let st2 = Arc::clone(&st);
         tokio::spawn(async move {
-            tokio::time::sleep(grace).await;
+            tokio::time::sleep_until(deadline).await;
             st2.cancel_all();
         });
+        // A fleet member drains: a router sends new work elsewhere (readyz says 503, new
+        // sessions and one-shot execs get 503 `shutting_down`), while the sessions it holds
+        // keep answering until none is left or the grace period ends.
+        if st.config.node.is_some() {
+            tracing::info!("draining: no new sessions or one-shot execs; the live ones get {grace:?}");
+            while st.active() > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(DRAIN_POLL).await;
+            }
+        }
+        tracing::info!("shutting down: no new requests; running execs get what is left of {grace:?}");
+        st.closing.send_replace(true);
     };
     let tiers: Vec<_> = state
         .tiers
@@ -259,7 +275,8 @@ pub async fn run(
 
 /// Purges sessions whose TTL has passed.
 async fn reap_sessions(state: Arc<AppState>) {
-    let mut stop = state.stopping.subscribe();
+    // Sessions still expire while a fleet member drains.
+    let mut stop = state.closing.subscribe();
     loop {
         tokio::select! {
             () = tokio::time::sleep(REAP_EVERY) => {}

@@ -26,7 +26,7 @@ pub struct KeyName(pub Option<String>);
 /// A session sandbox: lives until deleted or its TTL passes.
 #[derive(Debug)]
 pub struct Session {
-    /// Its id (the sandbox's, or the VM's).
+    /// Its id (the sandbox's, or the VM's; after `NAME--` on a daemon with `--node`).
     pub id: String,
     /// Where its execs run (fixed at creation).
     pub isolation: Isolation,
@@ -125,6 +125,13 @@ impl Session {
     pub fn with_idle(mut self, on_idle: crate::api::OnIdle, timeout: std::time::Duration) -> Session {
         self.on_idle = on_idle;
         self.idle_timeout = timeout;
+        self
+    }
+
+    /// The same session, its id handed out as the node `node`'s (`NAME--<sandbox id>`,
+    /// see [`crate::node`]).
+    pub fn with_node(mut self, node: Option<&str>) -> Session {
+        self.id = crate::node::qualify(node, &self.id);
         self
     }
 
@@ -314,8 +321,12 @@ pub struct AppState {
     pub cancel: Arc<OwnedFd>,
     /// Dropping it makes `cancel` readable.
     pub cancel_trigger: Mutex<Option<OwnedFd>>,
-    /// True once shutdown began.
+    /// True once shutdown began: no new sessions or one-shot execs (a fleet member with
+    /// `--node` drains: its sessions keep working until `closing`).
     pub stopping: watch::Sender<bool>,
+    /// True once the listener stops taking requests (at once without `--node`; after the
+    /// drain with it): no new exec in a session either.
+    pub closing: watch::Sender<bool>,
     /// The snapshot store (`--snapshot-dir`), or why the service has none.
     pub snapshots: Result<Arc<airlock_snapshot::Store>, String>,
     /// The image store (`--image-store`), shared with other airlock processes on the
@@ -371,6 +382,7 @@ impl AppState {
             cancel: Arc::new(cancel),
             cancel_trigger: Mutex::new(Some(trigger)),
             stopping: watch::Sender::new(false),
+            closing: watch::Sender::new(false),
             snapshots: crate::service::snapshots::open_store(
                 config.snapshot_dir.as_deref(),
                 config.snapshot_budget,

@@ -1,5 +1,6 @@
 //! `GET /healthz` (the process answers) and `GET /readyz` (the pool is warm and the
-//! service is not shutting down).
+//! service is not shutting down or draining), with the node's name and free capacity
+//! for a fleet's router.
 
 use axum::Json;
 use axum::extract::State;
@@ -38,6 +39,14 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
             "pool_target": target,
             "stopping": stopping,
             "sandboxes_active": state.active(),
+            // What a fleet's router (`airlock serve --route`) places new work by.
+            "node": state.config.node,
+            "sandboxes_max": state.config.max_sandboxes,
+            "sandboxes_free": state.admission.free_slots(),
+            "memory_budget_bytes": state.config.memory_budget,
+            "memory_free_bytes": state.admission.free_memory(),
+            "sessions": state.sessions.lock().map_or(0, |m| m.len()),
+            "queued": state.admission.queued(),
         })),
     )
 }

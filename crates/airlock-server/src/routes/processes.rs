@@ -193,11 +193,11 @@ pub async fn wait(
             format!("must be between 1 and {MAX_WAIT_MS}, got {ms}"),
         ));
     }
-    let mut stopping = state.stopping.subscribe();
+    let mut closing = state.closing.subscribe();
     tokio::select! {
         () = proc.wait(Duration::from_millis(ms)) => {}
-        // A shutdown does not wait for a long wait.
-        _ = stopping.wait_for(|s| *s) => {}
+        // A shutdown does not wait for a long wait (a drain does: the session still works).
+        _ = closing.wait_for(|s| *s) => {}
     }
     Ok(Json(proc.info()))
 }

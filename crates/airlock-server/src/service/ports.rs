@@ -118,7 +118,8 @@ fn bad_port() -> ApiError {
 
 /// The session id and port of a host name `{port}-{id}.<anything>` (a port's own host),
 /// where `port` is 1..=65535 without leading zeros and `id` is a session's id: 16
-/// lowercase hex digits, after `gv-` or `vm-` for the gVisor and micro-VM tiers.
+/// lowercase hex digits, after `gv-` or `vm-` for the gVisor and micro-VM tiers, the
+/// whole after `NAME--` on a daemon with a node name (`--node`).
 pub fn port_host(host: &str) -> Option<(String, u16)> {
     let (label, rest) = host.split_once('.')?;
     if rest.is_empty() {
@@ -126,10 +127,11 @@ pub fn port_host(host: &str) -> Option<(String, u16)> {
     }
     let (port, id) = label.split_once('-')?;
     let port_ok = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !port.starts_with('0');
-    let hex = id
+    let minted = crate::node::split(id).map_or(id, |(_, local)| local);
+    let hex = minted
         .strip_prefix("gv-")
-        .or_else(|| id.strip_prefix("vm-"))
-        .unwrap_or(id);
+        .or_else(|| minted.strip_prefix("vm-"))
+        .unwrap_or(minted);
     let id_ok = hex.len() == 16 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if !port_ok || !id_ok {
         return None;
@@ -623,6 +625,17 @@ mod tests {
         for tier in ["gv", "vm"] {
             let tiered = format!("{tier}-{id}");
             assert_eq!(port_host(&format!("8000-{tiered}.x")), Some((tiered, 8000)));
+        }
+        // A fleet's ids name their node first (`--node`).
+        for named in [format!("n1--{id}"), format!("node-7--gv-{id}")] {
+            assert_eq!(port_host(&format!("8000-{named}.x")), Some((named, 8000)));
+        }
+        for bad in [
+            format!("80-N1--{id}.x"),
+            format!("80-n1---{id}.x"),
+            format!("80---{id}.x"),
+        ] {
+            assert_eq!(port_host(&bad), None, "{bad}");
         }
         for bad in [
             format!("80-xx-{id}.x"),

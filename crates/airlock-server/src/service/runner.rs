@@ -251,7 +251,8 @@ pub async fn in_session(
     spec: Spec,
     stream: Option<mpsc::Sender<StreamEvent>>,
 ) -> Result<ExecResponse, ApiError> {
-    if *state.stopping.borrow() {
+    // A draining node's sessions keep working; only a closing one refuses.
+    if *state.closing.borrow() {
         return Err(ApiError::shutting_down());
     }
     detached(move |gone| async move { in_session_task(&state, &key, session, spec, gone, stream).await })
@@ -282,7 +283,7 @@ async fn in_session_task(
     .await;
     let (result, sandbox) = ran.map_err(|e| ApiError::internal(format!("exec task: {e}")))?;
     inner.sandbox = Some(sandbox);
-    let result = match result {
+    let mut result = match result {
         Ok(r) => r,
         Err(_) if session.deleted() => {
             return Err(ApiError::gone(format!(
@@ -292,6 +293,8 @@ async fn in_session_task(
         }
         Err(e) => return Err(e.into()),
     };
+    // The result names the session as the API does (`NAME--<id>` with `--node`).
+    result.id.clone_from(&session.id);
     inner.execs += 1;
     inner.cpu_ms += result.cpu_ms;
     inner.memory_peak_bytes = inner.memory_peak_bytes.max(result.memory_peak_bytes);

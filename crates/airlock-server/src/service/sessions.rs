@@ -139,13 +139,16 @@ pub(crate) async fn open(state: &Arc<AppState>, key: &KeyName, plan: Plan) -> Re
     let mut shape = Shape::of(&spec);
     shape.image = image.as_ref().map(|i| i.root.clone());
     let sandbox = super::snapshots::build(state, tier, &shape, &plan.origin).await?;
+    // The snapshot it came from, as the API names it (the store's id after the node's).
+    let node = state.config.node.as_deref();
     let from = match &plan.origin {
-        Origin::Snapshot(id) | Origin::Full(_, Some(id)) => Some(id.clone()),
+        Origin::Snapshot(id) | Origin::Full(_, Some(id)) => Some(crate::node::qualify(node, id)),
         _ => None,
     };
     let session = Arc::new(
         Session::new(sandbox, spec.isolation, ttl, key.0.clone(), limits, permit, slot)
             .map_err(|e| ApiError::internal(format!("pipe: {e}")))?
+            .with_node(node)
             .with_image(image)
             .with_network(plan.network.clone())
             .with_idle(plan.on_idle, plan.idle_timeout)

@@ -67,10 +67,11 @@ pub struct SnapshotList {
 }
 
 impl SnapshotView {
-    fn of(r: &Record) -> Result<SnapshotView, ApiError> {
+    /// The record `r` as the API shows it on the node `node` (its id after `NAME--`).
+    fn of(r: &Record, node: Option<&str>) -> Result<SnapshotView, ApiError> {
         let a = attributes(r)?;
         Ok(SnapshotView {
-            snapshot_id: r.id.clone(),
+            snapshot_id: crate::node::qualify(node, &r.id),
             kind: kind_name(r.kind).to_owned(),
             sandbox_id: r.session.clone(),
             isolation: a.isolation,
@@ -135,10 +136,12 @@ fn store_error(e: StoreError) -> ApiError {
     }
 }
 
-/// The snapshot `id` if `key` owns it (404 otherwise, whoever owns it).
+/// The snapshot `id` (as the API names it) if `key` owns it (404 otherwise, whoever owns
+/// it, and for an id of another node); the record holds the store's own id.
 pub(crate) fn record(state: &AppState, key: &KeyName, id: &str) -> Result<Record, ApiError> {
-    store(state)?
-        .get(id)
+    let store = store(state)?;
+    crate::node::local(state.config.node.as_deref(), id)
+        .and_then(|local| store.get(local))
         .filter(|r| r.owner == key.0)
         .ok_or_else(|| ApiError::not_found(format!("no snapshot {id} (GET /v1/snapshots lists yours)")))
 }
@@ -245,7 +248,7 @@ pub(crate) async fn snapshot(
         session.with_sandbox(work).await??
     };
     tracing::info!(id = %session.id, snapshot = %record.id, kind = kind_name(record.kind), bytes = record.bytes, stored = record.stored_bytes, "snapshot taken");
-    SnapshotView::of(&record)
+    SnapshotView::of(&record, state.config.node.as_deref())
 }
 
 /// Streams `sb`'s files into the store as `new`, the export and the store's reading
@@ -306,7 +309,7 @@ pub(crate) async fn restore(
         )));
     }
     end_programs(session).await;
-    let tar = store.tar(id).map_err(store_error)?;
+    let tar = store.tar(&record.id).map_err(store_error)?;
     let cancel = Arc::clone(&session.cancel);
     session
         .with_sandbox(move |sb| {
@@ -487,7 +490,10 @@ pub(crate) fn list(state: &AppState, key: &KeyName) -> Result<SnapshotList, ApiE
     records.sort_by(|a, b| a.created.total_cmp(&b.created));
     let usage = store.usage();
     Ok(SnapshotList {
-        snapshots: records.iter().map(SnapshotView::of).collect::<Result<_, _>>()?,
+        snapshots: records
+            .iter()
+            .map(|r| SnapshotView::of(r, state.config.node.as_deref()))
+            .collect::<Result<_, _>>()?,
         used_bytes: usage.used_bytes,
         budget_bytes: usage.budget_bytes,
     })
@@ -495,13 +501,13 @@ pub(crate) fn list(state: &AppState, key: &KeyName) -> Result<SnapshotList, ApiE
 
 /// The snapshot `id` of `key`.
 pub(crate) fn show(state: &AppState, key: &KeyName, id: &str) -> Result<SnapshotView, ApiError> {
-    SnapshotView::of(&record(state, key, id)?)
+    SnapshotView::of(&record(state, key, id)?, state.config.node.as_deref())
 }
 
 /// Deletes the snapshot `id` of `key`, freeing what no other snapshot shares.
 pub(crate) fn delete(state: &AppState, key: &KeyName, id: &str) -> Result<(), ApiError> {
-    record(state, key, id)?;
-    store(state)?.delete(id).map_err(store_error)?;
+    let record = record(state, key, id)?;
+    store(state)?.delete(&record.id).map_err(store_error)?;
     tracing::info!(snapshot = %id, "snapshot deleted");
     Ok(())
 }
@@ -548,9 +554,10 @@ pub(crate) fn plan_from(
     } else {
         crate::api::limits(&req.limits, &state.config, &a.limits)?
     };
-    let origin = match store(state)?.full_dir(id) {
-        Some(dir) => Origin::Full(dir, Some(id.to_owned())),
-        None => Origin::Snapshot(id.to_owned()),
+    // The store's own id from here on (the session's `from_snapshot` names it as the API does).
+    let origin = match store(state)?.full_dir(&record.id) {
+        Some(dir) => Origin::Full(dir, Some(record.id.clone())),
+        None => Origin::Snapshot(record.id.clone()),
     };
     Ok(super::sessions::Plan {
         ttl_s: req.ttl_s,

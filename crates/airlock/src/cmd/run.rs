@@ -327,7 +327,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut live = Live;
     let mut quiet = Capture;
     let sink: &mut dyn OutputSink = if json { &mut quiet } else { &mut live };
+    // Refusals before any sandbox, in one line (see airlock_sandbox::preflight): the
+    // namespace tier's checks run when its engine is made; the other tiers need root.
+    if airlock_sandbox::preflight::rootless() && spec.isolation != airlock_spec::Isolation::Namespaces {
+        bail!(
+            "cannot isolate: --isolation {} needs root (its runtime and cgroups are set up as root): run airlock as root, or use --isolation namespaces, which runs as an ordinary user (docs/rootless.md)",
+            spec.isolation.as_str()
+        );
+    }
     let backend = crate::tiers::one(spec.isolation)?;
+    if spec.isolation == airlock_spec::Isolation::Namespaces
+        && matches!(spec.network, NetworkPolicy::Proxy(_))
+    {
+        airlock_sandbox::preflight::require_proxy()?;
+    }
     let result = match backend.run_in(&shape, &spec, sink, &[cancel.as_fd()]) {
         Ok(r) => r,
         Err(Error::Cancelled) => return Ok(interrupted()),

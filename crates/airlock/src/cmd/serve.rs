@@ -83,7 +83,8 @@ pub struct ServeArgs {
     /// Concurrent requests per API key.
     #[arg(long, value_name = "N", default_value_t = 64)]
     per_key_concurrency: usize,
-    /// At shutdown, how long running execs get to finish before they are killed.
+    /// At shutdown, how long running execs get to finish before they are killed (with
+    /// --node, also how long the draining node's sessions keep working at most).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     grace: std::time::Duration,
     /// Session TTL when a request gives none [default: 10m, or --max-session-ttl if that
@@ -102,9 +103,35 @@ pub struct ServeArgs {
     /// root), `root`, or a cgroup PATH such as /airlock.slice (docs/cgroups.md).
     #[arg(long, value_name = "auto|root|PATH", default_value = "auto")]
     cgroup_parent: airlock_sandbox::cgroup::CgroupParent,
+    /// This daemon's name in a fleet: every session and snapshot id it hands out becomes
+    /// `NAME--<id>`, so a router (`--route`) finds the node from the id; lowercase
+    /// letters, digits and single hyphens, 1 to 20 characters. With it, SIGTERM drains:
+    /// no new sessions or one-shot execs (503), its sessions keep working until none is
+    /// left or --grace ends.
+    #[arg(long, value_name = "NAME", value_parser = node_name)]
+    node: Option<String>,
+    /// Run as the fleet's router instead of a daemon: forward every request to the
+    /// `--node` daemon that owns it (by the node in its id), new work to the one with
+    /// the most free capacity. PEERS: comma list of HOST:PORT and dns:NAME:PORT (every
+    /// A/AAAA record, re-resolved every 5 s). Uses --listen and --grace; the daemons
+    /// check API keys. See docs/fleet.md.
+    #[arg(long, value_name = "PEERS", value_parser = peers)]
+    route: Option<Peers>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+fn node_name(s: &str) -> Result<String, String> {
+    airlock_server::node::validate(s).map(|()| s.to_owned())
+}
+
+/// A `--route` value: the fleet's peers.
+#[derive(Debug, Clone)]
+struct Peers(Vec<airlock_router::Peer>);
+
+fn peers(s: &str) -> Result<Peers, String> {
+    airlock_router::parse_peers(s).map(Peers)
 }
 
 fn size(s: &str) -> Result<u64, String> {
@@ -247,9 +274,48 @@ impl ServeArgs {
             (None, Err(_)) => Vec::new(),
         };
         c.api_keys = keys;
+        c.node = self.node.clone();
         c.check(self.listen).map_err(|e| anyhow::anyhow!(e))?;
         Ok(c)
     }
+}
+
+/// Logs to stderr (`AIRLOCK_LOG` filters) in `format`.
+fn init_logging(format: LogFormat) {
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn")),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => subscriber.json().init(),
+        LogFormat::Text => subscriber.init(),
+    }
+}
+
+/// `serve --route PEERS`: the fleet's router on --listen (no sandbox of its own).
+fn route(args: &ServeArgs, peers: Vec<airlock_router::Peer>) -> anyhow::Result<ExitCode> {
+    if args.node.is_some() {
+        bail!("--route and --node: a router is no node (give --node to each daemon behind it)");
+    }
+    let mut config = airlock_router::RouterConfig::new(peers);
+    config.grace = args.grace;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting tokio")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
+        // The same line as a daemon's: scripts and tests wait for it.
+        let started = |addr| println!("airlock: listening on http://{addr}");
+        airlock_router::run(listener, config, started, shutdown_signal()).await?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -264,19 +330,12 @@ async fn shutdown_signal() {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format);
+    if let Some(Peers(peers)) = &args.route {
+        return route(&args, peers.clone());
+    }
     airlock_sandbox::cgroup::set_parent(args.cgroup_parent.clone());
     let config = args.config()?;
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn")),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match args.log_format {
-        LogFormat::Json => subscriber.json().init(),
-        LogFormat::Text => subscriber.init(),
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
