@@ -31,11 +31,6 @@ use std::time::{Duration, Instant};
 /// carries its schemas; .ci/run pins the package).
 const KUBERNETES_VERSION: &str = "1.34.0";
 
-/// Flags of the contract (/work/deploy-api.md) that the manifests pass and that another
-/// part adds to `airlock serve`: tolerated while this binary lacks them (a line says so),
-/// checked like every other flag once it has them.
-const PENDING_FLAGS: &[&str] = &["--route", "--node"];
-
 const HELPERS: &[&str] = &[
     "airlock-guest",
     "airlock-gvisor-agent",
@@ -433,20 +428,14 @@ fn serve_flags() -> BTreeSet<String> {
         .collect()
 }
 
-/// Checks every `--flag` in `args` is one of `flags` (or a pending one, said so).
+/// Checks every `--flag` in `args` is one of `flags`.
 fn assert_flags_exist(what: &str, args: &[String], flags: &BTreeSet<String>) {
     for a in args.iter().filter(|a| a.starts_with("--")) {
         let flag = a.split('=').next().unwrap();
-        if flags.contains(flag) {
-            continue;
-        }
-        if PENDING_FLAGS.contains(&flag) {
-            println!(
-                "{what}: {flag} is not in this binary's `airlock serve --help` yet (another part adds it)"
-            );
-            continue;
-        }
-        panic!("{what} passes {flag}, which `airlock serve --help` does not list");
+        assert!(
+            flags.contains(flag),
+            "{what} passes {flag}, which `airlock serve --help` does not list"
+        );
     }
 }
 
