@@ -46,31 +46,38 @@ impl GvisorOptions {
     }
 }
 
-/// `airlock-gvisor-agent` next to the running executable or in its parent directory
-/// (cargo puts test binaries in `target/<profile>/deps`), else
-/// `/usr/libexec/airlock/airlock-gvisor-agent`.
-pub fn default_agent_path() -> PathBuf {
+/// The directories the gVisor agent and compat library are looked in: the running
+/// executable's directory and its parent (cargo puts test binaries in
+/// `target/<profile>/deps`), the install prefix's `libexec/airlock` (`make install
+/// PREFIX=/usr/local` puts `airlock` in `<prefix>/bin`), then `/usr/libexec/airlock`.
+fn helper_dirs() -> Vec<PathBuf> {
     let exe = std::env::current_exe().ok();
-    let dirs = exe
+    let mut dirs = exe
         .iter()
         .flat_map(|e| e.ancestors().skip(1).take(2))
         .map(Path::to_path_buf)
         .collect::<Vec<_>>();
-    dirs.iter()
+    if let Some(prefix) = dirs.get(1) {
+        dirs.push(prefix.join("libexec/airlock"));
+    }
+    dirs.push(PathBuf::from("/usr/libexec/airlock"));
+    dirs
+}
+
+/// `airlock-gvisor-agent` in the first of [`helper_dirs`] that has it, else
+/// `/usr/libexec/airlock/airlock-gvisor-agent`.
+pub fn default_agent_path() -> PathBuf {
+    helper_dirs()
+        .iter()
         .map(|d| d.join("airlock-gvisor-agent"))
         .find(|p| p.is_file())
         .unwrap_or_else(|| PathBuf::from("/usr/libexec/airlock/airlock-gvisor-agent"))
 }
 
-/// `libairlock_gvisor_compat.so` next to the running executable or in its parent
-/// directory (as cargo builds it beside `airlock`), else in `/usr/libexec/airlock`.
+/// `libairlock_gvisor_compat.so` in the first of [`helper_dirs`] that has it.
 pub fn default_compat_path() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    exe.ancestors()
-        .skip(1)
-        .take(2)
-        .map(Path::to_path_buf)
-        .chain([PathBuf::from("/usr/libexec/airlock")])
+    helper_dirs()
+        .iter()
         .map(|d| d.join("libairlock_gvisor_compat.so"))
         .find(|p| p.is_file())
 }

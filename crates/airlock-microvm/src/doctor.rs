@@ -44,6 +44,28 @@ fn ending(r: &airlock_spec::ExecResult) -> String {
     }
 }
 
+/// Where the guest agent was found (`AIRLOCK_GUEST`, beside `airlock`, under the install
+/// prefix's `libexec/airlock`, or `/usr/libexec/airlock`), or every place looked at. Needs
+/// no root, so it is shown to every user.
+pub fn agent() -> Check {
+    match crate::vm::locate_agent() {
+        Ok(path) => check("microvm: guest agent", true, path.display().to_string(), ""),
+        Err(looked) => check(
+            "microvm: guest agent",
+            false,
+            format!(
+                "not found (looked at {})",
+                looked
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            "make install, the Debian package, or `cargo build -p airlock-guest`; or set AIRLOCK_GUEST",
+        ),
+    }
+}
+
 /// Probes micro-VM readiness.
 pub fn run(opts: DoctorOptions) -> Vec<Check> {
     let mut checks = Vec::new();

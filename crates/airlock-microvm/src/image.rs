@@ -178,10 +178,27 @@ pub struct ImageBuilder {
 }
 
 impl ImageBuilder {
+    /// The guest agent's metadata; missing, an error naming every place it was looked for.
+    fn agent_metadata(&self) -> Result<fs::Metadata, ImageError> {
+        fs::metadata(&self.agent).map_err(|e| match crate::vm::agent_not_found(&self.agent) {
+            // Nowhere it was looked for: the message names every place, each once.
+            Some(looked) if e.kind() == io::ErrorKind::NotFound => ImageError::Agent {
+                path: PathBuf::from("airlock-guest"),
+                reason: looked,
+            },
+            _ => ImageError::Agent {
+                path: self.agent.clone(),
+                reason: format!("{e} (build it with `cargo build -p airlock-guest`, or set AIRLOCK_GUEST)"),
+            },
+        })
+    }
+
     /// Prepares (or reuses) every boot file. The returned [`CacheUse`] keeps them from
     /// being removed as stale by another airlock process while this one uses them: hold
     /// it as long as VMs may be started from them.
     pub fn prepare(&self) -> Result<(GuestImage, PrepareTimes, CacheUse), ImageError> {
+        // The agent first: without it nothing below is worth fetching or building.
+        self.agent_metadata()?;
         mkdir_world_readable(&self.cache)?;
         // One builder at a time.
         let _build = lock(&self.cache.join("lock"), FlockArg::LockExclusive)?;
@@ -270,10 +287,7 @@ impl ImageBuilder {
 
     /// The initramfs for this agent and kernel.
     fn initramfs(&self, release: &str, modules: &Path) -> Result<PathBuf, ImageError> {
-        let meta = fs::metadata(&self.agent).map_err(|e| ImageError::Agent {
-            path: self.agent.clone(),
-            reason: format!("{e} (build it with `cargo build -p airlock-guest`, or set AIRLOCK_GUEST)"),
-        })?;
+        let meta = self.agent_metadata()?;
         let mut key = Fnv::new();
         key.add(self.agent.as_os_str().as_encoded_bytes());
         key.add(&meta.len().to_le_bytes());

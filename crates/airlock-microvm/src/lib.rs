@@ -84,9 +84,10 @@ pub enum VmError {
     /// The host cannot run micro-VMs.
     #[error("{0}")]
     Host(String),
-    /// Preparing the guest's boot files failed.
+    /// Preparing the guest's boot files failed. (Not a `#[source]`: the message already
+    /// holds it, and `{:#}` would print it twice.)
     #[error("guest image: {0}")]
-    Image(#[from] image::ImageError),
+    Image(image::ImageError),
     /// Starting the VMM failed.
     #[error("VMM: {0}")]
     Vmm(String),
@@ -114,6 +115,12 @@ pub enum VmError {
     /// The VM is gone: it stopped, or was killed because it stopped answering.
     #[error("the VM is gone (it stopped, or was killed because it stopped answering)")]
     Gone,
+}
+
+impl From<image::ImageError> for VmError {
+    fn from(e: image::ImageError) -> Self {
+        VmError::Image(e)
+    }
 }
 
 impl From<VmError> for airlock_backend::Error {

@@ -105,7 +105,7 @@ impl HostOptions {
     /// and `AIRLOCK_VM_ACCEL` (`kvm`, `tcg`, `auto`).
     pub fn from_env() -> HostOptions {
         let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-        let agent = var("AIRLOCK_GUEST").unwrap_or_else(default_agent_path);
+        let agent = default_agent_path();
         let accel = match std::env::var("AIRLOCK_VM_ACCEL").as_deref() {
             Ok("kvm") => Some(Accel::Kvm),
             Ok("tcg") => Some(Accel::Tcg),
@@ -120,16 +120,63 @@ impl HostOptions {
     }
 }
 
-/// `airlock-guest` next to the running executable (how cargo and packages lay them out),
-/// else `/usr/libexec/airlock/airlock-guest`.
-fn default_agent_path() -> PathBuf {
-    let beside = std::env::current_exe()
+/// Where the guest agent is looked for when `AIRLOCK_GUEST` is not set, in order:
+/// `airlock-guest` next to the running executable (how cargo lays them out), in
+/// `<exe dir>/../libexec/airlock/` (an install under a prefix: `make install
+/// PREFIX=/usr/local`), then `/usr/libexec/airlock/airlock-guest` (the Debian package).
+pub fn agent_search_path() -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    if let Some(dir) = std::env::current_exe()
         .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join("airlock-guest")));
-    match beside {
-        Some(p) if p.is_file() => p,
-        _ => PathBuf::from("/usr/libexec/airlock/airlock-guest"),
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        paths.push(dir.join("airlock-guest"));
+        // The prefix's libexec, named without `..` when the executable is in a `bin`
+        // directory (so messages show `/usr/local/libexec/...`).
+        let prefix = match dir.file_name() {
+            Some(name) if name == "bin" => dir.parent().map_or_else(|| dir.join(".."), Path::to_path_buf),
+            _ => dir.join(".."),
+        };
+        paths.push(prefix.join("libexec/airlock/airlock-guest"));
     }
+    let system = PathBuf::from("/usr/libexec/airlock/airlock-guest");
+    if !paths.contains(&system) {
+        paths.push(system);
+    }
+    paths
+}
+
+/// The guest agent: `AIRLOCK_GUEST` when set, else the first file of
+/// [`agent_search_path`]. `Err`: every place looked at, none of which is a file.
+pub fn locate_agent() -> Result<PathBuf, Vec<PathBuf>> {
+    let candidates = match std::env::var_os("AIRLOCK_GUEST").filter(|v| !v.is_empty()) {
+        Some(p) => vec![PathBuf::from(p)],
+        None => agent_search_path(),
+    };
+    match candidates.iter().find(|p| p.is_file()) {
+        Some(p) => Ok(p.clone()),
+        None => Err(candidates),
+    }
+}
+
+/// Where the guest agent was looked for, in words, for the error when it is missing
+/// (`None` when `agent` is not the path [`locate_agent`] settles on after finding nothing).
+pub(crate) fn agent_not_found(agent: &Path) -> Option<String> {
+    let looked = locate_agent().err()?;
+    if looked.last().map(PathBuf::as_path) != Some(agent) {
+        return None;
+    }
+    let list = looked.iter().map(|p| p.display().to_string()).collect::<Vec<_>>();
+    Some(format!(
+        "not found (looked at {}); install it with `make install` or the Debian package, build it with `cargo build -p airlock-guest`, or set AIRLOCK_GUEST",
+        list.join(", ")
+    ))
+}
+
+/// The agent [`locate_agent`] finds, else the last place it looked (whose absence the
+/// image builder then reports with [`agent_not_found`]).
+fn default_agent_path() -> PathBuf {
+    locate_agent().unwrap_or_else(|looked| looked.last().cloned().unwrap_or_default())
 }
 
 /// What a VM is sized for.

@@ -33,6 +33,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         args.probe_gvisor,
     ));
     checks.push(image_store(&args.store));
+    checks.push(airlock_microvm::doctor::agent());
     checks.extend(airlock_microvm::doctor::run(
         airlock_microvm::doctor::DoctorOptions {
             probe_kvm: args.probe_kvm,
