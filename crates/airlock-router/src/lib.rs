@@ -25,6 +25,7 @@ mod fleet;
 mod route;
 
 use airlock_server::ApiError;
+use airlock_server::hop::strip_hop_by_hop;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version, header};
@@ -274,32 +275,6 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
             .iter()
             .filter_map(|v| v.to_str().ok())
             .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
-}
-
-/// Removes the headers of one hop (and those the `Connection` header names).
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::try_from(t.trim()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ] {
-        headers.remove(name);
-    }
 }
 
 /// What adjusts a request for the node it goes to (MCP's `Host`).

@@ -252,6 +252,15 @@ mod tests {
         }
     }
 
+    /// The highest capability this kernel knows.
+    fn cap_last_cap() -> u32 {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .expect("cap_last_cap")
+            .trim()
+            .parse()
+            .expect("cap_last_cap")
+    }
+
     #[test]
     fn drops_everything_on_linux_and_as_under_gvisor() {
         // SAFETY: geteuid has no preconditions.
@@ -259,11 +268,7 @@ mod tests {
             eprintln!("NOTE: not root: skipped");
             return;
         }
-        let cap_last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-            .expect("cap_last_cap")
-            .trim()
-            .parse()
-            .expect("cap_last_cap");
+        let cap_last_cap = cap_last_cap();
         assert_eq!(drop_in_child(Kernel::Linux { cap_last_cap }, cap_last_cap), 0);
         // On Linux, the first capability past cap_last_cap is refused: the same set.
         assert_eq!(drop_in_child(Kernel::Gvisor, cap_last_cap), 0);
@@ -312,11 +317,7 @@ mod tests {
             eprintln!("NOTE: not root: skipped");
             return;
         }
-        let cap_last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-            .expect("cap_last_cap")
-            .trim()
-            .parse()
-            .expect("cap_last_cap");
+        let cap_last_cap = cap_last_cap();
         assert_eq!(
             drop_in_child_after(Kernel::Linux { cap_last_cap }, cap_last_cap, become_rootless_like),
             0

@@ -35,6 +35,7 @@ mod body;
 pub mod config;
 mod error;
 mod fdio;
+pub mod hop;
 pub mod images;
 pub mod mcp;
 mod metrics;

@@ -12,7 +12,7 @@
 use airlock_backend::PortConnector;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, Version, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, Version, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use futures_util::FutureExt as _;
@@ -27,6 +27,7 @@ use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
 use crate::fdio::FdStream;
+use crate::hop::strip_hop_by_hop;
 use crate::state::{AppState, KeyName, Session};
 
 /// The header a port's token may come in (lower case, as `HeaderMap` keys are).
@@ -446,36 +447,6 @@ async fn revoked(session: Arc<Session>, port: u16, token: String) {
     }
 }
 
-/// Hop-by-hop headers (RFC 9110 7.6.1): they describe one connection, not the message.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// Removes hop-by-hop headers and those the `Connection` header names.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(*name);
-    }
-}
-
 /// The protocol a request asks to upgrade to (`Connection: upgrade` plus `Upgrade`).
 fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
     let asks = headers
@@ -790,24 +761,6 @@ mod tests {
         h.append(header::AUTHORIZATION, HeaderValue::from_static("Bearer the-key"));
         scrub(&mut h, is_key);
         assert!(h.get(header::AUTHORIZATION).is_none());
-    }
-
-    #[test]
-    fn hop_by_hop_headers_and_those_connection_names_go() {
-        let mut h = HeaderMap::new();
-        for (n, v) in [
-            ("connection", "keep-alive, x-secret-hop"),
-            ("keep-alive", "timeout=5"),
-            ("transfer-encoding", "chunked"),
-            ("x-secret-hop", "1"),
-            ("te", "trailers"),
-            ("x-kept", "yes"),
-        ] {
-            h.insert(HeaderName::from_static(n), HeaderValue::from_static(v));
-        }
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1, "{h:?}");
-        assert_eq!(h.get("x-kept").unwrap(), "yes");
     }
 
     // -----------------------------------------------------------------------------------
