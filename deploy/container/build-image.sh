@@ -40,6 +40,8 @@ entrypoint='["/usr/libexec/airlock/container-entrypoint", "/usr/bin/airlock", "s
 port=8080
 airlock_path=/usr/bin/airlock
 guest_path=/usr/libexec/airlock/airlock-guest
+gvisor_agent_path=/usr/libexec/airlock/airlock-gvisor-agent
+gvisor_compat_path=/usr/libexec/airlock/libairlock_gvisor_compat.so
 entrypoint_path=/usr/libexec/airlock/container-entrypoint
 # The Dockerfile's exec form, as shell words (buildah splits them into the CMD form).
 healthcheck='python3 -c "import urllib.request; urllib.request.urlopen('"'"'http://127.0.0.1:8080/healthz'"'"', timeout=4)"'
@@ -92,12 +94,12 @@ if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
 fi
 
 if [ -z "$bin_dir" ]; then
-    step "cargo build --release -p airlock -p airlock-guest"
-    (cd "$repo" && cargo build --release --locked -p airlock -p airlock-guest)
+    step "cargo build --release -p airlock -p airlock-guest -p airlock-gvisor -p airlock-gvisor-compat"
+    (cd "$repo" && cargo build --release --locked -p airlock -p airlock-guest -p airlock-gvisor -p airlock-gvisor-compat)
     bin_dir="$repo/target/release"
 fi
-for bin in airlock airlock-guest; do
-    [ -x "$bin_dir/$bin" ] || { echo "build-image.sh: no $bin_dir/$bin" >&2; exit 2; }
+for bin in airlock airlock-guest airlock-gvisor-agent libairlock_gvisor_compat.so; do
+    [ -f "$bin_dir/$bin" ] || { echo "build-image.sh: no $bin_dir/$bin" >&2; exit 2; }
 done
 
 step "adding the binaries from $bin_dir -> $tag"
@@ -105,6 +107,8 @@ ctr="$(buildah from --pull-never "$base")"
 trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
 buildah copy --quiet --chmod 0755 "$ctr" "$bin_dir/airlock" "$airlock_path" >/dev/null
 buildah copy --quiet --chmod 0755 "$ctr" "$bin_dir/airlock-guest" "$guest_path" >/dev/null
+buildah copy --quiet --chmod 0755 "$ctr" "$bin_dir/airlock-gvisor-agent" "$gvisor_agent_path" >/dev/null
+buildah copy --quiet --chmod 0644 "$ctr" "$bin_dir/libairlock_gvisor_compat.so" "$gvisor_compat_path" >/dev/null
 buildah copy --quiet --chmod 0755 "$ctr" "$here/entrypoint.sh" "$entrypoint_path" >/dev/null
 buildah config \
     --entrypoint "$entrypoint" --cmd '' \

@@ -233,6 +233,11 @@ fn dockerfile_and_build_script_agree() {
     for (var, source) in [
         ("airlock_path", "/src/target/release/airlock "),
         ("guest_path", "/src/target/release/airlock-guest "),
+        ("gvisor_agent_path", "/src/target/release/airlock-gvisor-agent "),
+        (
+            "gvisor_compat_path",
+            "/src/target/release/libairlock_gvisor_compat.so ",
+        ),
         ("entrypoint_path", "deploy/container/entrypoint.sh "),
     ] {
         let path = script_var(var);
@@ -244,6 +249,15 @@ fn dockerfile_and_build_script_agree() {
     }
     assert_eq!(script_var("airlock_path"), "/usr/bin/airlock");
     assert_eq!(script_var("guest_path"), "/usr/libexec/airlock/airlock-guest");
+    // Where the gVisor tier looks beside /usr/bin/airlock (airlock-gvisor's helper_dirs).
+    assert_eq!(
+        script_var("gvisor_agent_path"),
+        "/usr/libexec/airlock/airlock-gvisor-agent"
+    );
+    assert_eq!(
+        script_var("gvisor_compat_path"),
+        "/usr/libexec/airlock/libairlock_gvisor_compat.so"
+    );
     assert_eq!(script_var("entrypoint_path"), entrypoint[0]);
 }
 
@@ -874,6 +888,33 @@ fn without_tun_proxy_requests_are_refused_by_name() {
         message.contains("/dev/net/tun") && message.contains("--device /dev/net/tun"),
         "{e:#}"
     );
+}
+
+/// The gVisor tier in the container: the image's runsc with the agent and compat library
+/// from /usr/libexec/airlock, given the one more capability it needs (docs/container.md:
+/// `--cap-add SYS_CHROOT`).
+#[test]
+fn gvisor_tier_runs_in_container() {
+    require_tools!();
+    let caps = "--cap-add CHOWN,SETUID,SETGID,SYS_ADMIN,SYS_PTRACE ";
+    let (c, out) = Container::start(
+        Network::Published,
+        &[(
+            caps,
+            "--cap-add CHOWN,SETUID,SETGID,SYS_ADMIN,SYS_PTRACE,SYS_CHROOT ",
+        )],
+    );
+    assert!(
+        out.status.success(),
+        "podman run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(c.exit_status(), None, "the daemon did not start:\n{}", c.logs());
+    let v = c
+        .client()
+        .exec_ok(&json!({"cmd": ["python3", "-c", "print(6*7)"], "isolation": "gvisor"}));
+    assert_eq!(ok_stdout(&v), "42\n");
+    assert_eq!(v["isolation"], "gvisor", "{v:#}");
 }
 
 /// The micro-VM tier in the container: the guest kernel fetched with `apt-get download`
