@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 /// How late after its deadline a killed sandbox's result may come back.
 const KILL_BOUND: Duration = Duration::from_millis(250);
+/// The same for a micro-VM under emulation (TCG), whose guest kills and reports slowly.
+const TCG_KILL_BOUND: Duration = Duration::from_millis(1000);
 
 /// A clone storm that would run for a minute: stress-ng in Debian (`.ci/run` installs it).
 fn clone_storm() -> Vec<&'static str> {
@@ -36,8 +38,9 @@ fn f64_of(v: &Value, key: &str) -> f64 {
 }
 
 /// Asserts that a run killed at `timeout` reported so, that `wall_ms` is when the program
-/// really ended, and that the answer took at most [`KILL_BOUND`] past the deadline:
-/// `elapsed` is the caller's time from request to answer, less the reported set-up.
+/// really ended, and that the answer took at most [`KILL_BOUND`] past the deadline
+/// ([`TCG_KILL_BOUND`] for an emulated micro-VM): `elapsed` is the caller's time from
+/// request to answer, less the reported set-up.
 #[track_caller]
 fn assert_killed_promptly(v: &Value, timeout: Duration, elapsed: Duration) {
     assert_eq!(v["outcome"], "timeout", "{v:#}");
@@ -45,7 +48,15 @@ fn assert_killed_promptly(v: &Value, timeout: Duration, elapsed: Duration) {
     assert!(v["exit_code"].is_null(), "{v:#}");
     assert_eq!(v["signal"], 9, "{v:#}");
     let deadline_ms = timeout.as_secs_f64() * 1e3;
-    let bound_ms = KILL_BOUND.as_secs_f64() * 1e3;
+    // A micro-VM under emulation (TCG) runs its guest's kill and report tens of times
+    // slower than the host would: a session's storm once ended 287 ms past its deadline
+    // on a loaded CI host. The bound there is TCG_KILL_BOUND.
+    let bound = if v["platform"] == "tcg" {
+        TCG_KILL_BOUND
+    } else {
+        KILL_BOUND
+    };
+    let bound_ms = bound.as_secs_f64() * 1e3;
     let wall = f64_of(v, "wall_ms");
     assert!(
         (deadline_ms..deadline_ms + bound_ms).contains(&wall),
