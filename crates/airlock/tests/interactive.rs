@@ -10,6 +10,7 @@
 //! which the namespace tier's sandboxes see.
 
 mod common;
+use common::ws::read_until;
 mod serverutil;
 mod tierutil;
 
@@ -467,19 +468,6 @@ fn websocket(
         )),
         Err(e) => panic!("websocket: {e}"),
     }
-}
-
-/// Reads binary frames until their text contains `want`; the text.
-fn read_until(ws: &mut tungstenite::WebSocket<TcpStream>, want: &str) -> String {
-    let mut seen = String::new();
-    while !seen.contains(want) {
-        match ws.read() {
-            Ok(tungstenite::Message::Binary(b)) => seen.push_str(&String::from_utf8_lossy(&b)),
-            Ok(_) => {}
-            Err(e) => panic!("reading the terminal ({e}); seen so far: {seen:?}"),
-        }
-    }
-    seen
 }
 
 #[test]

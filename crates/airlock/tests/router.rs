@@ -11,6 +11,7 @@
 //! session is gone.
 
 mod common;
+use common::ws::read_until;
 mod serverutil;
 
 use nix::sys::signal::Signal;
@@ -85,19 +86,6 @@ fn websocket(port: u16, path: &str) -> tungstenite::WebSocket<TcpStream> {
         Ok((ws, _)) => ws,
         Err(e) => panic!("websocket through the router: {e:?}"),
     }
-}
-
-/// Reads a terminal's frames until their text contains `want`.
-fn read_until(ws: &mut tungstenite::WebSocket<TcpStream>, want: &str) -> String {
-    let mut seen = String::new();
-    while !seen.contains(want) {
-        match ws.read() {
-            Ok(tungstenite::Message::Binary(b)) => seen.push_str(&String::from_utf8_lossy(&b)),
-            Ok(_) => {}
-            Err(e) => panic!("reading the terminal ({e}); seen so far: {seen:?}"),
-        }
-    }
-    seen
 }
 
 /// One request of the mixed run: what it was, and how it ended.

@@ -3,6 +3,7 @@
 
 pub mod docs;
 pub mod host;
+pub mod ws;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
