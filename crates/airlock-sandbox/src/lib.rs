@@ -183,9 +183,10 @@ pub struct Engine {
     /// The fanotify group that tells whether an exec changed a sandbox's files (see
     /// `fanotify`), made with the first sandbox; `None` where the kernel has none to give.
     changes: OnceLock<Option<std::sync::Arc<fanotify::Changes>>>,
-    /// The host was not checked when this engine was made ([`Engine::for_one_run`]): a
-    /// sandbox that fails to build is explained by the checks then.
-    unchecked: bool,
+    /// Made by [`Engine::for_one_run`]: the host was not checked (a sandbox that fails to
+    /// build is explained by the checks then), and init may run in the clone of this
+    /// process (see `sandbox::clone_directly`).
+    pub(crate) one_run: bool,
 }
 
 impl Engine {
@@ -226,14 +227,14 @@ impl Engine {
             zygote_gone: AtomicBool::new(false),
             writable_image: false,
             changes: OnceLock::new(),
-            unchecked: !check,
+            one_run: !check,
         })
     }
 
     /// `err`, a sandbox's failure to build, or what the host lacks when the checks skipped
     /// by [`Engine::for_one_run`] find something missing (that is then the cause).
     pub(crate) fn explain(&self, err: SandboxError) -> SandboxError {
-        if !self.unchecked || matches!(err, SandboxError::Spec(_) | SandboxError::Cancelled) {
+        if !self.one_run || matches!(err, SandboxError::Spec(_) | SandboxError::Cancelled) {
             return err;
         }
         match preflight::require(Ok(&self.cgroups)) {

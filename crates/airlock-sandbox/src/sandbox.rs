@@ -272,7 +272,7 @@ impl Sandbox {
             None => clone_directly(
                 cgroup_fd,
                 &child_control,
-                policy.is_none() && !crate::preflight::rootless() && sys::single_threaded(),
+                engine.one_run && policy.is_none() && !crate::preflight::rootless() && sys::single_threaded(),
             )?,
         };
         drop(child_control);
@@ -412,7 +412,8 @@ fn ca_bundle_fd(bundle: &[u8]) -> Result<OwnedFd, SandboxError> {
 /// Clones the sandbox's init from this process; the child execs airlock as init, with
 /// `child_control` as its fd 3. With `in_place`, the child becomes init without an exec,
 /// as a zygote's clone does (saving the load and start of the airlock binary, about as
-/// much CPU as the rest of a one-shot run): only for a single-threaded process (its child
+/// much CPU as the rest of a one-shot run): only for `airlock run` ([`Engine::for_one_run`],
+/// whose memory holds the user's own request), single-threaded (its child
 /// is a complete copy that may run any code) that holds no secret (no egress proxy, whose
 /// policy carries them; init's memory is out of the programs' reach, but the zygote's
 /// rule stands: nothing of the supervisor's that a sandbox does not need), and not
