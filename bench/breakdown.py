@@ -365,17 +365,19 @@ def attribute(samples, parent, execs, server_pid, client_pid, perf_pid, stacks=N
         if pid == 0:
             return "swapper"
         r = role_of.get(pid)
+        if r is None and pid == client_pid:
+            r = role_of[pid] = "client"
         if r is None:
             r, p, hops = "other", pid, 0
             while p and hops < 64:
+                if p == perf_pid:  # first: perf is the client's child
+                    r = "perf"
+                    break
                 if p == server_pid:
                     r = "server" if pid == server_pid else "helper"
                     break
                 if p == client_pid:
                     r = "client"
-                    break
-                if p == perf_pid:
-                    r = "perf"
                     break
                 if p == 2:
                     # DAMON's monitor samples the host's memory whatever runs: not ours.
@@ -405,48 +407,36 @@ def attribute(samples, parent, execs, server_pid, client_pid, perf_pid, stacks=N
 
 # --- main ---------------------------------------------------------------------------------
 
-class Target:
-    """One server under test and what its recordings added up to."""
+class Tally:
+    """What the recordings of one system under test added up to."""
 
-    def __init__(self, key, label, daemon, is_airlock, concurrency):
-        self.row = serve.Row(key, label, daemon, is_airlock, concurrency)
-        self.key, self.label = key, self.row.label
+    def __init__(self, key, label):
+        self.key, self.label = key, label
         self.phases, self.details = collections.Counter(), collections.Counter()
         self.n, self.seconds, self.window, self.errors = 0, 0.0, 0.0, []
-        self.stat_busy, self.tree_cpu, self.samples = 0.0, 0.0, 0
-        self.stacks = None
+        self.stat_busy, self.tree_cpu, self.samples = 0.0, None, 0
+        self.stacks = None  # phase -> Counter of stacks, for --stacks
 
-    def record(self, n, freq, workdir):
-        r = self.row
-        for c in r.c4:  # keep the connections open and warm; not recorded
-            c.exec()
-        r.settle()
+    def record(self, freq, workdir, work, server_pid):
+        """Runs `work()` under perf (enabled just before, disabled just after) and adds its
+        samples; `server_pid`'s process tree is counted (itself as the server when it is
+        not this process)."""
         path = os.path.join(workdir, f"{self.key}.data")
         rec = Recorder(path, freq)
         try:
-            cpu0 = r.daemon.cpu_seconds()
             host0 = serve.host_cpu_seconds()
             w0 = time.perf_counter()
             rec.command("enable")
-            secs, lat, err = serve.throughput_chunk(r.c4, n)
-            r.settle()
-            time.sleep(0.3)  # netns and cgroup release by kworkers, RCU callbacks
+            work()
             rec.command("disable")
             self.window += time.perf_counter() - w0
             self.stat_busy += serve.host_cpu_seconds() - host0
-            cpu1 = r.daemon.cpu_seconds()
         finally:
             rec.stop()
-        if cpu0 is not None and cpu1 is not None:
-            self.tree_cpu += cpu1 - cpu0
-        self.n += n
-        self.seconds += secs
-        self.errors += err
         samples, parent, execs = read_samples(path)
         os.unlink(path)
         self.samples += len(samples)
-        phases, details = attribute(samples, parent, execs, r.daemon.proc.pid, os.getpid(), rec.proc.pid,
-                                    self.stacks)
+        phases, details = attribute(samples, parent, execs, server_pid, os.getpid(), rec.proc.pid, self.stacks)
         self.phases.update(phases)
         self.details.update(details)
 
@@ -457,10 +447,41 @@ class Target:
         return sum(self.per_exec_us(k) for k in COUNTED)
 
 
-def print_table(targets, detail):
+class Target(Tally):
+    """One server under test (a row of bench/serve.py)."""
+
+    def __init__(self, key, label, daemon, is_airlock, concurrency):
+        self.row = serve.Row(key, label, daemon, is_airlock, concurrency)
+        super().__init__(key, self.row.label)
+        self.tree_cpu = 0.0
+
+    def record_load(self, n, freq, workdir):
+        r = self.row
+        for c in r.c4:  # keep the connections open and warm; not recorded
+            c.exec()
+        r.settle()
+        out = {}
+
+        def work():
+            out["secs"], _, out["err"] = serve.throughput_chunk(r.c4, n)
+            r.settle()
+            time.sleep(0.3)  # netns and cgroup release by kworkers, RCU callbacks
+
+        cpu0 = r.daemon.cpu_seconds()
+        self.record(freq, workdir, work, r.daemon.proc.pid)
+        cpu1 = r.daemon.cpu_seconds()
+        if cpu0 is not None and cpu1 is not None:
+            self.tree_cpu += cpu1 - cpu0
+        self.n += n
+        self.seconds += out["secs"]
+        self.errors += out["err"]
+
+
+def print_table(targets, detail, floor="d", ref="c", what="exec"):
+    """The breakdown, one column per tally, in µs per exec (or per `what`)."""
     w = 14
     head = "".join(f"{'(' + t.key + ')':>{w}}" for t in targets)
-    print(f"\nµs of host CPU per exec, by phase (perf cpu-clock samples, every CPU)")
+    print(f"\nµs of host CPU per {what}, by phase (perf cpu-clock samples, every CPU)")
     print(f"{'':28}{head}")
     print(f"{'':28}" + "".join(f"{t.label[:w - 1]:>{w}}" for t in targets))
     for key, label in PHASES:
@@ -474,26 +495,24 @@ def print_table(targets, detail):
                         pad = "".join(f"{(f'{us:.0f}' if u is t else ''):>{w}}" for u in targets)
                         print(f"{'    ' + d[:24]:28}{pad}")
     print("-" * (28 + w * len(targets)))
-    print(f"{'host CPU per exec':28}" + "".join(f"{t.counted_us():{w}.0f}" for t in targets))
-    floor = next((t for t in targets if t.key == "d"), None)
-    if floor is not None:
-        print(f"{'  x the bare floor (d)':28}" + "".join(
-            f"{t.counted_us() / max(1e-9, floor.counted_us()):{w}.2f}" for t in targets))
-    ref = next((t for t in targets if t.key == "c"), None)
-    if ref is not None:
-        print(f"{'  x bwrap (c)':28}" + "".join(
-            f"{t.counted_us() / max(1e-9, ref.counted_us()):{w}.2f}" for t in targets))
+    print(f"{'host CPU per ' + what:28}" + "".join(f"{t.counted_us():{w}.0f}" for t in targets))
+    for key, name in ((floor, "the bare floor"), (ref, "bwrap")):
+        base = next((t for t in targets if t.key == key), None)
+        if base is not None:
+            print(f"{f'  x {name} ({key})':28}" + "".join(
+                f"{t.counted_us() / max(1e-9, base.counted_us()):{w}.2f}" for t in targets))
     for key, label in EXCLUDED:
         print(f"{label:28}" + "".join(f"{t.per_exec_us(key):{w}.0f}" for t in targets))
     print()
     print(f"{'checks':28}")
     print(f"{'  /proc/stat busy - ours':28}" + "".join(
         f"{t.stat_busy * 1e6 / max(1, t.n):{w}.0f}" for t in targets)
-        + "   (µs/exec: should be counted + perf + other)")
-    print(f"{'  server tree, /proc':28}" + "".join(
-        f"{t.tree_cpu * 1e6 / max(1, t.n):{w}.0f}" for t in targets)
-        + "   (µs/exec: bench/serve.py's cpu ms/exec; no kernel threads)")
-    print(f"{'  execs/s while recorded':28}" + "".join(f"{t.n / max(1e-9, t.seconds):{w}.0f}" for t in targets))
+        + f"   (µs/{what}: should be counted + perf + other)")
+    if all(t.tree_cpu is not None for t in targets):
+        print(f"{'  server tree, /proc':28}" + "".join(
+            f"{t.tree_cpu * 1e6 / max(1, t.n):{w}.0f}" for t in targets)
+            + f"   (µs/{what}: bench/serve.py's cpu ms/exec; no kernel threads)")
+    print(f"{'  ' + what + 's/s while recorded':28}" + "".join(f"{t.n / max(1e-9, t.seconds):{w}.0f}" for t in targets))
     print(f"{'  samples, window s':28}" + "".join(
         f"{f'{t.samples}, {t.window:.1f}':>{w}}" for t in targets))
 
@@ -552,7 +571,7 @@ def main():
             serve.throughput_chunk(t.row.c4, args.warmup)
         for i in range(max(1, args.rounds)):
             for t in (targets if i % 2 == 0 else targets[::-1]):
-                t.record(args.requests, args.freq, workdir)
+                t.record_load(args.requests, args.freq, workdir)
             print(f"  round {i + 1}/{args.rounds} done", flush=True)
     finally:
         for t in targets:
