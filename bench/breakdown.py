@@ -61,6 +61,10 @@ below names its work):
                            claimed above), the child's first return; page faults in the
                            sandbox's helpers (copy-on-write after a fork)
   process exit, reap       do_exit, exit_mmap, release_task, exit_group, wait4/waitid
+  server: path syscalls    the server's open, close, stat, mkdir, rmdir, getdents... whose
+                           stack shows no cgroup or kernfs frame: mostly walking the path to
+                           a cgroup file or directory (a file system's own frames only
+                           appear past the lookup), with airlock
   server: HTTP, IPC        the rest of the server process: its user time (HTTP, JSON,
                            bookkeeping; the Python interpreter for c/d) and system calls
                            (sockets, pipes, futexes, epoll, reading results)
@@ -117,6 +121,7 @@ PHASES = [
     ("program", "the program"),
     ("proc_create", "process create"),
     ("proc_exit", "process exit, reap"),
+    ("server_files", "server: path syscalls"),
     ("server", "server: HTTP, IPC"),
     ("helpers", "helpers: other"),
     ("kernel_rcu", "kernel: RCU GP"),
@@ -157,6 +162,9 @@ CLONE_FRAMES = {"copy_process", "kernel_clone", "wake_up_new_task", "schedule_ta
 EXIT_SYSCALLS = {"exit", "exit_group", "wait4", "waitid"}
 EXIT_FRAMES = {"do_exit", "do_group_exit", "exit_mmap", "__mmput", "release_task", "exit_files",
                "exit_notify", "kernel_wait4", "do_wait", "kernel_waitid"}
+PATH_SYSCALLS = {"open", "openat", "openat2", "close", "close_range", "rmdir", "mkdir", "mkdirat", "unlink",
+                 "unlinkat", "statx", "newfstatat", "newstat", "newlstat", "getdents64", "statfs", "fstatfs",
+                 "readlinkat", "access", "faccessat", "faccessat2"}
 RCU_GP = {"rcu_gp_kthread", "rcu_exp_wait_wake", "wait_rcu_exp_gp", "sync_rcu_exp_select_cpus",
           "rcu_exp_sel_wait_wake", "rcu_tasks_kthread"}
 SYSCALL_PREFIXES = ("__x64_sys_", "__do_sys_", "__se_sys_", "__ia32_sys_", "ksys_", "__sys_", "do_sys_",
@@ -260,6 +268,8 @@ def classify(role, comm, ks, user_dso, execs_program, fresh_image):
     if sc in CLONE_SYSCALLS or fs & CLONE_FRAMES or (role == "helper" and page_fault):
         return "proc_create", sc or ("page fault" if page_fault else None)
     where = sc or ("page fault" if page_fault else ("user " + (user_dso or "?") if not ks else ks[-1]))
+    if role == "server" and sc in PATH_SYSCALLS:
+        return "server_files", sc
     return ("server" if role == "server" else "helpers"), where
 
 
