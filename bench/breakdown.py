@@ -4,7 +4,8 @@
 Starts the servers of bench/serve.py one beside the other on 127.0.0.1 (the same code:
 this script imports it): (a) `airlock serve` with its default pool, (c) the Python
 reference server spawning bubblewrap per request, (d) the same server spawning the
-program bare (the floor: a fork, an exec and a wait, plus the Python server's HTTP). For
+program bare (the floor: a fork, an exec and a wait, plus the Python server's HTTP), and
+(e) a bare Python loop spawning the program and waiting for it, 4 threads, no HTTP. For
 each in turn (rows interleaved over --rounds), it waits until the server is settled (the
 warm pool full, nothing running), enables `perf record -e cpu-clock -a -g` (every CPU,
 kernel stacks), drives --requests of `{"cmd":["/bin/true"]}` at concurrency 4 over
@@ -487,6 +488,61 @@ class Target(Tally):
         self.errors += out["err"]
 
 
+# The floor without HTTP: `concurrency` threads, each spawning the program and waiting for
+# it, `n` times in all, once a line arrives on stdin (so perf is recording by then).
+BARE_LOOP = r"""
+import os, sys, threading
+n, c, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+sys.stdin.readline()
+left, lock = [n], threading.Lock()
+def worker():
+    while True:
+        with lock:
+            if left[0] == 0:
+                return
+            left[0] -= 1
+        os.waitpid(os.posix_spawn(argv[0], argv, {}), 0)
+threads = [threading.Thread(target=worker) for _ in range(c)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+class LoopTarget(Tally):
+    """(e) the program spawned and waited for by a bare Python loop: no server, no HTTP."""
+
+    def __init__(self, concurrency):
+        super().__init__("e", "bare loop (no HTTP)")
+        self.concurrency = concurrency
+        self.tree_cpu = None
+
+    def record_load(self, n, freq, workdir):
+        argv = json.loads(serve.BODY)["cmd"]
+        p = subprocess.Popen([sys.executable, "-c", BARE_LOOP, str(n), str(self.concurrency), *argv],
+                             stdin=subprocess.PIPE, text=True)
+        time.sleep(0.2)  # the interpreter's start, before the recording
+
+        def work():
+            t0 = time.perf_counter()
+            p.stdin.write("go\n")
+            p.stdin.close()
+            code = p.wait()
+            self.seconds += time.perf_counter() - t0
+            if code != 0:
+                self.errors.append(f"bare loop exited with {code}")
+            time.sleep(0.3)
+
+        try:
+            self.record(freq, workdir, work, p.pid)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.n += n
+
+
 def print_table(targets, detail, floor="d", ref="c", what="exec"):
     """The breakdown, one column per tally, in µs per exec (or per `what`)."""
     w = 14
@@ -534,7 +590,9 @@ def main():
                     help="the airlock binary (default: ../target/release/airlock beside this script)")
     ap.add_argument("--pool", type=int, default=None, help="--pool for (a) (default: the daemon's default)")
     ap.add_argument("--bwrap", default=shutil.which("bwrap") or "/usr/bin/bwrap")
-    ap.add_argument("--only", default="acd", help="which servers (bench/serve.py's letters; default acd)")
+    ap.add_argument("--only", default="acde",
+                    help="which servers (bench/serve.py's letters a, c, d; e: a bare spawn loop without HTTP; "
+                         "default acde)")
     ap.add_argument("--requests", type=int, default=600, help="recorded requests per server and round")
     ap.add_argument("--rounds", type=int, default=2, help="servers are interleaved in this many rounds")
     ap.add_argument("--concurrency", type=int, default=4)
@@ -560,9 +618,9 @@ def main():
         sys.exit(f"{airlock}: not found; build it with `cargo build --release` or pass --airlock")
     if "c" in args.only and not os.access(args.bwrap, os.X_OK):
         sys.exit(f"{args.bwrap}: bwrap not found (apt-get install bubblewrap) or pass --bwrap")
-    only = "".join(k for k in "acd" if k in args.only)
-    if set(args.only) - set("acd") or not only:
-        sys.exit("--only takes a, c and d (for airlock without a pool, --pool 0)")
+    only = "".join(k for k in "acde" if k in args.only)
+    if set(args.only) - set("acde") or not only:
+        sys.exit("--only takes a, c, d and e (for airlock without a pool, --pool 0)")
 
     env = serve.daemon_env()
     workdir = tempfile.mkdtemp(prefix="airlock-breakdown-")
@@ -575,20 +633,24 @@ def main():
             d = serve.Daemon(label, argv, env)
             daemons.append(d)
             targets.append(Target(key, label, d, is_airlock, args.concurrency))
-            if stack_phases:
-                targets[-1].stacks = {p: collections.Counter() for p in stack_phases}
+        if "e" in only:
+            targets.append(LoopTarget(args.concurrency))
         for t in targets:
-            serve.throughput_chunk(t.row.c4, args.warmup)
+            if stack_phases:
+                t.stacks = {p: collections.Counter() for p in stack_phases}
+            if isinstance(t, Target):
+                serve.throughput_chunk(t.row.c4, args.warmup)
         for i in range(max(1, args.rounds)):
             for t in (targets if i % 2 == 0 else targets[::-1]):
                 t.record_load(args.requests, args.freq, workdir)
             print(f"  round {i + 1}/{args.rounds} done", flush=True)
     finally:
         for t in targets:
-            t.row.close()
+            if isinstance(t, Target):
+                t.row.close()
         codes = [d.stop() for d in daemons]
         shutil.rmtree(workdir, ignore_errors=True)
-    for t, code in zip(targets, codes):
+    for t, code in zip([t for t in targets if isinstance(t, Target)], codes):
         print(f"  ({t.key}) {t.label}: exit {code}, log {t.row.daemon.log.name}")
 
     print_table(targets, args.detail)
@@ -597,7 +659,7 @@ def main():
             print(f"\n({t.key}) {LABEL[phase]}: commonest stacks, µs per exec")
             for st, v in t.stacks[phase].most_common(10):
                 print(f"  {v / 1000 / max(1, t.n):6.0f}  {st}")
-    busy = [b for t in targets for b in t.row.busy]
+    busy = [b for t in targets if isinstance(t, Target) for b in t.row.busy] or [0.0]
     other = statistics.fmean(t.per_exec_us("other") / max(1e-9, t.counted_us()) for t in targets)
     print(f"\nhost CPU busy between recordings: median {statistics.median(busy):.0%}; other processes took "
           f"{other:.0%} of the counted CPU while recording")
