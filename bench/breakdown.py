@@ -17,7 +17,8 @@ phases sum to the measured host CPU per exec (every CPU's busy samples less the 
 generator's and other processes').
 
     sudo python3 bench/breakdown.py [--airlock PATH] [--requests 600] [--rounds 2]
-                                    [--only acd] [--detail 4] [--json FILE]
+                                    [--only acde] [--detail 3] [--stacks PHASE,...]
+                                    [--json FILE]
 
 Whose samples count. perf's FORK and COMM records give every sample's process tree:
   counted   the server process (every thread), its descendants (zygotes, sandbox
