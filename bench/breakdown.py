@@ -136,6 +136,9 @@ EXCLUDED = [
     ("idle", "idle (excluded)"),
 ]
 LABEL = dict(PHASES + EXCLUDED)
+# Seconds recorded after a server is settled again: network namespaces and cgroups are
+# released by kworkers after RCU grace periods (--tail).
+TAIL = [0.5]
 COUNTED = [k for k, _ in PHASES]
 
 # --- the rules (see the docstring) ------------------------------------------------------
@@ -477,7 +480,7 @@ class Target(Tally):
         def work():
             out["secs"], _, out["err"] = serve.throughput_chunk(r.c4, n)
             r.settle()
-            time.sleep(0.3)  # netns and cgroup release by kworkers, RCU callbacks
+            time.sleep(TAIL[0])  # netns and cgroup release by kworkers, RCU callbacks
 
         cpu0 = r.daemon.cpu_seconds()
         self.record(freq, workdir, work, r.daemon.proc.pid)
@@ -533,7 +536,7 @@ class LoopTarget(Tally):
             self.seconds += time.perf_counter() - t0
             if code != 0:
                 self.errors.append(f"bare loop exited with {code}")
-            time.sleep(0.3)
+            time.sleep(TAIL[0])
 
         try:
             self.record(freq, workdir, work, p.pid)
@@ -575,10 +578,10 @@ def print_table(targets, detail, floor="d", ref="c", what="exec"):
     print(f"{'  /proc/stat busy - ours':28}" + "".join(
         f"{t.stat_busy * 1e6 / max(1, t.n):{w}.0f}" for t in targets)
         + f"   (µs/{what}: should be counted + perf + other)")
-    if all(t.tree_cpu is not None for t in targets):
+    if any(t.tree_cpu is not None for t in targets):
         print(f"{'  server tree, /proc':28}" + "".join(
-            f"{t.tree_cpu * 1e6 / max(1, t.n):{w}.0f}" for t in targets)
-            + f"   (µs/{what}: bench/serve.py's cpu ms/exec; no kernel threads)")
+            f"{t.tree_cpu * 1e6 / max(1, t.n):{w}.0f}" if t.tree_cpu is not None else f"{'–':>{w}}"
+            for t in targets) + f"   (µs/{what}: bench/serve.py's cpu ms/exec; no kernel threads)")
     print(f"{'  ' + what + 's/s while recorded':28}" + "".join(f"{t.n / max(1e-9, t.seconds):{w}.0f}" for t in targets))
     print(f"{'  samples, window s':28}" + "".join(
         f"{f'{t.samples}, {t.window:.1f}':>{w}}" for t in targets))
@@ -599,6 +602,9 @@ def main():
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=50, help="unrecorded requests per server first")
     ap.add_argument("--freq", type=int, default=4000, help="samples per second per CPU")
+    ap.add_argument("--tail", type=float, default=TAIL[0],
+                    help="seconds recorded after the server has settled, for the kernel's asynchronous release "
+                         "of namespaces and cgroups (default %(default)s)")
     ap.add_argument("--detail", type=int, default=0, metavar="N",
                     help="under each phase, its N largest parts (system call, kernel work) per server")
     ap.add_argument("--stacks", metavar="PHASE,...", default="",
@@ -606,6 +612,7 @@ def main():
                          "(keys: " + ", ".join(COUNTED) + ")")
     ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
     args = ap.parse_args()
+    TAIL[0] = args.tail
     stack_phases = [p for p in args.stacks.split(",") if p]
     if set(stack_phases) - set(COUNTED):
         sys.exit(f"--stacks: unknown phase(s) {sorted(set(stack_phases) - set(COUNTED))}")

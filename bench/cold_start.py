@@ -111,7 +111,7 @@ def breakdown_cpu(cases, runs):
                 for _ in range(runs):
                     timed(argv)
                 t.seconds += time.perf_counter() - t0
-                time.sleep(0.3)  # netns and cgroup release by kworkers, RCU callbacks
+                time.sleep(breakdown.TAIL[0])  # netns and cgroup release by kworkers, RCU callbacks
 
             t.record(4000, workdir, work, os.getpid())
             t.n += runs
