@@ -20,7 +20,8 @@ neighbour hits them alike, and before every chunk the warm pool is left to refil
 row's background work never runs during another's. Prints a table, the ratios against
 the reference, the issues' targets, and a warning when the host was busy with other work.
 
-Two CPU figures per exec, each at c=1 and at c=4:
+Two CPU figures per exec, each at c=1 and at c=4, from the chunk's start until the server
+has drained after it (the warm pool refilled, the sandboxes purged):
   cpu ms/exec   the server process and its descendants (from /proc: utime + stime of the
                 living ones, cutime + cstime of the reaped ones);
   host ms/exec  every CPU's busy time from /proc/stat over the chunk, less this script's
@@ -400,16 +401,21 @@ class Row:
             self.pool = json.loads(daemon.get("/readyz")[1]).get("pool_target")
             self.label = label.replace("(default pool)", f"--pool {self.pool} (default)")
 
-    def settle(self, timeout=10.0):
-        """Waits until the warm pool is full again (so one row's refill never runs during
-        another row's chunk), then samples how busy the host is."""
+    def drain(self, timeout=10.0):
+        """Waits until the warm pool is full again and nothing runs, then a little more (the
+        last sandboxes' purges; network namespaces and cgroups the kernel releases later)."""
         deadline = time.monotonic() + timeout
         while self.is_airlock and self.pool and time.monotonic() < deadline:
             ready = json.loads(self.daemon.get("/readyz")[1])
             if ready.get("pool_ready", 0) >= self.pool and ready.get("sandboxes_active", 0) == 0:
                 break
             time.sleep(0.01)
-        time.sleep(0.05)  # purges of the last chunk's sandboxes
+        time.sleep(0.05)
+
+    def settle(self, timeout=10.0):
+        """Drains (so one row's refill never runs during another row's chunk), then samples
+        how busy the host is."""
+        self.drain(timeout)
         self.busy.append(host_busy(0.25))
 
     def cold_count(self):
@@ -435,6 +441,7 @@ class Row:
             self.n4 += n
             self.lat4 += lat
             self.err4 += err
+        self.drain()  # the CPU of an exec includes refilling the pool and purging its sandbox
         host1 = host_cpu_seconds()
         cpu1, cold1 = self.daemon.cpu_seconds(), self.cold_count()
         self.host[phase] += host1 - host0
