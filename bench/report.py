@@ -127,6 +127,8 @@ def main():
     text = table(serve, cold, commit())
     print()
     print(text)
+    if serve["busy_median"] > 0.05 or (cold and cold["loadavg"] > 1.5):
+        print("\nWARNING: the host was not quiet: the table's figures are skewed (rerun on a quiet host)")
     if not args.dry_run:
         rewrite(args.readme, text)
         print(f"\n{args.readme}: table rewritten between {BEGIN} and {END}")
