@@ -587,6 +587,18 @@ def print_table(targets, detail, floor="d", ref="c", what="exec"):
         f"{f'{t.samples}, {t.window:.1f}':>{w}}" for t in targets))
 
 
+def host_tasks():
+    """Threads on the host, from /proc."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                n += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                pass
+    return n
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -634,7 +646,8 @@ def main():
     workdir = tempfile.mkdtemp(prefix="airlock-breakdown-")
     print(f"POST /v1/exec {serve.BODY.decode()} at c={args.concurrency}, {args.requests} requests per server "
           f"and round, {args.rounds} rounds, perf cpu-clock at {args.freq} Hz on {os.cpu_count()} CPUs; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"load average {os.getloadavg()[0]:.2f}, {host_tasks()} tasks on the host (pivot_root walks them all)",
+          flush=True)
     targets, daemons = [], []
     try:
         for key, label, argv, is_airlock in serve.server_setups(airlock, args.bwrap, only, args.pool):
