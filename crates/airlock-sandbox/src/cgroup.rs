@@ -634,6 +634,32 @@ pub struct CgroupHost {
     cgroup2_suffices: bool,
     /// Where sandboxes go in each hierarchy.
     placement: Placement,
+    /// The v1 directories of purged sandboxes, kept for the next ones (see [`Spares`]).
+    spares: std::sync::Arc<Mutex<Spares>>,
+}
+
+/// The v1 directories of sandboxes that ended cleanly, kept (renamed `.spare-N`) for the
+/// next sandboxes of this process instead of being removed and made again: a memory
+/// cgroup's creation and, above all, its removal (offlining walks every shrinker of the
+/// host, one per mounted file system) are the largest part of a sandbox's cgroup cost.
+/// Only v1 directories can be renamed (cgroup2 has no rename), so only they are kept, and
+/// only for a service ([`CgroupHost::keep_spares`]); [`CgroupHost::release_spares`]
+/// removes them, and a crashed owner's are purged like its sandboxes.
+///
+/// What a sandbox leaves in its directory never reaches the next one's results: every
+/// process is gone before a directory is kept (else it is removed), the limits and the
+/// CPU share are written afresh, the peak is reset, and the counters the results read
+/// (CPU time, OOM kills) are read as differences. Programs cannot reach cgroup files
+/// (no cgroupfs is mounted in a sandbox). Page cache a sandbox's programs read stays
+/// charged to the directory until reclaimed, as it would stay charged to the parent.
+#[derive(Debug, Default)]
+struct Spares {
+    /// At most this many sets are kept (0: none).
+    max: usize,
+    /// One set per purged sandbox: its v1 directories, in plan order.
+    sets: Vec<Vec<SandboxDir>>,
+    /// Names the next spare.
+    next: u64,
 }
 
 /// A cgroup mount found in the mount table.
@@ -1193,6 +1219,7 @@ impl CgroupHost {
             v2,
             cgroup2_suffices: false,
             placement,
+            spares: Default::default(),
         };
         host.cgroup2_suffices = !host.v2 && host.has_kill();
         Ok(host)
@@ -1604,7 +1631,18 @@ impl CgroupHost {
         validate_limits(limits)?;
         self.check_controllers()?;
         let mut cgroup = Cgroup::new(self.fs, self.v2, sandbox_id);
+        let mut spare = self.take_spare(sandbox_id).into_iter();
+        let recycled = spare.len() > 0;
         for slot in self.plan() {
+            if !slot.cgroup2
+                && let Some(dir) = spare.next()
+            {
+                cgroup
+                    .owner_dirs
+                    .push(dir.path.parent().map(Path::to_owned).unwrap_or_default());
+                cgroup.dirs.push(dir);
+                continue;
+            }
             let enable: &[&str] = if self.v2 && slot.cgroup2 {
                 &V2_CONTROLLERS
             } else {
@@ -1627,6 +1665,10 @@ impl CgroupHost {
                 .push(SandboxDir::new(dir, slot.controllers, slot.cgroup2));
         }
         cgroup.write_limits(limits)?;
+        if recycled {
+            // It may have died in the background.
+            cgroup.set_background(false)?;
+        }
         if let Some(dir) = cgroup.cgroup2_dir() {
             let file = OpenOptions::new()
                 .read(true)
@@ -1638,7 +1680,58 @@ impl CgroupHost {
                 })?;
             cgroup.clone_fd = Some(OwnedFd::from(file));
         }
+        cgroup.spares = Some(std::sync::Arc::clone(&self.spares));
         Ok(cgroup)
+    }
+
+    /// Keeps the v1 directories of up to `max` sandboxes that ended cleanly for the next
+    /// ones (see [`Spares`]); 0 stops keeping them. No effect where sandboxes have no v1
+    /// directory (cgroup v2).
+    pub fn keep_spares(&self, max: usize) {
+        self.spares.lock().unwrap_or_else(PoisonError::into_inner).max = max;
+    }
+
+    /// Stops keeping spares and removes those kept (a service's shutdown).
+    pub fn release_spares(&self) {
+        let sets = {
+            let mut spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
+            spares.max = 0;
+            std::mem::take(&mut spares.sets)
+        };
+        for set in sets {
+            for dir in set {
+                let _ = self.fs.rmdir_tree(&dir.path);
+                if let Some(owner) = dir.path.parent() {
+                    self.fs.rmdir_if_childless(owner);
+                }
+            }
+        }
+    }
+
+    /// A kept set renamed for sandbox `id`, or none (then every directory is made).
+    fn take_spare(&self, id: &str) -> Vec<SandboxDir> {
+        let Some(mut set) = self
+            .spares
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sets
+            .pop()
+        else {
+            return Vec::new();
+        };
+        for dir in &mut set {
+            let to = dir.path.with_file_name(id);
+            if fs::rename(&dir.path, &to).is_err() {
+                // Not reusable after all: remove what is left of it, make them all.
+                for d in &set {
+                    let _ = self.fs.rmdir_tree(&d.path);
+                    let _ = self.fs.rmdir_tree(&d.path.with_file_name(id));
+                }
+                return Vec::new();
+            }
+            dir.path = to;
+        }
+        set
     }
 
     /// Every `(owner, sandbox id)` directory present, across the hierarchies used.
@@ -1682,7 +1775,7 @@ impl CgroupHost {
                 continue;
             }
             for id in &ids {
-                if self.existing(&plan, &owner, id).teardown().is_ok() {
+                if self.existing(&plan, &owner, id).teardown().is_ok() && !is_spare(id) {
                     purged += 1;
                 }
             }
@@ -1697,12 +1790,17 @@ impl CgroupHost {
     /// Number of airlock sandbox cgroups present, of any owner (a sandbox counts once
     /// however many hierarchies it has a directory in).
     pub fn count_sandboxes(&self) -> usize {
-        self.sandboxes().values().map(BTreeSet::len).sum()
+        self.sandboxes()
+            .values()
+            .map(|ids| ids.iter().filter(|id| !is_spare(id)).count())
+            .sum()
     }
 
     /// Number of sandbox cgroups present that belong to this process.
     pub fn count_own_sandboxes(&self) -> usize {
-        self.sandboxes().get(&self.owner).map_or(0, BTreeSet::len)
+        self.sandboxes()
+            .get(&self.owner)
+            .map_or(0, |ids| ids.iter().filter(|id| !is_spare(id)).count())
     }
 
     /// A handle on the existing directories of another owner's sandbox, for purging.
@@ -1720,6 +1818,12 @@ impl CgroupHost {
         }
         cgroup
     }
+}
+
+/// Whether a directory name below an owner's is a kept spare (see [`Spares`]), not a
+/// sandbox.
+fn is_spare(name: &str) -> bool {
+    name.starts_with(".spare-")
 }
 
 /// One directory of a sandbox's cgroup.
@@ -1864,6 +1968,9 @@ pub struct Cgroup {
     clone_fd: Option<OwnedFd>,
     /// v2: `memory.peak`, open since the first reset that took (see [`Cgroup::reset_peak`]).
     peak: Mutex<Option<fs::File>>,
+    /// Where its v1 directories go when it ends cleanly (see [`Spares`]); `None` for a
+    /// handle on another owner's directories, or one not fully made.
+    spares: Option<std::sync::Arc<Mutex<Spares>>>,
 }
 
 impl Cgroup {
@@ -1876,6 +1983,7 @@ impl Cgroup {
             owner_dirs: Vec::new(),
             clone_fd: None,
             peak: Mutex::new(None),
+            spares: None,
         }
     }
 
@@ -2447,6 +2555,9 @@ impl Cgroup {
         if let Err(e) = self.wait_empty(deadline) {
             first_err.get_or_insert(e);
         }
+        if first_err.is_none() {
+            self.keep_as_spare();
+        }
         for dir in std::mem::take(&mut self.dirs) {
             // rmdir can report EBUSY for a moment after the last task left.
             let removed = loop {
@@ -2468,6 +2579,40 @@ impl Cgroup {
             self.fs.rmdir_if_childless(&owner_dir);
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Moves its v1 directories to the spares (renamed `.spare-N`) if spares are kept and
+    /// there is room; the rest is removed by [`Cgroup::teardown`]. Called once no process
+    /// is left.
+    fn keep_as_spare(&mut self) {
+        let Some(spares) = self.spares.take() else {
+            return;
+        };
+        let mut spares = spares.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.fs == Fs::Fake || spares.sets.len() >= spares.max || !self.dirs.iter().any(|d| !d.cgroup2) {
+            return;
+        }
+        let mut set = Vec::new();
+        let mut kept = Vec::new();
+        for dir in std::mem::take(&mut self.dirs) {
+            if dir.cgroup2 {
+                kept.push(dir);
+                continue;
+            }
+            spares.next += 1;
+            let to = dir.path.with_file_name(format!(".spare-{}", spares.next));
+            match fs::rename(&dir.path, &to) {
+                Ok(()) => set.push(SandboxDir { path: to, ..dir }),
+                Err(_) => kept.push(dir),
+            }
+        }
+        if kept.iter().any(|d| !d.cgroup2) {
+            // A rename failed: none of this set is kept; all of it is removed.
+            kept.extend(set);
+        } else {
+            spares.sets.push(set);
+        }
+        self.dirs = kept;
     }
 
     /// Kills every process, waits (about 2 s at most) until none is left, and removes

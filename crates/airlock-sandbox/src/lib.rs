@@ -162,6 +162,10 @@ impl From<SandboxError> for airlock_backend::Error {
     }
 }
 
+/// How many sandboxes' v1 cgroup directories a service keeps for the next ones (each
+/// holds a memory cgroup's kernel state, some tens of KiB).
+pub const SPARE_CGROUPS: usize = 16;
+
 /// What is needed to run sandboxes on this host, detected and built once.
 #[derive(Debug)]
 pub struct Engine {
@@ -305,6 +309,18 @@ impl Engine {
         // A concurrent start lost the race: its zygote exits when its socket closes.
         let _ = self.zygote.set(zygote);
         Ok(())
+    }
+
+    /// Keeps the v1 cgroup directories of sandboxes that ended cleanly for the next ones
+    /// (see `cgroup::Spares`), at most as many as [`SPARE_CGROUPS`]: for a service, which
+    /// must call [`airlock_backend::Backend::stop_service`] at its end to remove them.
+    pub fn keep_spare_cgroups(&self) {
+        self.cgroups.keep_spares(SPARE_CGROUPS);
+    }
+
+    /// Stops keeping spare cgroup directories and removes those kept.
+    pub fn release_spare_cgroups(&self) {
+        self.cgroups.release_spares();
     }
 
     /// The zygote, while it answers.

@@ -3,7 +3,8 @@
 //! Sandboxes share things to save cost (docs/design.md, "What sandboxes share, and why it
 //! is clean"): the service's fork server clones every init, a warm pool builds sandboxes
 //! before anyone asks, the engine's seccomp program, fanotify group and host uid slots
-//! serve all of them, and `airlock run` clones init from itself. Each tenant here tries to leave
+//! serve all of them, a service hands a purged sandbox's v1 cgroup directories to the next
+//! one, and `airlock run` clones init from itself. Each tenant here tries to leave
 //! something for the next one: files in every writable place, System V IPC objects, a
 //! background process holding an abstract unix socket and a TCP listener, memory and CPU
 //! spent (the next result's `memory_peak_bytes` and `cpu_ms` must be its own), and the
