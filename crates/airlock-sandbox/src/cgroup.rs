@@ -1966,8 +1966,9 @@ pub struct Cgroup {
     owner_dirs: Vec<PathBuf>,
     /// Owned: `O_DIRECTORY|O_CLOEXEC` fd of the cgroup2 directory, for clone3.
     clone_fd: Option<OwnedFd>,
-    /// v2: `memory.peak`, open since the first reset that took (see [`Cgroup::reset_peak`]).
-    peak: Mutex<Option<fs::File>>,
+    /// v2: `memory.peak`, open since the first reset that took (see [`Cgroup::reset_peak`]);
+    /// `None` once a reset failed (a kernel before 6.12: not tried again).
+    peak: Mutex<Option<Option<fs::File>>>,
     /// Where its v1 directories go when it ends cleanly (see [`Spares`]); `None` for a
     /// handle on another owner's directories, or one not fully made.
     spares: Option<std::sync::Arc<Mutex<Spares>>>,
@@ -1982,7 +1983,7 @@ impl Cgroup {
             dirs: Vec::new(),
             owner_dirs: Vec::new(),
             clone_fd: None,
-            peak: Mutex::new(None),
+            peak: Mutex::new(Some(None)),
             spares: None,
         }
     }
@@ -2149,10 +2150,13 @@ impl Cgroup {
             return;
         }
         let mut peak = self.peak.lock().unwrap_or_else(PoisonError::into_inner);
-        if peak.is_none() {
-            *peak = open_peak(dir).ok();
+        let Some(slot) = peak.as_mut() else {
+            return; // tried, and the kernel cannot reset it
+        };
+        if slot.is_none() {
+            *slot = open_peak(dir).ok();
         }
-        if let Some(file) = peak.as_mut()
+        if let Some(file) = slot.as_ref()
             && (&*file).write_all(b"reset\n").is_err()
         {
             *peak = None;
@@ -2163,7 +2167,7 @@ impl Cgroup {
     fn peak_since_reset(&self) -> Option<u64> {
         use std::os::unix::fs::FileExt as _;
         let peak = self.peak.lock().unwrap_or_else(PoisonError::into_inner);
-        let file = peak.as_ref()?;
+        let file = peak.as_ref()?.as_ref()?;
         let mut buf = [0u8; 32];
         let n = file.read_at(&mut buf, 0).ok()?;
         parse_u64(std::str::from_utf8(&buf[..n]).ok()?, None)
@@ -2542,7 +2546,7 @@ impl Cgroup {
         }
         self.clone_fd = None;
         // An open interface file keeps the removed cgroup's memory around until closed.
-        *self.peak.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.peak.get_mut().unwrap_or_else(PoisonError::into_inner) = Some(None);
         let deadline = Instant::now() + DESTROY_WAIT;
         let mut first_err = self.kill().err();
         // A predecessor that crashed between freeze and thaw leaves tasks frozen, and a
