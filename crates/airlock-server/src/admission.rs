@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::ServerConfig;
-use airlock_backend::Backend;
 use crate::error::ApiError;
+use airlock_backend::Backend;
 
 /// Memory is admitted in MiB units (semaphore permits).
 const MIB: u64 = 1 << 20;
