@@ -130,6 +130,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Says the service stopped and every sandbox of it is purged: the tier releases
+    /// what it kept for the next ones (the namespace tier's spare cgroup directories).
+    fn stop_service(&self) {}
+
     /// Builds a sandbox of `shape` for `purpose` (blocking). A sandbox's processes may
     /// be tied to the thread that creates it (they die when it exits): long-lived
     /// sandboxes (sessions, pools) must be created on threads that live as long as the
