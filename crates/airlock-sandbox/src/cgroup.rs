@@ -1834,30 +1834,69 @@ struct SandboxDir {
     controllers: Vec<&'static str>,
     /// True in the cgroup2 hierarchy.
     cgroup2: bool,
-    /// `O_PATH` fd of `path`: its interface files are opened relative to it, not by a walk
-    /// of the whole path each time (a sandbox opens some thirty of them in its life).
-    /// `None` when it could not be opened (then paths are walked).
-    fd: Option<OwnedFd>,
 }
 
 impl SandboxDir {
     fn new(path: PathBuf, controllers: Vec<&'static str>, cgroup2: bool) -> SandboxDir {
-        use rustix::fs::{CWD, Mode, OFlags, openat};
-        let fd = openat(
-            CWD,
-            &path,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .ok();
         SandboxDir {
             path,
             controllers,
             cgroup2,
-            fd,
         }
     }
 
+    /// The directory held open (`O_PATH`) for several of its files: each is then opened
+    /// relative to it, not by a walk of the whole path. Not kept between operations: an
+    /// idle session must cost the daemon few fds (thousands of them live at once).
+    fn at(&self) -> Dir<'_> {
+        use rustix::fs::{CWD, Mode, OFlags, openat};
+        let fd = openat(
+            CWD,
+            &self.path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok();
+        Dir { path: &self.path, fd }
+    }
+
+    /// The directory by its path, for one file.
+    fn walk(&self) -> Dir<'_> {
+        Dir {
+            path: &self.path,
+            fd: None,
+        }
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.walk().has(name)
+    }
+
+    fn write(&self, name: &str, value: &str) -> Result<(), CgroupError> {
+        self.walk().write(name, value)
+    }
+
+    fn read(&self, name: &str) -> io::Result<String> {
+        self.walk().read(name)
+    }
+
+    fn read_u64(&self, name: &str, key: Option<&str>) -> Option<u64> {
+        self.walk().read_u64(name, key)
+    }
+
+    fn pids(&self) -> Result<Vec<i32>, CgroupError> {
+        self.walk().pids()
+    }
+}
+
+/// A sandbox directory's interface files (see [`SandboxDir::at`]).
+struct Dir<'a> {
+    path: &'a Path,
+    /// `O_PATH` fd of `path`, or `None`: walk the path.
+    fd: Option<OwnedFd>,
+}
+
+impl Dir<'_> {
     /// Opens interface file `name` (no create, close-on-exec).
     fn open(&self, name: &str, write: bool) -> io::Result<fs::File> {
         use rustix::fs::{Mode, OFlags, openat};
@@ -1873,6 +1912,23 @@ impl SandboxDir {
         };
         let fd = openat(dir, name, flags | OFlags::CLOEXEC, Mode::empty())?;
         Ok(fs::File::from(fd))
+    }
+
+    /// Opens interface file `name` for reading and writing.
+    fn open_rw(&self, name: &str) -> io::Result<fs::File> {
+        use rustix::fs::{Mode, OFlags, openat};
+        match &self.fd {
+            Some(dir) => Ok(fs::File::from(openat(
+                dir,
+                name,
+                OFlags::RDWR | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?)),
+            None => OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(self.path.join(name)),
+        }
     }
 
     /// Whether interface file `name` exists (a kernel too old for it has none).
@@ -1933,19 +1989,7 @@ enum KillMethod {
 
 /// `memory.peak` of `dir`, open for reading and writing (see [`Cgroup::reset_peak`]).
 fn open_peak(dir: &SandboxDir) -> io::Result<fs::File> {
-    use rustix::fs::{Mode, OFlags, openat};
-    match &dir.fd {
-        Some(fd) => Ok(fs::File::from(openat(
-            fd,
-            "memory.peak",
-            OFlags::RDWR | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?)),
-        None => OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir.path.join("memory.peak")),
-    }
+    dir.walk().open_rw("memory.peak")
 }
 
 /// One sandbox's cgroup: a directory in every hierarchy used.
@@ -2035,7 +2079,7 @@ impl Cgroup {
         let pids = limits.pids.to_string();
         let quota = cpu_quota_us(limits.cpus);
         if self.v2 {
-            let dir = self.need_dir("memory")?;
+            let dir = self.need_dir("memory")?.at();
             dir.write("memory.max", &memory)?;
             // Absent without swap accounting; then there is no swap to cap.
             if dir.has("memory.swap.max") {
@@ -2044,7 +2088,7 @@ impl Cgroup {
             self.need_dir("pids")?.write("pids.max", &pids)?;
             return self.write_cpu_quota(Some(quota));
         }
-        let dir = self.need_dir("memory")?;
+        let dir = self.need_dir("memory")?.at();
         // memsw (memory+swap) must stay >= the memory limit at every step: when the limit
         // goes down, lower it first; when it goes up (a live cgroup given a larger cap),
         // raise memsw first.
@@ -2072,7 +2116,7 @@ impl Cgroup {
 
     /// Writes the CFS quota (microseconds per [`CPU_PERIOD_US`]), or none at all.
     fn write_cpu_quota(&self, quota_us: Option<u64>) -> Result<(), CgroupError> {
-        let cpu = self.need_dir("cpu")?;
+        let cpu = self.need_dir("cpu")?.at();
         if self.v2 {
             let quota = quota_us.map_or_else(|| "max".to_owned(), |q| q.to_string());
             return cpu.write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"));
@@ -2231,7 +2275,7 @@ impl Cgroup {
         let mut usage = Usage::default();
         let cgroup2_cpu = |dir: &SandboxDir| dir.read_u64("cpu.stat", Some("usage_usec"));
         if self.v2 {
-            if let Some(dir) = self.sandbox_dir("memory") {
+            if let Some(dir) = self.sandbox_dir("memory").map(SandboxDir::at) {
                 usage.memory_peak_bytes = self
                     .peak_since_reset()
                     .or_else(|| dir.read_u64("memory.peak", None))
@@ -2245,7 +2289,7 @@ impl Cgroup {
                 .map_or(0, |us| us.saturating_mul(1000));
             return usage;
         }
-        if let Some(dir) = self.sandbox_dir("memory") {
+        if let Some(dir) = self.sandbox_dir("memory").map(SandboxDir::at) {
             usage.memory_peak_bytes = dir.read_u64("memory.max_usage_in_bytes", None).unwrap_or(0);
             usage.oom_kills = dir.read_u64("memory.oom_control", Some("oom_kill")).unwrap_or(0);
         }
