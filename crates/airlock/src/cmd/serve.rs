@@ -44,12 +44,19 @@ pub struct ServeArgs {
     /// `IMAGE=N` keeps N of an image warm too (repeatable).
     #[arg(long, value_name = "N|IMAGE=N", value_parser = pool_size)]
     gvisor_pool: Vec<PoolSize>,
-    /// Live sandboxes at most [default: memory budget / default memory cap].
+    /// Live sandboxes at most [default: memory budget / --session-idle-memory, at most
+    /// 4096].
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
-    /// Sum of admitted memory caps at most [default: 80% of host RAM].
+    /// Sum of admitted memory at most: one-shot execs' caps, idle namespace sessions'
+    /// --session-idle-memory, a session's cap while an exec runs in it [default: 80% of
+    /// host RAM].
     #[arg(long, value_name = "SIZE", value_parser = size, allow_hyphen_values = true)]
     memory_budget: Option<u64>,
+    /// What an idle namespace session holds of the memory budget (at most its memory
+    /// cap); each exec in it holds the rest of its cap while it runs.
+    #[arg(long, value_name = "SIZE", default_value = "4M", value_parser = size, allow_hyphen_values = true)]
+    session_idle_memory: u64,
     /// How long a request waits for admission before a 429.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     queue_timeout: std::time::Duration,
@@ -213,10 +220,15 @@ impl ServeArgs {
         )?
         .unwrap_or(0);
         c.image_pools = images;
+        if self.session_idle_memory < 1 << 20 {
+            bail!("--session-idle-memory must be at least 1M (an idle session holds about that much)");
+        }
+        c.session_idle_bytes = self.session_idle_memory;
         if let Some(b) = self.memory_budget {
             c.memory_budget = b;
-            c.max_sandboxes = ((b / c.defaults.memory_bytes) as usize).clamp(1, 1024);
         }
+        c.max_sandboxes =
+            airlock_server::config::default_max_sandboxes(c.memory_budget, c.session_idle_bytes);
         if let Some(n) = self.max_sandboxes {
             if n == 0 {
                 bail!("--max-sandboxes must be at least 1");
@@ -318,6 +330,35 @@ fn route(args: &ServeArgs, peers: Vec<airlock_router::Peer>) -> anyhow::Result<E
     Ok(ExitCode::SUCCESS)
 }
 
+/// Open files the daemon needs per live sandbox, about (its pidfd, pipes, cgroup and
+/// namespace fds, a connection): bench/density.py counts them.
+const FILES_PER_SANDBOX: u64 = 16;
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit: a daemon holding thousands of
+/// sessions holds several fds each, far beyond the usual soft 1024. Sandboxes do not
+/// inherit it (each payload sets its own, `privileges::MAX_OPEN_FILES`). Warns when even
+/// the hard limit is short for `max_sandboxes`.
+fn raise_open_files(max_sandboxes: usize) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft < hard {
+        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::warn!(soft, hard, error = %e, "cannot raise RLIMIT_NOFILE to the hard limit");
+        }
+    }
+    let need = (max_sandboxes as u64).saturating_mul(FILES_PER_SANDBOX) + 1024;
+    if hard < need {
+        tracing::warn!(
+            hard,
+            need,
+            max_sandboxes,
+            "RLIMIT_NOFILE's hard limit may be short for --max-sandboxes: raise it (LimitNOFILE=, ulimit -Hn) or lower --max-sandboxes"
+        );
+    }
+}
+
 /// Resolves on SIGTERM or SIGINT.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -336,6 +377,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     airlock_sandbox::cgroup::set_parent(args.cgroup_parent.clone());
     let config = args.config()?;
+    raise_open_files(config.max_sandboxes);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
