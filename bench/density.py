@@ -15,17 +15,20 @@ one caller hold them all, then:
   4. deletes the N sessions and snapshots once more (what did not come back is a leak or
      a cache the kernel keeps), then times the probe once more (0 others, after).
 
-Host memory per idle session, three ways, each a delta over the N sessions divided by N:
+Host memory per idle session, each a delta over the N sessions divided by N:
 
-  - `host`: /proc/meminfo MemTotal - MemAvailable (what the kernel says it could not hand
-    out without swapping; it moves with page cache and reclaimable slab too),
-  - `kernel+anon` (THE FIGURE): AnonPages + Shmem + SUnreclaim + KernelStack + PageTables
-    + Percpu. These are the memory the sessions pin and cannot be reclaimed; unlike
-    MemAvailable they do not move when another process on the host reads or writes files,
-    which on a shared build host (compilers streaming through the page cache) is most of
-    the noise. A session's tmpfs pages are Shmem; its netns, memcg, mounts and
-    processes are SUnreclaim, Percpu, KernelStack and PageTables; its processes'
-    copied-on-write pages are AnonPages.
+  - THE FIGURE, `kernel + processes`: the kernel objects the host pins for them,
+    /proc/meminfo SUnreclaim + KernelStack + PageTables + Percpu + Shmem (their netns,
+    memcg, mounts, tmpfs and proc inodes, processes' stacks and page tables), plus the
+    PSS of the sessions' own processes (from /proc/PID/smaps_rollup: what they hold of
+    their own, and their share of what they share with the zygote), plus the daemon's RSS
+    growth. Why not MemAvailable alone: on a shared build host, compilers allocate and
+    free hundreds of MiB of anonymous memory and stream files through the page cache
+    within seconds, which moves MemTotal - MemAvailable (and AnonPages) by more than
+    2,000 sessions do; the kernel fields above move far less with them, and the
+    processes' PSS is exact whatever else runs.
+  - `host`: MemTotal - MemAvailable (the host's own bottom line, noise included),
+  - `kernel+anon`: AnonPages + the kernel fields above (noise included),
   - `cgroup`: what the sandboxes' cgroups are charged (memory.current on v2;
     memory.usage_in_bytes on v1, kmem included where the kernel accounts it), immune
     to other processes but blind to what is not charged to a sandbox (the daemon's own
@@ -68,6 +71,8 @@ TARGET_SESSIONS = 2000
 TARGET_EXEC_RATIO = 1.2
 # The meminfo fields a session can pin (see the docstring).
 PINNED = ["AnonPages", "Shmem", "SUnreclaim", "KernelStack", "PageTables", "Percpu"]
+# The kernel's part of them (the figure adds the sessions' processes' PSS).
+KERNEL = ["Shmem", "SUnreclaim", "KernelStack", "PageTables", "Percpu"]
 
 
 # --- the daemon ------------------------------------------------------------------------
@@ -157,8 +162,8 @@ def meminfo():
     return out
 
 
-def pinned(m):
-    return sum(m.get(k, 0) for k in PINNED)
+def pinned(m, fields=PINNED):
+    return sum(m.get(k, 0) for k in fields)
 
 
 def slabinfo():
@@ -428,9 +433,11 @@ def run_tier(args, airlock, isolation, n):
         res["p50_n"], res["p90_n"] = exec_p50(daemon, probe, args.execs)
         # Drift of the pinned figure over a quiet interval (nothing created or deleted).
         quiet = min(res["create_s"] + args.settle, 30.0)
-        q0 = pinned(meminfo())
+        q0 = meminfo()
         time.sleep(quiet)
-        res["drift"] = abs(pinned(meminfo()) - q0)
+        q1 = meminfo()
+        res["drift"] = abs(pinned(q1) - pinned(q0))
+        res["drift_kernel"] = abs(pinned(q1, KERNEL) - pinned(q0, KERNEL))
         res["drift_s"] = quiet
         t0 = time.monotonic()
         delete_sessions(daemon, ids, args.workers, errors)
@@ -443,6 +450,7 @@ def run_tier(args, airlock, isolation, n):
         res["host"] = (during.used() - before.used()) / k
         res["pinned"] = (pinned(during.meminfo) - pinned(before.meminfo)) / k
         res["fields"] = {f: (during.meminfo.get(f, 0) - before.meminfo.get(f, 0)) / k for f in PINNED}
+        res["kernel"] = (pinned(during.meminfo, KERNEL) - pinned(before.meminfo, KERNEL)) / k
         res["cgroup"] = None if during.cgroup is None or before.cgroup is None else (during.cgroup - before.cgroup) / k
         res["left_pinned"] = (pinned(after.meminfo) - pinned(before.meminfo)) / k
         res["procs"] = {f: (during.procs_sum(f) - before.procs_sum(f)) / k for f in ("Rss", "Pss", "Private_Dirty", "Anonymous")}
@@ -462,6 +470,7 @@ def run_tier(args, airlock, isolation, n):
             e[2] += r.get("Pss", 0)
             e[3] += r.get("Private_Dirty", 0)
         res["comms"] = comms
+        res["figure"] = res["kernel"] + res["procs"]["Pss"] + max(0.0, res["daemon"]["rss"])
         slab = sorted(((during.slab.get(c, 0) - before.slab.get(c, 0), c) for c in during.slab), reverse=True)
         res["slab"] = [(c, d / k) for d, c in slab[:10] if d > 0]
     finally:
@@ -484,13 +493,17 @@ def report(res):
           f"(deleted in {res['delete_s']:.1f} s), host CPU {res['load']:.0%} busy while creating; "
           f"budget {mib(res['budget'] or 0):.0f} MiB, max sandboxes {res['max']}")
     print(f"   host memory per idle session (delta / N):")
-    print(f"     kernel+anon (the figure) {mib(res['pinned']):8.3f} MiB   "
+    print(f"     kernel + processes (the figure) {mib(res['figure']):8.3f} MiB = kernel objects "
+          f"{mib(res['kernel']) * 1024:.0f} KiB + processes' PSS {mib(res['procs']['Pss']) * 1024:.0f} KiB "
+          f"+ daemon RSS {max(0.0, mib(res['daemon']['rss'])) * 1024:.0f} KiB")
+    print(f"     kernel+anon              {mib(res['pinned']):8.3f} MiB   "
           f"[{', '.join(f'{f} {mib(v) * 1024:.0f}' for f, v in res['fields'].items())} KiB]")
     print(f"     MemTotal-MemAvailable    {mib(res['host']):8.3f} MiB")
     if res["cgroup"] is not None:
         print(f"     charged to the cgroups   {mib(res['cgroup']):8.3f} MiB")
-    print(f"     noise: kernel+anon drifted {mib(res['drift']):.1f} MiB over a quiet {res['drift_s']:.0f} s "
-          f"({mib(res['drift']) / max(1, res['created']) * 1024:.0f} KiB per session)")
+    n = max(1, res["created"])
+    print(f"     noise over a quiet {res['drift_s']:.0f} s: kernel objects drifted {mib(res['drift_kernel']) / n * 1024:.0f} "
+          f"KiB per session, kernel+anon {mib(res['drift']) / n * 1024:.0f} KiB per session")
     print(f"     not back after deleting  {mib(res['left_pinned']) * 1024:8.1f} KiB per session")
     p = res["procs"]
     print(f"   processes per session {res['nprocs']:.2f}: RSS {mib(p['Rss']) * 1024:.0f} KiB, "
@@ -553,7 +566,7 @@ def main():
           f"{'p50 0':>7} {'p50 N':>7} {'ratio':>6}")
     for r in results:
         cg = "-" if r["cgroup"] is None else f"{mib(r['cgroup']):.3f}"
-        print(f"{r['tier']:11} {r['created']:>9} {mib(r['pinned']):>12.3f} {mib(r['host']):>8.3f} {cg:>9} "
+        print(f"{r['tier']:11} {r['created']:>9} {mib(r['figure']):>12.3f} {mib(r['host']):>8.3f} {cg:>9} "
               f"{r['p50_0']:>7.2f} {r['p50_n']:>7.2f} {r['ratio']:>6.2f}")
     print(f"targets (namespaces, 2-core 24 GiB host): {TARGET_SESSIONS} sessions, "
           f"<= {TARGET_MIB_PER_SESSION:g} MiB per idle session, exec p50 ratio <= {TARGET_EXEC_RATIO:g}")
