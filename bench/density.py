@@ -376,6 +376,12 @@ def delete_sessions(daemon, ids, workers, errors):
 def exec_p50(daemon, sid, n):
     """p50 and p90 (ms, client-observed) of `/bin/true` in session `sid` over one
     keep-alive connection, after 10 untimed."""
+    times = exec_times(daemon, sid, n)
+    return statistics.median(times), times[int(len(times) * 0.9)]
+
+
+def exec_times(daemon, sid, n):
+    """Sorted times (ms) of n execs of `/bin/true` in `sid`, after 10 untimed."""
     conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=120)
     times = []
     try:
@@ -390,7 +396,7 @@ def exec_p50(daemon, sid, n):
     finally:
         conn.close()
     times.sort()
-    return statistics.median(times), times[int(len(times) * 0.9)]
+    return times
 
 
 # --- one tier --------------------------------------------------------------------------
@@ -433,7 +439,9 @@ def run_tier(args, airlock, isolation, n):
         during = Snapshot(daemon)
         b1 = host_cpu()
         res["load"] = (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
-        res["p50_n"], res["p90_n"] = exec_p50(daemon, probe, args.execs)
+        # With N alive: half now, half after the quiet interval below, pooled (a burst
+        # of a neighbour's work then weighs on half the samples, not all).
+        n_times = exec_times(daemon, probe, args.execs // 2)
         # Drift of the pinned figure over a quiet interval (nothing created or deleted).
         quiet = min(res["create_s"] + args.settle, 30.0)
         q0 = meminfo()
@@ -441,6 +449,8 @@ def run_tier(args, airlock, isolation, n):
         q1 = meminfo()
         res["drift"] = abs(pinned(q1) - pinned(q0))
         res["drift_kernel"] = abs(pinned(q1, KERNEL) - pinned(q0, KERNEL))
+        n_times = sorted(n_times + exec_times(daemon, probe, args.execs - args.execs // 2))
+        res["p50_n"], res["p90_n"] = statistics.median(n_times), n_times[int(len(n_times) * 0.9)]
         res["drift_s"] = quiet
         t0 = time.monotonic()
         delete_sessions(daemon, ids, args.workers, errors)

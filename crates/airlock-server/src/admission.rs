@@ -261,10 +261,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_reserve_holds_budget_until_dropped() {
-        let mut config = ServerConfig::default();
-        config.memory_budget = 64 * MIB;
-        config.max_sandboxes = 100;
-        config.queue_timeout = Duration::from_millis(50);
+        let config = ServerConfig {
+            memory_budget: 64 * MIB,
+            max_sandboxes: 100,
+            queue_timeout: Duration::from_millis(50),
+            ..ServerConfig::default()
+        };
         let a = Admission::new(&config);
         let (idle, _) = a.admit(None, 4 * MIB).await.unwrap();
         let r = a.reserve(60 * MIB).await.unwrap();

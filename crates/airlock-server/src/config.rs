@@ -279,8 +279,10 @@ mod tests {
         let budget = (24u64 << 30) / 10 * 8;
         let max = default_max_sandboxes(budget, DEFAULT_SESSION_IDLE_BYTES);
         assert!(max >= 2000, "{max}");
-        let mut c = ServerConfig::default();
-        c.memory_budget = budget;
+        let c = ServerConfig {
+            memory_budget: budget,
+            ..ServerConfig::default()
+        };
         let charge = c.session_charge(airlock_spec::Isolation::Namespaces, 16 << 20);
         assert!(budget / charge >= 2000, "charge {charge}");
         // Only a namespace session is cheaper idle than its cap.

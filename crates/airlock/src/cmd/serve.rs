@@ -45,7 +45,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N|IMAGE=N", value_parser = pool_size)]
     gvisor_pool: Vec<PoolSize>,
     /// Live sandboxes at most [default: memory budget / --session-idle-memory, at most
-    /// 4096].
+    /// 4096 and one per 8 open files RLIMIT_NOFILE allows beyond 1024].
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
     /// Sum of admitted memory at most: one-shot execs' caps, idle namespace sessions'
@@ -330,33 +330,35 @@ fn route(args: &ServeArgs, peers: Vec<airlock_router::Peer>) -> anyhow::Result<E
     Ok(ExitCode::SUCCESS)
 }
 
-/// Open files the daemon needs per live sandbox, about (its pidfd, pipes, cgroup and
-/// namespace fds, a connection): bench/density.py counts them.
-const FILES_PER_SANDBOX: u64 = 16;
+/// Open files the daemon holds per live sandbox: 6 for an idle namespace session
+/// (bench/density.py counts them), with room for a connection or a stream.
+const FILES_PER_SANDBOX: u64 = 8;
 
-/// Raises the soft RLIMIT_NOFILE to the hard limit: a daemon holding thousands of
-/// sessions holds several fds each, far beyond the usual soft 1024. Sandboxes do not
-/// inherit it (each payload sets its own, `privileges::MAX_OPEN_FILES`). Warns when even
-/// the hard limit is short for `max_sandboxes`.
-fn raise_open_files(max_sandboxes: usize) {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return;
-    };
-    if soft < hard {
-        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            tracing::warn!(soft, hard, error = %e, "cannot raise RLIMIT_NOFILE to the hard limit");
-        }
+/// Open files the daemon keeps for itself (listener, connections, the image and snapshot
+/// stores, the zygote, logs).
+const FILES_RESERVED: u64 = 1024;
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit, and returns the sandboxes that many
+/// open files allow: a daemon holding thousands of sessions holds several fds each, far
+/// beyond the usual soft 1024. Sandboxes do not inherit it: each program's process sets
+/// its own (`privileges::MAX_OPEN_FILES`).
+fn raise_open_files() -> Option<usize> {
+    use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!(soft, hard, error = %e, "cannot raise RLIMIT_NOFILE to the hard limit");
+        return Some(room_for(soft));
     }
-    let need = (max_sandboxes as u64).saturating_mul(FILES_PER_SANDBOX) + 1024;
-    if hard < need {
-        tracing::warn!(
-            hard,
-            need,
-            max_sandboxes,
-            "RLIMIT_NOFILE's hard limit may be short for --max-sandboxes: raise it (LimitNOFILE=, ulimit -Hn) or lower --max-sandboxes"
-        );
-    }
+    (hard != RLIM_INFINITY).then(|| room_for(hard))
+}
+
+/// Sandboxes `files` open files allow.
+fn room_for(files: u64) -> usize {
+    usize::try_from(files.saturating_sub(FILES_RESERVED) / FILES_PER_SANDBOX)
+        .unwrap_or(usize::MAX)
+        .max(1)
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -376,8 +378,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         return route(&args, peers.clone());
     }
     airlock_sandbox::cgroup::set_parent(args.cgroup_parent.clone());
-    let config = args.config()?;
-    raise_open_files(config.max_sandboxes);
+    let mut config = args.config()?;
+    if let Some(room) = raise_open_files() {
+        if args.max_sandboxes.is_none() && config.max_sandboxes > room {
+            // The default follows the budget; the fds the daemon may open bound it too.
+            config.max_sandboxes = room;
+        } else if config.max_sandboxes > room {
+            tracing::warn!(
+                max_sandboxes = config.max_sandboxes,
+                room,
+                "RLIMIT_NOFILE's hard limit may be short for --max-sandboxes: raise it (LimitNOFILE=, ulimit -Hn) or lower --max-sandboxes"
+            );
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
