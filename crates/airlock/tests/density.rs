@@ -1,8 +1,8 @@
 //! Idle-session density through the real `airlock serve` on 127.0.0.1:0: the memory budget
 //! counts an idle namespace session at its idle charge (`--session-idle-memory`), not at
 //! its cap, so many small sessions are admitted; and it still refuses what would exceed
-//! it, counting a session at its cap while an exec runs in it (docs/service.md,
-//! "Capacity"). bench/density.py measures what an idle session costs the host.
+//! it, counting a session at its cap while an exec runs in it, and from its first
+//! background program on (docs/service.md, "Capacity"). bench/density.py measures what an idle session costs the host.
 
 mod common;
 mod serverutil;
@@ -109,6 +109,23 @@ fn many_small_idle_sessions_fit_and_the_budget_still_refuses_what_it_must() {
         (free == idle).then_some(())
     })
     .expect("the budget did not come back to the sessions' idle charges");
+
+    // A background program runs between execs: from the first one on, the session holds
+    // its whole cap (16 MiB), not its idle charge, until it ends.
+    let bg = c.create_session(&json!({"limits": {"memory_bytes": 16 * MIB}}));
+    c.session_exec(&bg, &json!({"cmd": ["sleep", "60"], "background": true}))
+        .expect(201);
+    let free = readyz(&c)["memory_free_bytes"].as_u64().unwrap();
+    assert_eq!(
+        free,
+        idle - 16 * MIB,
+        "a session with a background program holds its cap"
+    );
+    c.delete(&format!("/v1/sandboxes/{bg}")).expect(204);
+    poll(Duration::from_secs(10), || {
+        (readyz(&c)["memory_free_bytes"].as_u64() == Some(idle)).then_some(())
+    })
+    .expect("a deleted session's cap was not given back");
 
     c.delete(&format!("/v1/sandboxes/{big}")).expect(204);
     for id in &ids {
