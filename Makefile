@@ -7,7 +7,7 @@
 #   make deb                  the Debian package (deploy/debian/build-deb.sh)
 #
 # What goes where: `airlock` in $(PREFIX)/bin; its helpers in $(PREFIX)/libexec/airlock:
-# the micro-VM guest agent (airlock-guest), the gVisor agent (airlock-gvisor-agent) and
+# the micro-VM guest agent (airlock-guest, a static executable), the gVisor agent (airlock-gvisor-agent) and
 # the gVisor compat library (libairlock_gvisor_compat.so). airlock looks for them beside
 # itself, in <exe dir>/../libexec/airlock, then in /usr/libexec/airlock.
 #
@@ -28,6 +28,10 @@ INSTALL ?= install
 BIN := airlock
 HELPERS := airlock-guest airlock-gvisor-agent libairlock_gvisor_compat.so
 PACKAGES := -p airlock -p airlock-guest -p airlock-gvisor -p airlock-gvisor-compat
+# The guest agent again, linked static (glibc's crt-static): the micro-VM's initramfs then
+# holds no loader or library. Only its last link step runs again (the flag reaches
+# no dependency, and needs none); stable cargo has no per-package rustflags.
+GUEST_STATIC := -p airlock-guest --bin airlock-guest -- -C target-feature=+crt-static
 
 .PHONY: all build install install-systemd uninstall deb
 
@@ -36,6 +40,7 @@ all: build
 build:
 ifeq ($(NO_BUILD),)
 	$(CARGO) build --locked --profile $(PROFILE) $(PACKAGES)
+	$(CARGO) rustc --locked --profile $(PROFILE) $(GUEST_STATIC)
 else
 	@for f in $(BIN) $(HELPERS); do \
 		test -f "$(BUILT)/$$f" || { echo "make: $(BUILT)/$$f is not built (NO_BUILD is set)" >&2; exit 1; }; \

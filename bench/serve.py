@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """`airlock serve` under load: client-observed latency and throughput of `POST /v1/exec`.
 
-One run measures, side by side, three servers it starts itself on 127.0.0.1 (ephemeral
-ports; each ready when GET /readyz answers 200; each stopped with SIGTERM at the end):
+One run measures, side by side, up to four servers it starts itself on 127.0.0.1
+(ephemeral ports; each ready when GET /readyz answers 200; each stopped with SIGTERM at
+the end):
 
   (a) `airlock serve` with the warm pool (its default size, or --pool N),
   (b) `airlock serve --pool 0` (every request provisions a sandbox),
   (c) the reference: a minimal Python ThreadingHTTPServer that spawns bubblewrap per
-      request (this script, run with --reference-server, in its own process).
+      request (this script, run with --reference-server, in its own process),
+  (d) the floor: the same Python server spawning the program bare, no sandbox at all
+      (--reference-server --bare).
 
 The request is `{"cmd":["/bin/true"]}`. Latency at concurrency 1 over one keep-alive
 connection (p50/p90/p99/mean, default 500 requests after a warm-up), then throughput at
@@ -15,10 +18,22 @@ concurrency 4 with one keep-alive connection per worker thread (execs/s, default
 requests). The rows are interleaved in rounds (a b c, c b a, ...) so that a noisy
 neighbour hits them alike, and before every chunk the warm pool is left to refill, so one
 row's background work never runs during another's. Prints a table, the ratios against
-the reference, the issue's targets, and a warning when the host was busy with other work.
+the reference, the issues' targets, and a warning when the host was busy with other work.
+
+Two CPU figures per exec, each at c=1 and at c=4, from the chunk's start until the server
+has drained after it (the warm pool refilled, the sandboxes purged):
+  cpu ms/exec   the server process and its descendants (from /proc: utime + stime of the
+                living ones, cutime + cstime of the reaped ones);
+  host ms/exec  every CPU's busy time from /proc/stat over the chunk, less this script's
+                own CPU (the load generator, from os.times()). It includes what the first
+                misses: kernel threads working for the server (network-namespace cleanup,
+                cgroup release and RCU run in kworkers and ksoftirqd), and interrupts.
+                It also includes any other work on the host: it is only meaningful on a
+                quiet host (the script says how busy it was between chunks).
 
     sudo python3 bench/serve.py [--airlock PATH] [--pool N] [--requests 500]
-                                [--throughput-requests 1000] [--rounds 5]
+                                [--throughput-requests 1000] [--rounds 5] [--only abcd]
+                                [--json FILE]
 
 Python 3 standard library only. Root is needed (airlock creates cgroups). The daemons
 log at AIRLOCK_LOG=warn unless it is set (a log line per exec would be measured too).
@@ -46,6 +61,11 @@ HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 TARGET_P50_MS = 3.0
 TARGET_P99_MS = 15.0
 TARGET_EXECS_S = 250.0
+# Targets from issue 19 (cost per sandbox), side by side with bwrap in one run.
+TARGET_CPU_MS = 2.5       # host CPU per exec at c=4
+TARGET_CPU_RATIO = 1.3    # ... and at most this times bwrap's
+TARGET_RATE_RATIO = 1.3   # execs/s at c=4, at least this times bwrap's
+TARGET_P50_19_MS = 2.0    # p50 at c=1
 
 # The reference sandbox, spawned per request (the argv of the request is appended).
 BWRAP = [
@@ -59,7 +79,10 @@ BWRAP = [
 
 # --- the reference server (runs in its own process) ------------------------------------
 
-def reference_server(bwrap):
+def reference_server(prefix):
+    """A keep-alive HTTP server answering POST /v1/exec by running `prefix + cmd` per
+    request (`prefix` is bwrap and its flags, or nothing for the bare floor). Prints
+    "listening on" like the airlock daemon; SIGTERM stops it. bench/breakdown.py runs it too."""
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, like the airlock daemon
         disable_nagle_algorithm = True
@@ -92,7 +115,7 @@ def reference_server(bwrap):
                 self.answer(400, {"error": {"code": "malformed_json", "message": str(e)}})
                 return
             t0 = time.perf_counter()
-            p = subprocess.run([bwrap, *BWRAP, *cmd], stdin=subprocess.DEVNULL,
+            p = subprocess.run([*prefix, *cmd], stdin=subprocess.DEVNULL,
                                capture_output=True)
             wall = (time.perf_counter() - t0) * 1000
             self.answer(200, {"outcome": "exited" if p.returncode >= 0 else "signaled",
@@ -285,11 +308,18 @@ class Client:
 
 
 def host_cpu():
-    """(busy, total) jiffies of the whole host, from /proc/stat."""
+    """(busy, total) jiffies of the whole host, from /proc/stat: busy is user + nice +
+    system + irq + softirq (guest time is already in user; steal is not this host's)."""
     with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]  # idle + iowait
-    return sum(v) - idle, sum(v)
+        v = [int(x) for x in f.readline().split()[1:]] + [0] * 10
+    busy = v[0] + v[1] + v[2] + v[5] + v[6]
+    return busy, busy + v[3] + v[4] + v[7]  # + idle, iowait, steal
+
+
+def host_cpu_seconds():
+    """Seconds of CPU the host spent busy, every CPU, less this process's own (the load
+    generator's): a figure that takes in kernel threads, which no process tree shows."""
+    return host_cpu()[0] / os.sysconf("SC_CLK_TCK") - time.process_time()
 
 
 def host_busy(seconds):
@@ -364,22 +394,28 @@ class Row:
         self.n4 = 0
         self.busy = []  # host CPU busy while idle, before each chunk
         self.cpu = {"c1": 0.0, "c4": 0.0}
+        self.host = {"c1": 0.0, "c4": 0.0}
         self.cold = {"c1": 0.0, "c4": 0.0}
         self.pool = None
         if is_airlock:
             self.pool = json.loads(daemon.get("/readyz")[1]).get("pool_target")
             self.label = label.replace("(default pool)", f"--pool {self.pool} (default)")
 
-    def settle(self, timeout=10.0):
-        """Waits until the warm pool is full again (so one row's refill never runs during
-        another row's chunk), then samples how busy the host is."""
+    def drain(self, timeout=10.0):
+        """Waits until the warm pool is full again and nothing runs, then a little more (the
+        last sandboxes' purges; network namespaces and cgroups the kernel releases later)."""
         deadline = time.monotonic() + timeout
         while self.is_airlock and self.pool and time.monotonic() < deadline:
             ready = json.loads(self.daemon.get("/readyz")[1])
             if ready.get("pool_ready", 0) >= self.pool and ready.get("sandboxes_active", 0) == 0:
                 break
             time.sleep(0.01)
-        time.sleep(0.05)  # purges of the last chunk's sandboxes
+        time.sleep(0.05)
+
+    def settle(self, timeout=10.0):
+        """Drains (so one row's refill never runs during another row's chunk), then samples
+        how busy the host is."""
+        self.drain(timeout)
         self.busy.append(host_busy(0.25))
 
     def cold_count(self):
@@ -394,6 +430,7 @@ class Row:
                 c.exec()
         self.settle()
         cpu0, cold0 = self.daemon.cpu_seconds(), self.cold_count()
+        host0 = host_cpu_seconds()
         if phase == "c1":
             lat, err = latency_chunk(self.c1, n, 0)
             self.lat1 += lat
@@ -404,7 +441,10 @@ class Row:
             self.n4 += n
             self.lat4 += lat
             self.err4 += err
+        self.drain()  # the CPU of an exec includes refilling the pool and purging its sandbox
+        host1 = host_cpu_seconds()
         cpu1, cold1 = self.daemon.cpu_seconds(), self.cold_count()
+        self.host[phase] += host1 - host0
         if cpu0 is not None and cpu1 is not None:
             self.cpu[phase] += cpu1 - cpu0
         self.cold[phase] += cold1 - cold0
@@ -416,6 +456,28 @@ class Row:
 
 
 # --- main ------------------------------------------------------------------------------
+
+def daemon_env():
+    """The servers' environment: AIRLOCK_LOG=warn unless set (a log line per exec would be
+    measured too)."""
+    env = dict(os.environ)
+    env.setdefault("AIRLOCK_LOG", "warn")
+    return env
+
+
+def server_setups(airlock, bwrap, only, pool=None):
+    """(key, label, argv, is_airlock) of each row named in `only` (a b c d, see above)."""
+    me = os.path.abspath(__file__)
+    pool_flag = [] if pool is None else ["--pool", str(pool)]
+    rows = {
+        "a": ("airlock serve " + (" ".join(pool_flag) or "(default pool)"),
+              [airlock, "serve", "--listen", "127.0.0.1:0", *pool_flag], True),
+        "b": ("airlock serve --pool 0", [airlock, "serve", "--listen", "127.0.0.1:0", "--pool", "0"], True),
+        "c": ("bwrap per request (py)", [sys.executable, me, "--reference-server", "--bwrap", bwrap], False),
+        "d": ("bare fork+exec (py)", [sys.executable, me, "--reference-server", "--bare"], False),
+    }
+    return [(k, *rows[k]) for k in "abcd" if k in only]
+
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
@@ -430,12 +492,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=50, help="untimed requests per row before the timed ones")
     ap.add_argument("--rounds", type=int, default=5, help="rows are interleaved in this many rounds per phase")
     ap.add_argument("--bwrap", default=shutil.which("bwrap") or "/usr/bin/bwrap")
-    ap.add_argument("--only", default="abc", help="which rows to run (default abc)")
+    ap.add_argument("--only", default="abcd", help="which rows to run (default abcd)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON (bench/report.py reads it)")
     ap.add_argument("--reference-server", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.reference_server:
-        reference_server(args.bwrap)
+        reference_server([] if args.bare else [args.bwrap, *BWRAP])
         return
     if os.geteuid() != 0:
         sys.exit("run as root (airlock needs it for cgroups)")
@@ -443,20 +507,10 @@ def main():
     if not os.access(airlock, os.X_OK):
         sys.exit(f"{airlock}: not found; build it with `cargo build --release` or pass --airlock")
 
-    env = dict(os.environ)
-    env.setdefault("AIRLOCK_LOG", "warn")  # one log line per exec would be measured too
-    setups = []
-    pool_flag = [] if args.pool is None else ["--pool", str(args.pool)]
-    if "a" in args.only:
-        setups.append(("a", "airlock serve " + (" ".join(pool_flag) or "(default pool)"),
-                       [airlock, "serve", "--listen", "127.0.0.1:0", *pool_flag], True))
-    if "b" in args.only:
-        setups.append(("b", "airlock serve --pool 0", [airlock, "serve", "--listen", "127.0.0.1:0", "--pool", "0"], True))
-    if "c" in args.only:
-        if not os.access(args.bwrap, os.X_OK):
-            sys.exit(f"{args.bwrap}: bwrap not found (apt-get install bubblewrap) or pass --bwrap")
-        setups.append(("c", "bwrap per request (py)",
-                       [sys.executable, os.path.abspath(__file__), "--reference-server", "--bwrap", args.bwrap], False))
+    if "c" in args.only and not os.access(args.bwrap, os.X_OK):
+        sys.exit(f"{args.bwrap}: bwrap not found (apt-get install bubblewrap) or pass --bwrap")
+    env = daemon_env()
+    setups = server_setups(airlock, args.bwrap, args.only, args.pool)
 
     rounds = max(1, args.rounds)
     n1, n4 = max(1, args.requests // rounds), max(1, args.throughput_requests // rounds)
@@ -488,33 +542,40 @@ def main():
     c4 = f"c={args.concurrency}"
     stats = {}
     for r in rows:
-        stats[r.key] = dict(p50=pct(r.lat1, 50), p90=pct(r.lat1, 90), p99=pct(r.lat1, 99),
+        n1, n4 = max(1, len(r.lat1)), max(1, len(r.lat4))
+        stats[r.key] = dict(label=r.label, p50=pct(r.lat1, 50), p90=pct(r.lat1, 90), p99=pct(r.lat1, 99),
                             mean=statistics.fmean(r.lat1), max=max(r.lat1), rate=r.n4 / r.seconds4,
-                            p50_4=pct(r.lat4, 50), p99_4=pct(r.lat4, 99))
+                            p50_4=pct(r.lat4, 50), p99_4=pct(r.lat4, 99),
+                            cpu_ms=r.cpu["c1"] * 1000 / n1, cpu_ms_4=r.cpu["c4"] * 1000 / n4,
+                            host_ms=r.host["c1"] * 1000 / n1, host_ms_4=r.host["c4"] * 1000 / n4,
+                            errors=len(r.err1) + len(r.err4))
     print()
     print(f"{'':36}{'---------- c=1, ms ----------':>40}   {'---------- ' + c4 + ' ----------':>28}")
     print(f"{'':36}{'p50':>8}{'p90':>8}{'p99':>8}{'mean':>8}{'max':>8}   {'execs/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'errors':>8}{'cpu ms/exec':>13}{'cold':>10}")
+          f"{'errors':>8}{'cpu ms/exec':>13}{'host ms/exec':>14}{'cold':>10}")
     for r in rows:
         st = stats[r.key]
-        errs = len(r.err1) + len(r.err4)
-        cpu = f"{r.cpu['c1'] * 1000 / len(r.lat1):.1f}/{r.cpu['c4'] * 1000 / len(r.lat4):.1f}"
+        cpu = f"{st['cpu_ms']:.1f}/{st['cpu_ms_4']:.1f}"
+        host = f"{st['host_ms']:.1f}/{st['host_ms_4']:.1f}"
         cold = f"{r.cold['c1']:.0f}/{r.cold['c4']:.0f}" if r.is_airlock else "-"
         print(f"({r.key}) {r.label:32}{st['p50']:8.2f}{st['p90']:8.2f}{st['p99']:8.2f}{st['mean']:8.2f}{st['max']:8.1f}   "
-              f"{st['rate']:10.0f}{st['p50_4']:9.2f}{st['p99_4']:9.2f}{errs:8d}{cpu:>13}{cold:>10}")
+              f"{st['rate']:10.0f}{st['p50_4']:9.2f}{st['p99_4']:9.2f}{st['errors']:8d}{cpu:>13}{host:>14}{cold:>10}")
     print(f"  cpu ms/exec: CPU of the server and its descendants (sandboxes, bwrap, fork server) per request, c=1/{c4};"
-          f" cold: requests the warm pool did not serve, c=1/{c4}")
+          f"\n  host ms/exec: all CPUs' busy time (/proc/stat) less the load generator's, per request, c=1/{c4}"
+          f" (kernel threads included; other work on the host too);\n  cold: requests the warm pool did not serve, c=1/{c4}")
 
     ref = next((r for r in rows if r.key == "c"), None)
     if ref is not None:
         rs = stats["c"]
         print()
-        print(f"{'ratio vs reference (c)':40}{'p50':>6}{'p99':>8}{'execs/s':>9}   (latency: < 1 is faster; execs/s: > 1 is more)")
+        print(f"{'ratio vs reference (c)':40}{'p50':>6}{'p99':>8}{'execs/s':>9}{'cpu':>7}{'host':>7}"
+              f"   (latency, CPU: < 1 is less; execs/s: > 1 is more; CPU at {c4})")
         for r in rows:
             if r is ref:
                 continue
             st = stats[r.key]
-            print(f"({r.key}) {r.label:36}{st['p50'] / rs['p50']:6.2f}{st['p99'] / rs['p99']:8.2f}{st['rate'] / rs['rate']:9.2f}")
+            print(f"({r.key}) {r.label:36}{st['p50'] / rs['p50']:6.2f}{st['p99'] / rs['p99']:8.2f}{st['rate'] / rs['rate']:9.2f}"
+                  f"{st['cpu_ms_4'] / max(1e-9, rs['cpu_ms_4']):7.2f}{st['host_ms_4'] / max(1e-9, rs['host_ms_4']):7.2f}")
 
     problems = False
     for r in rows:
@@ -532,6 +593,14 @@ def main():
     print(f"\nhost CPU busy with other work between chunks: median {statistics.median(busy):.0%}, max {max(busy):.0%}")
     if statistics.median(busy) > 0.05 or max(busy) > 0.25:
         print("WARNING: the host was not quiet; the numbers are skewed (rerun on a quiet host)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bench": "serve", "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "cpus": os.cpu_count(), "concurrency": args.concurrency, "rounds": rounds,
+                       "requests": n1 * rounds, "throughput_requests": n4 * rounds,
+                       "busy_median": statistics.median(busy), "busy_max": max(busy),
+                       "rows": stats}, f, indent=1)
+        print(f"figures written to {args.json}")
 
     a = next((r for r in rows if r.key == "a"), None)
     if a is not None:
@@ -542,6 +611,14 @@ def main():
               f"{ok(st['p50'] <= TARGET_P50_MS)} ({st['p50']:.2f}); p99 <= {TARGET_P99_MS:g} ms at c=1: "
               f"{ok(st['p99'] <= TARGET_P99_MS)} ({st['p99']:.2f}); >= {TARGET_EXECS_S:g} execs/s at {c4}: "
               f"{ok(st['rate'] >= TARGET_EXECS_S)} ({st['rate']:.0f})")
+        if ref is not None:
+            rs = stats["c"]
+            print(f"issue 19 targets: host CPU/exec at {c4} <= {TARGET_CPU_MS:g} ms: {ok(st['host_ms_4'] <= TARGET_CPU_MS)} "
+                  f"({st['host_ms_4']:.2f}) and <= {TARGET_CPU_RATIO:g}x bwrap's: "
+                  f"{ok(st['host_ms_4'] <= TARGET_CPU_RATIO * rs['host_ms_4'])} ({st['host_ms_4'] / max(1e-9, rs['host_ms_4']):.2f}x); "
+                  f"execs/s >= {TARGET_RATE_RATIO:g}x bwrap's: {ok(st['rate'] >= TARGET_RATE_RATIO * rs['rate'])} "
+                  f"({st['rate'] / rs['rate']:.2f}x); p99 at c=1 <= bwrap's: {ok(st['p99'] <= rs['p99'])}; "
+                  f"p50 at c=1 <= {TARGET_P50_19_MS:g} ms: {ok(st['p50'] <= TARGET_P50_19_MS)}")
     if problems:
         sys.exit(1)
 

@@ -96,6 +96,9 @@ fi
 if [ -z "$bin_dir" ]; then
     step "cargo build --release -p airlock -p airlock-guest -p airlock-gvisor -p airlock-gvisor-compat"
     (cd "$repo" && cargo build --release --locked -p airlock -p airlock-guest -p airlock-gvisor -p airlock-gvisor-compat)
+    # The guest agent linked again, static, as `make` does (no loader or library in the
+    # micro-VM's initramfs).
+    (cd "$repo" && cargo rustc --release --locked -p airlock-guest --bin airlock-guest -- -C target-feature=+crt-static)
     bin_dir="$repo/target/release"
 fi
 for bin in airlock airlock-guest airlock-gvisor-agent libairlock_gvisor_compat.so; do

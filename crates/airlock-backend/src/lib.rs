@@ -108,6 +108,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         0
     }
 
+    /// Host memory this tier holds now outside any sandbox (a micro-VM's template RAM,
+    /// the shared RAM of restored snapshots): admission reserves it from the memory
+    /// budget, so the budget bounds what the daemon makes the host hold. Cheap: called at
+    /// every admission.
+    fn held_bytes(&self) -> u64 {
+        0
+    }
+
     /// Gets ready to build sandboxes (blocking; may take long the first time on a host,
     /// e.g. building a guest image). Called once before the first [`Backend::create`];
     /// an error means the tier is unavailable here ([`ErrorKind::Unavailable`]).
@@ -121,6 +129,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn start_service(&self) -> Result<(), Error> {
         Ok(())
     }
+
+    /// Says the service stopped and every sandbox of it is purged: the tier releases
+    /// what it kept for the next ones (the namespace tier's spare cgroup directories).
+    fn stop_service(&self) {}
 
     /// Builds a sandbox of `shape` for `purpose` (blocking). A sandbox's processes may
     /// be tied to the thread that creates it (they die when it exits): long-lived

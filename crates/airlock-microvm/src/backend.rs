@@ -104,6 +104,15 @@ impl Backend for VmBackend {
         VM_OVERHEAD_BYTES
     }
 
+    /// The templates' memory (and restored snapshots' shared RAM), once the host is
+    /// prepared; nothing before.
+    fn held_bytes(&self) -> u64 {
+        match self.host.get() {
+            Some(Ok(host)) => host.held_bytes(),
+            _ => 0,
+        }
+    }
+
     fn prepare(&self) -> Result<(), Error> {
         self.host().map(|_| ())
     }

@@ -2,10 +2,12 @@
 //!
 //! - **kernel**: the distribution's cloud kernel package, downloaded with `apt-get download`
 //!   and unpacked with `dpkg-deb -x` into the cache (never installed on the host);
-//! - **initramfs**: a newc cpio with the guest agent as `/init`, the ELF interpreter and
-//!   libraries it links, and the kernel modules it loads (virtio-mmio, virtio-blk,
-//!   virtio-console, squashfs, and proxy mode's TUN and nf_tables), numbered in load
-//!   order;
+//! - **initramfs**: a newc cpio with the guest agent as `/init` (a static executable, as
+//!   `make` and the packages build it: no loader or library; a dynamically linked one, as
+//!   a plain `cargo build` makes it, still works and brings its ELF interpreter and
+//!   libraries, a few MB more in every template), and the kernel modules it loads
+//!   (virtio-mmio, virtio-blk, virtio-console, squashfs, and proxy mode's TUN and
+//!   nf_tables), numbered in load order;
 //! - **rootfs**: a read-only squashfs image of the system directories the sandbox binds
 //!   (`/usr` and the `/bin`, `/lib`… links or directories, and the few `/etc` files the
 //!   sandbox's synthesized /etc takes from the host), without what programs never read.
@@ -294,7 +296,7 @@ impl ImageBuilder {
         key.add(&meta.mtime().to_le_bytes());
         key.add(&meta.mtime_nsec().to_le_bytes());
         key.add(release.as_bytes());
-        key.add(&[FORMAT_VERSION]);
+        key.add(&[FORMAT_VERSION, INITRAMFS_VERSION]);
         for module in GUEST_MODULES.iter().chain(EGRESS_MODULES) {
             key.add(module.as_bytes());
         }
@@ -327,7 +329,15 @@ impl ImageBuilder {
             Ok(())
         })()
         .map_err(cpio_err)?;
-        for lib in elf_closure(&self.agent)? {
+        let libraries = elf_closure(&self.agent)?;
+        if !libraries.is_empty() {
+            tracing::warn!(
+                agent = %self.agent.display(),
+                libraries = libraries.len(),
+                "the guest agent is dynamically linked: its loader and libraries go into the initramfs too (build it static: `make`, or `cargo rustc -p airlock-guest --bin airlock-guest -- -C target-feature=+crt-static`)"
+            );
+        }
+        for lib in libraries {
             let data = fs::read(&lib).map_err(io_err("read", &lib))?;
             let name = lib.to_string_lossy().into_owned();
             add_dirs(&mut w, &name).map_err(io_err("write initramfs", &path))?;
@@ -635,6 +645,10 @@ fn lock(path: &Path, how: FlockArg) -> Result<Flock<fs::File>, ImageError> {
 /// rebuilt.
 const FORMAT_VERSION: u8 = 1;
 
+/// Bumped when what goes into an initramfs changes (not the rootfs: that rebuild is
+/// long): 2, the agent fully stripped.
+const INITRAMFS_VERSION: u8 = 2;
+
 fn ms(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
 }
@@ -710,7 +724,7 @@ fn copy_tree(src: &Path, dst: &Path, rel: &Path) -> Result<(), ImageError> {
 }
 
 /// The ELF interpreter and every shared library `binary` needs, transitively, as host
-/// paths (the initramfs holds them at the same paths).
+/// paths (the initramfs holds them at the same paths): none for a static executable.
 fn elf_closure(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
     let agent_err = |reason: String| ImageError::Agent {
         path: binary.to_owned(),
@@ -756,12 +770,14 @@ fn elf_closure(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
     Ok(out)
 }
 
-/// The agent's bytes without debug sections when `strip` is installed (a debug build is
-/// tens of megabytes the guest kernel would copy at every boot), else as they are.
+/// The agent's bytes without debug sections or symbols when `strip` is installed (a debug
+/// build is tens of megabytes, and a release build's symbols a megabyte, that the guest
+/// kernel would copy at every boot and each template keeps in its RAM), else as they
+/// are. Nothing reads them in the guest: a panic's message names its place without them.
 fn stripped(agent: &Path, cache: &Path) -> Result<Vec<u8>, ImageError> {
     let tmp = cache.join(format!("agent-{}.tmp", std::process::id()));
     let ok = Command::new("strip")
-        .arg("--strip-debug")
+        .arg("--strip-all")
         .arg("-o")
         .arg(&tmp)
         .arg(agent)
@@ -1051,6 +1067,14 @@ mod tests {
         assert!(remove_stale_if_unused(cache.path(), &new_i, &new_r));
         assert!(!old_i.exists() && !old_r.exists());
         assert!(new_i.exists() && new_r.exists());
+    }
+
+    #[test]
+    fn a_static_executable_needs_no_loader_or_library() {
+        // Debian's ldconfig is a static-pie executable, as the guest agent built by `make`.
+        let ldconfig = Path::new("/sbin/ldconfig");
+        assert!(ldconfig.is_file(), "no /sbin/ldconfig on this host");
+        assert_eq!(elf_closure(ldconfig).unwrap(), Vec::<PathBuf>::new());
     }
 
     #[test]

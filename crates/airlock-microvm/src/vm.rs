@@ -320,6 +320,13 @@ impl MicroVmHost {
         (self.accel, &self.accel_reason)
     }
 
+    /// Host memory this host holds outside any VM: its templates' RAM and device state,
+    /// and the RAM files of the snapshots live VMs were restored from (what their VMMs
+    /// map shared; the VMs' own copies are theirs).
+    pub fn held_bytes(&self) -> u64 {
+        self.templates.held_bytes() + self.snapshots.held_bytes()
+    }
+
     /// VMs of dead airlock processes purged when this host started.
     pub fn purged_at_start(&self) -> usize {
         self.purged

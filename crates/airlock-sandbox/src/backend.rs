@@ -36,7 +36,13 @@ impl Backend for Engine {
     /// Starts the fork server that clones every later sandbox's init
     /// ([`Engine::start_zygote`]).
     fn start_service(&self) -> Result<(), Error> {
+        self.keep_spare_cgroups();
         Ok(self.start_zygote()?)
+    }
+
+    /// Removes the cgroup directories kept for the next sandboxes.
+    fn stop_service(&self) {
+        self.release_spare_cgroups();
     }
 
     /// An image's prepared tree is bound read-only as the sandbox's root (see `mounts`).

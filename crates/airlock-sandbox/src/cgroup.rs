@@ -467,6 +467,19 @@ impl Fs {
         let result = match self {
             Fs::Fake => fs::remove_dir_all(path),
             Fs::Real => {
+                // Most have no child: one rmdir, no listing.
+                match fs::remove_dir(path) {
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ENOTEMPTY)) => {}
+                    other => {
+                        return other.or_else(|e| {
+                            if e.kind() == io::ErrorKind::NotFound {
+                                Ok(())
+                            } else {
+                                Err(e)
+                            }
+                        });
+                    }
+                }
                 // Interface files cannot (and need not) be removed; child cgroups must go
                 // first, or rmdir fails with EBUSY.
                 for entry in fs::read_dir(path)?.flatten() {
@@ -621,6 +634,32 @@ pub struct CgroupHost {
     cgroup2_suffices: bool,
     /// Where sandboxes go in each hierarchy.
     placement: Placement,
+    /// The v1 directories of purged sandboxes, kept for the next ones (see [`Spares`]).
+    spares: std::sync::Arc<Mutex<Spares>>,
+}
+
+/// The v1 directories of sandboxes that ended cleanly, kept (renamed `.spare-N`) for the
+/// next sandboxes of this process instead of being removed and made again: a memory
+/// cgroup's creation and, above all, its removal (offlining walks every shrinker of the
+/// host, one per mounted file system) are the largest part of a sandbox's cgroup cost.
+/// Only v1 directories can be renamed (cgroup2 has no rename), so only they are kept, and
+/// only for a service ([`CgroupHost::keep_spares`]); [`CgroupHost::release_spares`]
+/// removes them, and a crashed owner's are purged like its sandboxes.
+///
+/// What a sandbox leaves in its directory never reaches the next one's results: every
+/// process is gone before a directory is kept (else it is removed), the limits and the
+/// CPU share are written afresh, the peak is reset, and the counters the results read
+/// (CPU time, OOM kills) are read as differences. Programs cannot reach cgroup files
+/// (no cgroupfs is mounted in a sandbox). Page cache a sandbox's programs read stays
+/// charged to the directory until reclaimed, as it would stay charged to the parent.
+#[derive(Debug, Default)]
+struct Spares {
+    /// At most this many sets are kept (0: none).
+    max: usize,
+    /// One set per purged sandbox: its v1 directories, in plan order.
+    sets: Vec<Vec<SandboxDir>>,
+    /// Names the next spare.
+    next: u64,
 }
 
 /// A cgroup mount found in the mount table.
@@ -1035,7 +1074,11 @@ fn read_pids(procs: &Path) -> Result<Vec<i32>, CgroupError> {
 
 /// A number from a one-value file, or from the `key value` line of a flat-keyed file.
 fn read_u64(path: &Path, key: Option<&str>) -> Option<u64> {
-    let text = fs::read_to_string(path).ok()?;
+    parse_u64(&fs::read_to_string(path).ok()?, key)
+}
+
+/// [`read_u64`] of a file's text.
+fn parse_u64(text: &str, key: Option<&str>) -> Option<u64> {
     match key {
         None => text.trim().parse().ok(),
         Some(key) => text.lines().find_map(|line| {
@@ -1176,6 +1219,7 @@ impl CgroupHost {
             v2,
             cgroup2_suffices: false,
             placement,
+            spares: Default::default(),
         };
         host.cgroup2_suffices = !host.v2 && host.has_kill();
         Ok(host)
@@ -1587,7 +1631,18 @@ impl CgroupHost {
         validate_limits(limits)?;
         self.check_controllers()?;
         let mut cgroup = Cgroup::new(self.fs, self.v2, sandbox_id);
+        let mut spare = self.take_spare(sandbox_id).into_iter();
+        let recycled = spare.len() > 0;
         for slot in self.plan() {
+            if !slot.cgroup2
+                && let Some(dir) = spare.next()
+            {
+                cgroup
+                    .owner_dirs
+                    .push(dir.path.parent().map(Path::to_owned).unwrap_or_default());
+                cgroup.dirs.push(dir);
+                continue;
+            }
             let enable: &[&str] = if self.v2 && slot.cgroup2 {
                 &V2_CONTROLLERS
             } else {
@@ -1605,13 +1660,15 @@ impl CgroupHost {
                 other => other?,
             };
             cgroup.owner_dirs.push(owner_dir);
-            cgroup.dirs.push(SandboxDir {
-                path: dir,
-                controllers: slot.controllers,
-                cgroup2: slot.cgroup2,
-            });
+            cgroup
+                .dirs
+                .push(SandboxDir::new(dir, slot.controllers, slot.cgroup2));
         }
         cgroup.write_limits(limits)?;
+        if recycled {
+            // It may have died in the background.
+            cgroup.set_background(false)?;
+        }
         if let Some(dir) = cgroup.cgroup2_dir() {
             let file = OpenOptions::new()
                 .read(true)
@@ -1623,7 +1680,58 @@ impl CgroupHost {
                 })?;
             cgroup.clone_fd = Some(OwnedFd::from(file));
         }
+        cgroup.spares = Some(std::sync::Arc::clone(&self.spares));
         Ok(cgroup)
+    }
+
+    /// Keeps the v1 directories of up to `max` sandboxes that ended cleanly for the next
+    /// ones (see [`Spares`]); 0 stops keeping them. No effect where sandboxes have no v1
+    /// directory (cgroup v2).
+    pub fn keep_spares(&self, max: usize) {
+        self.spares.lock().unwrap_or_else(PoisonError::into_inner).max = max;
+    }
+
+    /// Stops keeping spares and removes those kept (a service's shutdown).
+    pub fn release_spares(&self) {
+        let sets = {
+            let mut spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
+            spares.max = 0;
+            std::mem::take(&mut spares.sets)
+        };
+        for set in sets {
+            for dir in set {
+                let _ = self.fs.rmdir_tree(&dir.path);
+                if let Some(owner) = dir.path.parent() {
+                    self.fs.rmdir_if_childless(owner);
+                }
+            }
+        }
+    }
+
+    /// A kept set renamed for sandbox `id`, or none (then every directory is made).
+    fn take_spare(&self, id: &str) -> Vec<SandboxDir> {
+        let Some(mut set) = self
+            .spares
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sets
+            .pop()
+        else {
+            return Vec::new();
+        };
+        for dir in &mut set {
+            let to = dir.path.with_file_name(id);
+            if fs::rename(&dir.path, &to).is_err() {
+                // Not reusable after all: remove what is left of it, make them all.
+                for d in &set {
+                    let _ = self.fs.rmdir_tree(&d.path);
+                    let _ = self.fs.rmdir_tree(&d.path.with_file_name(id));
+                }
+                return Vec::new();
+            }
+            dir.path = to;
+        }
+        set
     }
 
     /// Every `(owner, sandbox id)` directory present, across the hierarchies used.
@@ -1667,7 +1775,7 @@ impl CgroupHost {
                 continue;
             }
             for id in &ids {
-                if self.existing(&plan, &owner, id).teardown().is_ok() {
+                if self.existing(&plan, &owner, id).teardown().is_ok() && !is_spare(id) {
                     purged += 1;
                 }
             }
@@ -1682,12 +1790,17 @@ impl CgroupHost {
     /// Number of airlock sandbox cgroups present, of any owner (a sandbox counts once
     /// however many hierarchies it has a directory in).
     pub fn count_sandboxes(&self) -> usize {
-        self.sandboxes().values().map(BTreeSet::len).sum()
+        self.sandboxes()
+            .values()
+            .map(|ids| ids.iter().filter(|id| !is_spare(id)).count())
+            .sum()
     }
 
     /// Number of sandbox cgroups present that belong to this process.
     pub fn count_own_sandboxes(&self) -> usize {
-        self.sandboxes().get(&self.owner).map_or(0, BTreeSet::len)
+        self.sandboxes()
+            .get(&self.owner)
+            .map_or(0, |ids| ids.iter().filter(|id| !is_spare(id)).count())
     }
 
     /// A handle on the existing directories of another owner's sandbox, for purging.
@@ -1698,15 +1811,19 @@ impl CgroupHost {
             let path = owner_dir.join(id);
             if path.is_dir() {
                 cgroup.owner_dirs.push(owner_dir);
-                cgroup.dirs.push(SandboxDir {
-                    path,
-                    controllers: slot.controllers.clone(),
-                    cgroup2: slot.cgroup2,
-                });
+                cgroup
+                    .dirs
+                    .push(SandboxDir::new(path, slot.controllers.clone(), slot.cgroup2));
             }
         }
         cgroup
     }
+}
+
+/// Whether a directory name below an owner's is a kept spare (see [`Spares`]), not a
+/// sandbox.
+fn is_spare(name: &str) -> bool {
+    name.starts_with(".spare-")
 }
 
 /// One directory of a sandbox's cgroup.
@@ -1717,17 +1834,118 @@ struct SandboxDir {
     controllers: Vec<&'static str>,
     /// True in the cgroup2 hierarchy.
     cgroup2: bool,
+    /// `O_PATH` fd of `path`: its interface files are opened relative to it, not by a walk
+    /// of the whole path each time (a sandbox opens some thirty of them in its life).
+    /// `None` when it could not be opened (then paths are walked).
+    fd: Option<OwnedFd>,
+}
+
+impl SandboxDir {
+    fn new(path: PathBuf, controllers: Vec<&'static str>, cgroup2: bool) -> SandboxDir {
+        use rustix::fs::{CWD, Mode, OFlags, openat};
+        let fd = openat(
+            CWD,
+            &path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok();
+        SandboxDir {
+            path,
+            controllers,
+            cgroup2,
+            fd,
+        }
+    }
+
+    /// Opens interface file `name` (no create, close-on-exec).
+    fn open(&self, name: &str, write: bool) -> io::Result<fs::File> {
+        use rustix::fs::{Mode, OFlags, openat};
+        let Some(dir) = &self.fd else {
+            let mut options = OpenOptions::new();
+            options.read(!write).write(write).truncate(write);
+            return options.open(self.path.join(name));
+        };
+        let flags = if write {
+            OFlags::WRONLY | OFlags::TRUNC
+        } else {
+            OFlags::RDONLY
+        };
+        let fd = openat(dir, name, flags | OFlags::CLOEXEC, Mode::empty())?;
+        Ok(fs::File::from(fd))
+    }
+
+    /// Whether interface file `name` exists (a kernel too old for it has none).
+    fn has(&self, name: &str) -> bool {
+        use rustix::fs::{Access, AtFlags, accessat};
+        match &self.fd {
+            Some(dir) => accessat(dir, name, Access::EXISTS, AtFlags::empty()).is_ok(),
+            None => self.path.join(name).exists(),
+        }
+    }
+
+    /// Writes `value` to interface file `name` (see [`write_file`]).
+    fn write(&self, name: &str, value: &str) -> Result<(), CgroupError> {
+        self.open(name, true)
+            .and_then(|mut f| f.write_all(value.as_bytes()))
+            .map_err(|source| CgroupError::Write {
+                path: self.path.join(name),
+                value: value.to_owned(),
+                source,
+            })
+    }
+
+    fn read(&self, name: &str) -> io::Result<String> {
+        let mut text = String::new();
+        io::Read::read_to_string(&mut self.open(name, false)?, &mut text)?;
+        Ok(text)
+    }
+
+    /// A number from interface file `name` (see [`read_u64`]).
+    fn read_u64(&self, name: &str, key: Option<&str>) -> Option<u64> {
+        parse_u64(&self.read(name).ok()?, key)
+    }
+
+    /// The pids in its `cgroup.procs`; a removed cgroup has none.
+    fn pids(&self) -> Result<Vec<i32>, CgroupError> {
+        match self.read("cgroup.procs") {
+            Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(source) => Err(CgroupError::Read {
+                path: self.path.join("cgroup.procs"),
+                source,
+            }),
+        }
+    }
 }
 
 /// How `kill` empties the cgroup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum KillMethod {
-    /// Write `1` to this `cgroup.kill` (Linux >= 5.14): atomic, race-free.
-    CgroupKill(PathBuf),
+    /// Write `1` to the cgroup2 directory's `cgroup.kill` (Linux >= 5.14): atomic,
+    /// race-free.
+    CgroupKill,
     /// v1 freezer at this directory: freeze, SIGKILL every pid, thaw.
     Freezer(PathBuf),
     /// SIGKILL every listed pid until no new pid shows up.
     Loop,
+}
+
+/// `memory.peak` of `dir`, open for reading and writing (see [`Cgroup::reset_peak`]).
+fn open_peak(dir: &SandboxDir) -> io::Result<fs::File> {
+    use rustix::fs::{Mode, OFlags, openat};
+    match &dir.fd {
+        Some(fd) => Ok(fs::File::from(openat(
+            fd,
+            "memory.peak",
+            OFlags::RDWR | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)),
+        None => OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.path.join("memory.peak")),
+    }
 }
 
 /// One sandbox's cgroup: a directory in every hierarchy used.
@@ -1748,6 +1966,12 @@ pub struct Cgroup {
     owner_dirs: Vec<PathBuf>,
     /// Owned: `O_DIRECTORY|O_CLOEXEC` fd of the cgroup2 directory, for clone3.
     clone_fd: Option<OwnedFd>,
+    /// v2: `memory.peak`, open since the first reset that took (see [`Cgroup::reset_peak`]);
+    /// `None` once a reset failed (a kernel before 6.12: not tried again).
+    peak: Mutex<Option<Option<fs::File>>>,
+    /// Where its v1 directories go when it ends cleanly (see [`Spares`]); `None` for a
+    /// handle on another owner's directories, or one not fully made.
+    spares: Option<std::sync::Arc<Mutex<Spares>>>,
 }
 
 impl Cgroup {
@@ -1759,6 +1983,8 @@ impl Cgroup {
             dirs: Vec::new(),
             owner_dirs: Vec::new(),
             clone_fd: None,
+            peak: Mutex::new(Some(None)),
+            spares: None,
         }
     }
 
@@ -1770,6 +1996,24 @@ impl Cgroup {
     /// Every directory of this cgroup (one per hierarchy), in attach order.
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
         self.dirs.iter().map(|d| d.path.as_path())
+    }
+
+    /// The directory serving `controller`, with its fd.
+    fn sandbox_dir(&self, controller: &str) -> Option<&SandboxDir> {
+        self.dirs.iter().find(|d| d.controllers.contains(&controller))
+    }
+
+    /// The cgroup2 directory, with its fd.
+    fn cgroup2(&self) -> Option<&SandboxDir> {
+        self.dirs.iter().find(|d| d.cgroup2)
+    }
+
+    fn need_dir(&self, controller: &'static str) -> Result<&SandboxDir, CgroupError> {
+        self.sandbox_dir(controller)
+            .ok_or_else(|| CgroupError::MissingController {
+                controller,
+                detail: format!("sandbox {} has no directory for it", self.id),
+            })
     }
 
     /// The directory serving `controller`.
@@ -1785,63 +2029,57 @@ impl Cgroup {
         self.dirs.iter().find(|d| d.cgroup2).map(|d| d.path.as_path())
     }
 
-    fn need(&self, controller: &'static str) -> Result<&Path, CgroupError> {
-        self.dir_with(controller)
-            .ok_or_else(|| CgroupError::MissingController {
-                controller,
-                detail: format!("sandbox {} has no directory for it", self.id),
-            })
-    }
-
     /// Writes the limits; order matters where the kernel checks one value against another.
     fn write_limits(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
         let memory = limits.memory_bytes.to_string();
         let pids = limits.pids.to_string();
         let quota = cpu_quota_us(limits.cpus);
         if self.v2 {
-            let dir = self.need("memory")?;
-            write_file(&dir.join("memory.max"), &memory)?;
+            let dir = self.need_dir("memory")?;
+            dir.write("memory.max", &memory)?;
             // Absent without swap accounting; then there is no swap to cap.
-            let swap = dir.join("memory.swap.max");
-            if swap.exists() {
-                write_file(&swap, "0")?;
+            if dir.has("memory.swap.max") {
+                dir.write("memory.swap.max", "0")?;
             }
-            write_file(&self.need("pids")?.join("pids.max"), &pids)?;
+            self.need_dir("pids")?.write("pids.max", &pids)?;
             return self.write_cpu_quota(Some(quota));
         }
-        let dir = self.need("memory")?;
+        let dir = self.need_dir("memory")?;
         // memsw (memory+swap) must stay >= the memory limit at every step: when the limit
         // goes down, lower it first; when it goes up (a live cgroup given a larger cap),
         // raise memsw first.
-        let limit = dir.join("memory.limit_in_bytes");
-        let memsw = dir.join("memory.memsw.limit_in_bytes");
-        let raising = read_u64(&limit, None).is_some_and(|current| limits.memory_bytes > current);
-        if raising && memsw.exists() {
-            write_file(&memsw, &memory)?;
-            write_file(&limit, &memory)?;
+        const LIMIT: &str = "memory.limit_in_bytes";
+        const MEMSW: &str = "memory.memsw.limit_in_bytes";
+        let raising = dir
+            .read_u64(LIMIT, None)
+            .is_some_and(|current| limits.memory_bytes > current);
+        let memsw = dir.has(MEMSW);
+        if raising && memsw {
+            dir.write(MEMSW, &memory)?;
+            dir.write(LIMIT, &memory)?;
         } else {
-            write_file(&limit, &memory)?;
-            if memsw.exists() {
-                write_file(&memsw, &memory)?;
+            dir.write(LIMIT, &memory)?;
+            if memsw {
+                dir.write(MEMSW, &memory)?;
             }
         }
         // Best effort: without memsw accounting this at least keeps pages out of swap;
         // not writable on some kernels (e.g. under a parent with use_hierarchy quirks).
-        let _ = write_file(&dir.join("memory.swappiness"), "0");
-        write_file(&self.need("pids")?.join("pids.max"), &pids)?;
+        let _ = dir.write("memory.swappiness", "0");
+        self.need_dir("pids")?.write("pids.max", &pids)?;
         self.write_cpu_quota(Some(quota))
     }
 
     /// Writes the CFS quota (microseconds per [`CPU_PERIOD_US`]), or none at all.
     fn write_cpu_quota(&self, quota_us: Option<u64>) -> Result<(), CgroupError> {
-        let cpu = self.need("cpu")?;
+        let cpu = self.need_dir("cpu")?;
         if self.v2 {
             let quota = quota_us.map_or_else(|| "max".to_owned(), |q| q.to_string());
-            return write_file(&cpu.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"));
+            return cpu.write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"));
         }
-        write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+        cpu.write("cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
         let quota = quota_us.map_or_else(|| "-1".to_owned(), |q| q.to_string());
-        write_file(&cpu.join("cpu.cfs_quota_us"), &quota)
+        cpu.write("cpu.cfs_quota_us", &quota)
     }
 
     /// Lifts the CPU quota, for tasks that are already dying. A task the CFS throttle
@@ -1876,8 +2114,8 @@ impl Cgroup {
     /// SCHED_IDLE; without it the smallest weight (`cpu.shares` 2, `cpu.weight` 1) comes
     /// close. Only the share changes: the CPU limit (`cpu.max`/CFS quota) stays as it is.
     pub fn set_background(&self, background: bool) -> Result<(), CgroupError> {
-        let cpu = self.need("cpu")?;
-        match write_file(&cpu.join("cpu.idle"), if background { "1" } else { "0" }) {
+        let cpu = self.need_dir("cpu")?;
+        match cpu.write("cpu.idle", if background { "1" } else { "0" }) {
             Err(CgroupError::Write { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 let (file, value) = match (self.v2, background) {
                     (true, true) => ("cpu.weight", "1"),
@@ -1885,7 +2123,7 @@ impl Cgroup {
                     (false, true) => ("cpu.shares", "2"),
                     (false, false) => ("cpu.shares", "1024"),
                 };
-                write_file(&cpu.join(file), value)
+                cpu.write(file, value)
             }
             other => other,
         }
@@ -1899,14 +2137,40 @@ impl Cgroup {
     }
 
     /// Restarts the peak-memory counter, so the next exec's peak is its own. On v1 the
-    /// counter is reset by writing 0; v2's `memory.peak` resets only for the writer's open
-    /// file, so there the peak stays the sandbox's lifetime peak.
+    /// counter is reset by writing 0. On v2 (Linux >= 6.12) a write to `memory.peak`
+    /// resets it for reads through the same open file only: the file is opened once and
+    /// kept, and [`Cgroup::usage`] reads the peak through it. An older v2 kernel refuses
+    /// the write; there the peak stays the sandbox's lifetime peak.
     pub fn reset_peak(&self) {
-        if !self.v2
-            && let Some(dir) = self.dir_with("memory")
-        {
-            let _ = write_file(&dir.join("memory.max_usage_in_bytes"), "0");
+        let Some(dir) = self.sandbox_dir("memory") else {
+            return;
+        };
+        if !self.v2 {
+            let _ = dir.write("memory.max_usage_in_bytes", "0");
+            return;
         }
+        let mut peak = self.peak.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slot) = peak.as_mut() else {
+            return; // tried, and the kernel cannot reset it
+        };
+        if slot.is_none() {
+            *slot = open_peak(dir).ok();
+        }
+        if let Some(file) = slot.as_ref()
+            && (&*file).write_all(b"reset\n").is_err()
+        {
+            *peak = None;
+        }
+    }
+
+    /// v2: the peak since the last [`Cgroup::reset_peak`] that took, through its file.
+    fn peak_since_reset(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt as _;
+        let peak = self.peak.lock().unwrap_or_else(PoisonError::into_inner);
+        let file = peak.as_ref()?.as_ref()?;
+        let mut buf = [0u8; 32];
+        let n = file.read_at(&mut buf, 0).ok()?;
+        parse_u64(std::str::from_utf8(&buf[..n]).ok()?, None)
     }
 
     /// `O_DIRECTORY|O_CLOEXEC` fd of the cgroup2 directory (v2, or the unified one on a
@@ -1923,13 +2187,8 @@ impl Cgroup {
             if dir.cgroup2 && already_in_cgroup2 {
                 continue;
             }
-            let procs = dir.path.join("cgroup.procs");
-            write_file(&procs, &pid.to_string()).map_err(|e| match e {
-                CgroupError::Write { source, .. } => CgroupError::Attach {
-                    pid,
-                    path: procs.clone(),
-                    source,
-                },
+            dir.write("cgroup.procs", &pid.to_string()).map_err(|e| match e {
+                CgroupError::Write { path, source, .. } => CgroupError::Attach { pid, path, source },
                 other => other,
             })?;
         }
@@ -1943,25 +2202,25 @@ impl Cgroup {
     /// counted: re-reading a file larger than the cap is slow, not stuck.) `None` where
     /// the kernel does not count them.
     pub fn major_faults(&self) -> Option<u64> {
-        let stat = self.dir_with("memory")?.join("memory.stat");
-        read_u64(&stat, Some("pgmajfault")).or_else(|| read_u64(&stat, Some("total_pgmajfault")))
+        let stat = self.sandbox_dir("memory")?.read("memory.stat").ok()?;
+        parse_u64(&stat, Some("pgmajfault")).or_else(|| parse_u64(&stat, Some("total_pgmajfault")))
     }
 
     /// Whether the sandbox's memory use is at its cap, within a sixteenth of it: where a
     /// memory stall means it is out of memory rather than waiting on a slow disk.
     pub fn at_memory_cap(&self) -> bool {
-        let Some(dir) = self.dir_with("memory") else {
+        let Some(dir) = self.sandbox_dir("memory") else {
             return false;
         };
         let (current, max) = if self.v2 {
             (
-                read_u64(&dir.join("memory.current"), None),
-                read_u64(&dir.join("memory.max"), None),
+                dir.read_u64("memory.current", None),
+                dir.read_u64("memory.max", None),
             )
         } else {
             (
-                read_u64(&dir.join("memory.usage_in_bytes"), None),
-                read_u64(&dir.join("memory.limit_in_bytes"), None),
+                dir.read_u64("memory.usage_in_bytes", None),
+                dir.read_u64("memory.limit_in_bytes", None),
             )
         };
         matches!((current, max), (Some(current), Some(max)) if current.saturating_add(max / 16) >= max)
@@ -1970,30 +2229,32 @@ impl Cgroup {
     /// Current usage; a counter the kernel does not provide reads as 0.
     pub fn usage(&self) -> Usage {
         let mut usage = Usage::default();
-        let cgroup2_cpu = |dir: &Path| read_u64(&dir.join("cpu.stat"), Some("usage_usec"));
+        let cgroup2_cpu = |dir: &SandboxDir| dir.read_u64("cpu.stat", Some("usage_usec"));
         if self.v2 {
-            if let Some(dir) = self.dir_with("memory") {
-                usage.memory_peak_bytes = read_u64(&dir.join("memory.peak"), None)
-                    .or_else(|| read_u64(&dir.join("memory.current"), None))
+            if let Some(dir) = self.sandbox_dir("memory") {
+                usage.memory_peak_bytes = self
+                    .peak_since_reset()
+                    .or_else(|| dir.read_u64("memory.peak", None))
+                    .or_else(|| dir.read_u64("memory.current", None))
                     .unwrap_or(0);
-                usage.oom_kills = read_u64(&dir.join("memory.events"), Some("oom_kill")).unwrap_or(0);
+                usage.oom_kills = dir.read_u64("memory.events", Some("oom_kill")).unwrap_or(0);
             }
             usage.cpu_ns = self
-                .dir_with("cpu")
+                .sandbox_dir("cpu")
                 .and_then(cgroup2_cpu)
                 .map_or(0, |us| us.saturating_mul(1000));
             return usage;
         }
-        if let Some(dir) = self.dir_with("memory") {
-            usage.memory_peak_bytes = read_u64(&dir.join("memory.max_usage_in_bytes"), None).unwrap_or(0);
-            usage.oom_kills = read_u64(&dir.join("memory.oom_control"), Some("oom_kill")).unwrap_or(0);
+        if let Some(dir) = self.sandbox_dir("memory") {
+            usage.memory_peak_bytes = dir.read_u64("memory.max_usage_in_bytes", None).unwrap_or(0);
+            usage.oom_kills = dir.read_u64("memory.oom_control", Some("oom_kill")).unwrap_or(0);
         }
         // cpuacct counts in ns; without it, cgroup2's cpu.stat works even controller-less.
         usage.cpu_ns = self
-            .dir_with("cpuacct")
-            .and_then(|dir| read_u64(&dir.join("cpuacct.usage"), None))
+            .sandbox_dir("cpuacct")
+            .and_then(|dir| dir.read_u64("cpuacct.usage", None))
             .or_else(|| {
-                self.cgroup2_dir()
+                self.cgroup2()
                     .and_then(cgroup2_cpu)
                     .map(|us| us.saturating_mul(1000))
             })
@@ -2061,10 +2322,8 @@ impl Cgroup {
 
     /// The best kill method this cgroup offers.
     fn kill_method(&self) -> KillMethod {
-        if let Some(kill) = self.cgroup2_dir().map(|d| d.join("cgroup.kill"))
-            && kill.exists()
-        {
-            return KillMethod::CgroupKill(kill);
+        if self.cgroup2().is_some_and(|d| d.has("cgroup.kill")) {
+            return KillMethod::CgroupKill;
         }
         match self.dir_with("freezer") {
             Some(dir) if dir.join("freezer.state").exists() => KillMethod::Freezer(dir.to_owned()),
@@ -2143,7 +2402,10 @@ impl Cgroup {
 
     fn kill_with(&self, method: KillMethod) -> Result<(), CgroupError> {
         match method {
-            KillMethod::CgroupKill(file) => write_file(&file, "1"),
+            KillMethod::CgroupKill => match self.cgroup2() {
+                Some(dir) => dir.write("cgroup.kill", "1"),
+                None => Ok(()),
+            },
             KillMethod::Freezer(dir) => {
                 let state = dir.join("freezer.state");
                 write_file(&state, "FROZEN")?;
@@ -2177,7 +2439,7 @@ impl Cgroup {
     pub(crate) fn members(&self) -> Result<BTreeSet<i32>, CgroupError> {
         let mut pids = BTreeSet::new();
         for dir in &self.dirs {
-            pids.extend(read_pids(&dir.path.join("cgroup.procs"))?);
+            pids.extend(dir.pids()?);
         }
         Ok(pids)
     }
@@ -2283,6 +2545,8 @@ impl Cgroup {
             return Ok(());
         }
         self.clone_fd = None;
+        // An open interface file keeps the removed cgroup's memory around until closed.
+        *self.peak.get_mut().unwrap_or_else(PoisonError::into_inner) = Some(None);
         let deadline = Instant::now() + DESTROY_WAIT;
         let mut first_err = self.kill().err();
         // A predecessor that crashed between freeze and thaw leaves tasks frozen, and a
@@ -2294,6 +2558,9 @@ impl Cgroup {
         }
         if let Err(e) = self.wait_empty(deadline) {
             first_err.get_or_insert(e);
+        }
+        if first_err.is_none() {
+            self.keep_as_spare();
         }
         for dir in std::mem::take(&mut self.dirs) {
             // rmdir can report EBUSY for a moment after the last task left.
@@ -2316,6 +2583,40 @@ impl Cgroup {
             self.fs.rmdir_if_childless(&owner_dir);
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Moves its v1 directories to the spares (renamed `.spare-N`) if spares are kept and
+    /// there is room; the rest is removed by [`Cgroup::teardown`]. Called once no process
+    /// is left.
+    fn keep_as_spare(&mut self) {
+        let Some(spares) = self.spares.take() else {
+            return;
+        };
+        let mut spares = spares.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.fs == Fs::Fake || spares.sets.len() >= spares.max || !self.dirs.iter().any(|d| !d.cgroup2) {
+            return;
+        }
+        let mut set = Vec::new();
+        let mut kept = Vec::new();
+        for dir in std::mem::take(&mut self.dirs) {
+            if dir.cgroup2 {
+                kept.push(dir);
+                continue;
+            }
+            spares.next += 1;
+            let to = dir.path.with_file_name(format!(".spare-{}", spares.next));
+            match fs::rename(&dir.path, &to) {
+                Ok(()) => set.push(SandboxDir { path: to, ..dir }),
+                Err(_) => kept.push(dir),
+            }
+        }
+        if kept.iter().any(|d| !d.cgroup2) {
+            // A rename failed: none of this set is kept; all of it is removed.
+            kept.extend(set);
+        } else {
+            spares.sets.push(set);
+        }
+        self.dirs = kept;
     }
 
     /// Kills every process, waits (about 2 s at most) until none is left, and removes
@@ -2539,7 +2840,7 @@ mod tests {
         }
         assert!(cg.clone_into_fd().is_some());
         // cgroup.kill is preferred.
-        assert_eq!(cg.kill_method(), KillMethod::CgroupKill(dir.join("cgroup.kill")));
+        assert_eq!(cg.kill_method(), KillMethod::CgroupKill);
         cg.kill().expect("kill");
         assert_eq!(read(&dir.join("cgroup.kill")), "1");
         cg.destroy().expect("destroy");

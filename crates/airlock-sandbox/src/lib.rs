@@ -162,6 +162,10 @@ impl From<SandboxError> for airlock_backend::Error {
     }
 }
 
+/// How many sandboxes' v1 cgroup directories a service keeps for the next ones (each
+/// holds a memory cgroup's kernel state, some tens of KiB).
+pub const SPARE_CGROUPS: usize = 16;
+
 /// What is needed to run sandboxes on this host, detected and built once.
 #[derive(Debug)]
 pub struct Engine {
@@ -183,6 +187,10 @@ pub struct Engine {
     /// The fanotify group that tells whether an exec changed a sandbox's files (see
     /// `fanotify`), made with the first sandbox; `None` where the kernel has none to give.
     changes: OnceLock<Option<std::sync::Arc<fanotify::Changes>>>,
+    /// Made by [`Engine::for_one_run`]: the host was not checked (a sandbox that fails to
+    /// build is explained by the checks then), and init may run in the clone of this
+    /// process (see `sandbox::clone_directly`).
+    pub(crate) one_run: bool,
 }
 
 impl Engine {
@@ -190,10 +198,27 @@ impl Engine {
     /// namespaces and a delegated cgroup), builds the seccomp filter, and purges cgroups
     /// that crashed airlock processes left behind.
     pub fn new() -> Result<Engine, SandboxError> {
+        Engine::make(true)
+    }
+
+    /// Like [`Engine::new`], for a process that builds one sandbox (`airlock run`): the
+    /// host is checked only if that sandbox fails to build, and then the refusal is the
+    /// same one line [`Engine::new`] gives. The checks cost a few milliseconds (a child in
+    /// every namespace, a cgroup made and joined: on cgroup v1 that waits for an RCU grace
+    /// period), as much as the run itself; every need they try is also one the sandbox's
+    /// own build fails without (it never runs weaker than asked), so nothing is skipped
+    /// but the early, clearer message, which a failure still gets.
+    pub fn for_one_run() -> Result<Engine, SandboxError> {
+        Engine::make(false)
+    }
+
+    fn make(check: bool) -> Result<Engine, SandboxError> {
         let cgroups = cgroup::CgroupHost::detect();
         // Root or not (see `preflight` and docs/rootless.md): everything a sandbox needs
         // is tried once, and a host that lacks something is refused in one line.
-        preflight::require(cgroups.as_ref()).map_err(|m| SandboxError::Host(m.to_string()))?;
+        if check || cgroups.is_err() {
+            preflight::require(cgroups.as_ref()).map_err(|m| SandboxError::Host(m.to_string()))?;
+        }
         let cgroups = cgroups?;
         let purged = cgroups.purge_stale();
         let program = airlock_seccomp::build()?;
@@ -206,7 +231,20 @@ impl Engine {
             zygote_gone: AtomicBool::new(false),
             writable_image: false,
             changes: OnceLock::new(),
+            one_run: !check,
         })
+    }
+
+    /// `err`, a sandbox's failure to build, or what the host lacks when the checks skipped
+    /// by [`Engine::for_one_run`] find something missing (that is then the cause).
+    pub(crate) fn explain(&self, err: SandboxError) -> SandboxError {
+        if !self.one_run || matches!(err, SandboxError::Spec(_) | SandboxError::Cancelled) {
+            return err;
+        }
+        match preflight::require(Ok(&self.cgroups)) {
+            Err(missing) => SandboxError::Host(missing.to_string()),
+            Ok(()) => err,
+        }
     }
 
     /// An engine whose sandboxes' image roots are writable, for building images (one
@@ -271,6 +309,18 @@ impl Engine {
         // A concurrent start lost the race: its zygote exits when its socket closes.
         let _ = self.zygote.set(zygote);
         Ok(())
+    }
+
+    /// Keeps the v1 cgroup directories of sandboxes that ended cleanly for the next ones
+    /// (see `cgroup::Spares`), at most as many as [`SPARE_CGROUPS`]: for a service, which
+    /// must call [`airlock_backend::Backend::stop_service`] at its end to remove them.
+    pub fn keep_spare_cgroups(&self) {
+        self.cgroups.keep_spares(SPARE_CGROUPS);
+    }
+
+    /// Stops keeping spare cgroup directories and removes those kept.
+    pub fn release_spare_cgroups(&self) {
+        self.cgroups.release_spares();
     }
 
     /// The zygote, while it answers.

@@ -559,9 +559,23 @@ pub(crate) fn mkdir_p(path: &Path, mode: u32) -> Result<(), MountError> {
         }
         Err(e) => return sys("mkdir", path, Err(e)),
     }
+    // mkdir applied the umask; a mode it took nothing from is already right.
+    if mode & umask() == 0 {
+        return Ok(());
+    }
     io_op(
         "chmod",
         path,
         fs::set_permissions(path, fs::Permissions::from_mode(mode)),
     )
+}
+
+/// This process's umask, read once (reading it means setting it, and back).
+fn umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let old = nix::sys::stat::umask(Mode::from_bits_truncate(0o022));
+        nix::sys::stat::umask(old);
+        old.bits()
+    })
 }

@@ -1,4 +1,4 @@
-//! Preflight: before the first namespace sandbox of a process, check that the host gives
+//! Preflight: check that the host gives
 //! what the tier needs, each by trying it, and refuse with one line naming what is missing
 //! and how to enable it (`airlock: cannot isolate: <what>: <how>`) instead of failing
 //! half-way through a sandbox, or running one weaker than asked.
@@ -17,7 +17,8 @@
 //! Proxy mode (`--net proxy`) also needs /dev/net/tun openable ([`require_proxy`]).
 //!
 //! [`require`] runs the checks once per process (a few milliseconds; `doctor` prints the
-//! figure) and remembers the verdict.
+//! figure) and remembers the verdict. A service runs them at start; `airlock run` only
+//! once its sandbox failed to build (see `Engine::for_one_run`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};

@@ -210,6 +210,10 @@ impl Sandbox {
         config: &SandboxConfig,
         ahead: bool,
     ) -> Result<Sandbox, SandboxError> {
+        Sandbox::build(engine, config, ahead).map_err(|e| engine.explain(e))
+    }
+
+    fn build(engine: &Engine, config: &SandboxConfig, ahead: bool) -> Result<Sandbox, SandboxError> {
         let t0 = Instant::now();
         let policy = egress::proxy(&config.network)?;
         if policy.is_some() {
@@ -263,7 +267,13 @@ impl Sandbox {
         let zygote_cloned = zygote.is_some();
         let cloned = match zygote {
             Some(cloned) => cloned,
-            None => clone_directly(cgroup_fd, &child_control)?,
+            // Init runs in the clone itself (no exec of airlock) where that is safe: see
+            // `clone_directly`.
+            None => clone_directly(
+                cgroup_fd,
+                &child_control,
+                engine.one_run && policy.is_none() && !crate::preflight::rootless() && sys::single_threaded(),
+            )?,
         };
         drop(child_control);
         if ahead && zygote_cloned {
@@ -400,8 +410,19 @@ fn ca_bundle_fd(bundle: &[u8]) -> Result<OwnedFd, SandboxError> {
 }
 
 /// Clones the sandbox's init from this process; the child execs airlock as init, with
-/// `child_control` as its fd 3.
-fn clone_directly(cgroup_fd: Option<RawFd>, child_control: &OwnedFd) -> Result<sys::Cloned, SandboxError> {
+/// `child_control` as its fd 3. With `in_place`, the child becomes init without an exec,
+/// as a zygote's clone does (saving the load and start of the airlock binary, about as
+/// much CPU as the rest of a one-shot run): only for `airlock run` ([`Engine::for_one_run`],
+/// whose memory holds the user's own request), single-threaded (its child
+/// is a complete copy that may run any code) that holds no secret (no egress proxy, whose
+/// policy carries them; init's memory is out of the programs' reach, but the zygote's
+/// rule stands: nothing of the supervisor's that a sandbox does not need), and not
+/// rootless (there init's exec is what takes its memory out of the programs' reach).
+fn clone_directly(
+    cgroup_fd: Option<RawFd>,
+    child_control: &OwnedFd,
+    in_place: bool,
+) -> Result<sys::Cloned, SandboxError> {
     let null = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -428,6 +449,11 @@ fn clone_directly(cgroup_fd: Option<RawFd>, child_control: &OwnedFd) -> Result<s
     // close_range, recv, raw setres*id, prctl, setsid, execve, _exit) on data prepared
     // above.
     let cloned = unsafe { sys::clone_process(NAMESPACES, cgroup_fd) }.map_err(SandboxError::Spawn)?;
+    if cloned.is_none() && in_place {
+        // SAFETY: this process was single-threaded when it cloned, so the child is a
+        // complete copy that may run any code; the fds are the ones prepared above.
+        unsafe { child_in_place(&raw_fds) }
+    }
     let Some(cloned) = cloned else {
         // SAFETY: see above: async-signal-safe libc calls only; every pointer refers to
         // memory prepared before the clone and still mapped in this copy of the
@@ -435,6 +461,33 @@ fn clone_directly(cgroup_fd: Option<RawFd>, child_control: &OwnedFd) -> Result<s
         unsafe { child_to_init(&raw_fds, exe.as_ptr(), argv.as_ptr(), envp.as_ptr()) }
     };
     Ok(cloned)
+}
+
+/// The child's side of an in-place clone (see `clone_directly`): init's fds, then init.
+///
+/// # Safety
+/// Only in the child of a single-threaded process.
+unsafe fn child_in_place(fds: &[RawFd; 4]) -> ! {
+    // SAFETY: dup2 and close_range on fds prepared before the clone; the caller guarantees
+    // a single-threaded parent, so init's code may run here as in a zygote's clone.
+    unsafe {
+        for (target, fd) in fds.iter().enumerate() {
+            if libc::dup2(*fd, target as RawFd) < 0 {
+                libc::_exit(120);
+            }
+        }
+        if sys::close_from(4).is_err() {
+            libc::_exit(121);
+        }
+        // Init's name, as an exec'd init has it; none of airlock's own arguments or
+        // environment left in its memory.
+        let title = format!("airlock-init\0{}", crate::INIT_ARG);
+        if sys::retitle(title.as_bytes()).is_err() {
+            libc::_exit(126);
+        }
+        become_namespace_root(3);
+    }
+    crate::init::run()
 }
 
 /// The child's side of the clone, up to the exec of init.

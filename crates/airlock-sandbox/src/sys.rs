@@ -203,6 +203,51 @@ pub fn close_from(first: libc::c_uint) -> io::Result<()> {
     check(unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) }).map(drop)
 }
 
+/// Whether this process has one thread (then a child of its clone may run any code, not
+/// only async-signal-safe calls). False when it cannot be told.
+pub fn single_threaded() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.take(2).count() == 1)
+}
+
+/// Rewrites this process's command line to `title` (NUL-separated arguments) and blanks
+/// its environment strings, in the memory the kernel shows as /proc/PID/cmdline and
+/// environ: a clone that runs other code than its parent's `main` (see
+/// `sandbox::clone_directly`) then shows what it is, and nothing of the parent's arguments
+/// or environment stays in it. The arguments' area only shrinks: a longer title is cut.
+///
+/// # Safety
+/// Single-threaded process only, and nothing may use the old argument or environment
+/// strings afterwards (they are overwritten in place).
+pub unsafe fn retitle(title: &[u8]) -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    // Fields 48 to 51 of proc(5) (arg_start, arg_end, env_start, env_end); `rest`
+    // starts at field 3.
+    let field = |n: usize| -> io::Result<usize> {
+        rest.split_whitespace()
+            .nth(n - 3)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| io::Error::other("no such field in /proc/self/stat"))
+    };
+    let (arg_start, arg_end) = (field(48)?, field(49)?);
+    let (env_start, env_end) = (field(50)?, field(51)?);
+    if arg_end <= arg_start || env_end < env_start {
+        return Err(io::Error::other("an empty argument area"));
+    }
+    let room = arg_end - arg_start - 1;
+    let n = title.len().min(room);
+    // SAFETY: both areas are this process's own argument and environment strings,
+    // mapped and writable (the initial stack); the caller guarantees that no other thread
+    // runs and that nothing reads the old strings again.
+    unsafe {
+        let args = arg_start as *mut u8;
+        std::ptr::copy_nonoverlapping(title.as_ptr(), args, n);
+        std::ptr::write_bytes(args.add(n), 0, arg_end - arg_start - n);
+        std::ptr::write_bytes(env_start as *mut u8, 0, env_end - env_start);
+    }
+    Ok(())
+}
+
 /// `pivot_root(new_root, put_old)`.
 pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
     // SAFETY: both pointers are valid NUL-terminated strings for the call's duration.

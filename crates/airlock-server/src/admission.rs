@@ -14,6 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
+use airlock_backend::Backend;
 
 /// Memory is admitted in MiB units (semaphore permits).
 const MIB: u64 = 1 << 20;
@@ -43,6 +44,11 @@ pub struct Admission {
     waiting: AtomicUsize,
     max_queue: usize,
     queue_timeout: Duration,
+    /// Memory the backends hold outside any sandbox (VM templates): re-read at each
+    /// admission and reserved from `memory_mib`, so the budget bounds it too.
+    holders: Vec<Arc<dyn Backend>>,
+    /// MiB of `memory_mib` reserved for `holders` now (permits taken out of it).
+    held_mib: Mutex<u64>,
 }
 
 /// Why a request was not admitted (the `reason` label of `airlock_rejected_total`).
@@ -122,7 +128,37 @@ impl Admission {
             waiting: AtomicUsize::new(0),
             max_queue: config.max_queue,
             queue_timeout: config.queue_timeout,
+            holders: Vec::new(),
+            held_mib: Mutex::new(0),
         }
+    }
+
+    /// The gate, with what `backends` hold outside their sandboxes
+    /// ([`Backend::held_bytes`]) reserved from the memory budget.
+    pub fn holding(mut self, backends: Vec<Arc<dyn Backend>>) -> Admission {
+        self.holders = backends;
+        self
+    }
+
+    /// Moves the reservation for what the backends hold to what they hold now: more is
+    /// taken from the budget's free memory (what is not free now is taken at later
+    /// admissions, as sandboxes give theirs back), less is given back. Returns the MiB
+    /// reserved.
+    pub fn reserve_held(&self) -> u64 {
+        let want = self
+            .holders
+            .iter()
+            .map(|b| b.held_bytes())
+            .sum::<u64>()
+            .div_ceil(MIB);
+        let mut held = self.held_mib.lock().unwrap_or_else(|e| e.into_inner());
+        if want > *held {
+            *held += self.memory_mib.forget_permits((want - *held) as usize) as u64;
+        } else if want < *held {
+            self.memory_mib.add_permits((*held - want) as usize);
+            *held = want;
+        }
+        *held
     }
 
     /// Sandboxes admitted now.
@@ -201,6 +237,8 @@ impl Admission {
                 retry,
             ));
         }
+        // Templates made since the last admission come out of the budget first.
+        self.reserve_held();
         let mib = memory_bytes.div_ceil(MIB) as u32;
         let wait = async {
             let key_permit = match &key_sem {

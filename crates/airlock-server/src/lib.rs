@@ -201,7 +201,12 @@ impl Service {
             // A sandbox a spawner finished after the pool stopped taking them was purged
             // on its thread; one that still reached the pool goes now.
             let late: Vec<_> = tier.pools().flat_map(|p| p.drain()).collect();
-            let _ = tokio::task::spawn_blocking(move || drop(late)).await;
+            let backend = Arc::clone(&tier.backend);
+            let _ = tokio::task::spawn_blocking(move || {
+                drop(late);
+                backend.stop_service();
+            })
+            .await;
         }
         tracing::info!("stopped; every sandbox purged");
     }

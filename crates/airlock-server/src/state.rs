@@ -358,6 +358,7 @@ impl AppState {
             network: airlock_spec::NetworkPolicy::None,
             image: None,
         };
+        let admission = Admission::new(&config).holding(backends.clone());
         let tiers = backends
             .into_iter()
             .map(|b| {
@@ -379,7 +380,7 @@ impl AppState {
         let (cancel, trigger) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
         Arc::new(AppState {
             tiers: Tiers::new(tiers),
-            admission: Admission::new(&config),
+            admission,
             session_quota: SessionQuota::new(config.max_sessions_per_key),
             metrics: Arc::new(Metrics::new()),
             sessions: Mutex::new(HashMap::new()),

@@ -11,8 +11,14 @@ use std::sync::Arc;
 
 /// The namespace tier: checks the host (root, landlock, cgroups), builds the seccomp
 /// filter, and purges sandboxes a previous airlock left behind.
-fn namespaces() -> anyhow::Result<Engine> {
-    let engine = Engine::new()?;
+fn namespaces(service: bool) -> anyhow::Result<Engine> {
+    // One run checks the host only if its sandbox fails (see `Engine::for_one_run`); a
+    // service refuses to start on a host it cannot serve.
+    let engine = if service {
+        Engine::new()?
+    } else {
+        Engine::for_one_run()?
+    };
     if engine.purged_at_start() > 0 {
         tracing::warn!(
             sandboxes = engine.purged_at_start(),
@@ -38,7 +44,7 @@ pub fn gvisor_options() -> GvisorOptions {
 /// The backend of `isolation`, for one run.
 pub fn one(isolation: Isolation) -> anyhow::Result<Box<dyn Backend>> {
     Ok(match isolation {
-        Isolation::Namespaces => Box::new(namespaces()?),
+        Isolation::Namespaces => Box::new(namespaces(false)?),
         Isolation::Microvm => Box::new(VmBackend::new(HostOptions::from_env(), None)),
         Isolation::Gvisor => Box::new(GvisorBackend::new(gvisor_options())),
     })
@@ -50,7 +56,7 @@ pub fn one(isolation: Isolation) -> anyhow::Result<Box<dyn Backend>> {
 pub fn all(defaults: &Limits, vm_pool: usize) -> anyhow::Result<Vec<Arc<dyn Backend>>> {
     let templates = (vm_pool > 0).then(|| defaults.clone());
     Ok(vec![
-        Arc::new(namespaces()?),
+        Arc::new(namespaces(true)?),
         Arc::new(GvisorBackend::new(gvisor_options())),
         Arc::new(VmBackend::new(HostOptions::from_env(), templates)),
     ])

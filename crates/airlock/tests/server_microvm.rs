@@ -92,6 +92,50 @@ fn a_pooled_vm_runs_a_one_shot_exec_in_the_guest_kernel_and_an_oversized_request
 }
 
 #[test]
+fn the_memory_budget_counts_the_vm_template() {
+    // A micro-VM session is admitted at its cap (256 MiB, the default) plus the VM's
+    // overhead (128 MiB): 384 MiB. The budget fits two of them and 16 MiB more, but the
+    // pool's template (its guest's RAM, tens of MiB at least) is held beside them: once
+    // it exists, one session fits and a second does not.
+    let d = Daemon::start(&[
+        "--pool",
+        "0",
+        "--vm-pool",
+        "1",
+        "--memory-budget",
+        "784M",
+        "--max-memory",
+        "512M",
+        "--max-sandboxes",
+        "10",
+        "--max-sessions-per-key",
+        "10",
+        "--queue-timeout",
+        "500ms",
+    ]);
+    let c = d.client();
+    poll(POOL_FILL, || {
+        (metric_of(&d, "airlock_pool_ready{isolation=\"microvm\"}") >= 1.0).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the VM pool never filled; log:\n{}", d.log()));
+    let first = c.create_session(&json!({"isolation": "microvm"}));
+    let v = c.session_exec(&first, &sh("echo in")).expect(200).json();
+    assert_eq!(ok_stdout(&v), "in\n");
+    let e = c
+        .post_json("/v1/sandboxes", &json!({"isolation": "microvm"}))
+        .api_error(429);
+    assert_eq!(e["code"], "queue_timeout", "{e}");
+    // The first one gone, the second fits beside the template.
+    c.delete(&format!("/v1/sandboxes/{first}")).expect(204);
+    let second = poll(Duration::from_secs(30), || {
+        let r = c.post_json("/v1/sandboxes", &json!({"isolation": "microvm"}));
+        (r.status == 201).then(|| r.json()["id"].as_str().unwrap().to_owned())
+    })
+    .expect("a session was still refused after the first was deleted");
+    c.delete(&format!("/v1/sandboxes/{second}")).expect(204);
+}
+
+#[test]
 fn a_bad_isolation_is_a_400_naming_the_field() {
     let d = Daemon::start(&["--pool", "0"]);
     let e = d

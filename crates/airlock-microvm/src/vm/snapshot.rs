@@ -343,6 +343,17 @@ fn copy_ram_out(pid: u32, hva: u64, len: u64, out: &File) -> io::Result<u64> {
 }
 
 impl RamCache {
+    /// Host memory the RAM files live VMs were restored from hold, in bytes.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(|(_, f)| f.upgrade())
+            .map(|f| super::template::resident_bytes(&f))
+            .sum()
+    }
+
     /// The sealed memfd holding the RAM file at `path` (`len` bytes): the one a live VM
     /// restored from the same file holds, else a new copy.
     fn get_or_load(&self, path: &Path, len: u64) -> Result<Arc<File>, VmError> {

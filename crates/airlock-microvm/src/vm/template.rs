@@ -77,7 +77,25 @@ pub(crate) struct Templates {
     building: Mutex<()>,
 }
 
+/// Bytes of memory a (memfd) file holds: its allocated blocks, not its length (a
+/// template's RAM file is as long as the guest's RAM, but holds only what the guest
+/// touched before the save).
+pub(crate) fn resident_bytes(file: &File) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().map_or(0, |m| m.blocks() * 512)
+}
+
 impl Templates {
+    /// Host memory every template holds (RAM and device state), in bytes.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.ready
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(_, t)| resident_bytes(&t.ram) + resident_bytes(&t.state))
+            .sum()
+    }
+
     fn get(&self, key: &Key) -> Option<Arc<Template>> {
         self.ready
             .lock()

@@ -345,6 +345,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Ok(r) => r,
         Err(Error::Cancelled) => return Ok(interrupted()),
         Err(Error::Invalid(e)) => bail!("{}: {}", flag_for(&e.field), e.message),
+        // What the host lacks, found when the sandbox failed to build (see
+        // `Engine::for_one_run`): the same one line as a refusal before any sandbox.
+        Err(Error::Unavailable { reason, .. }) if reason.starts_with("cannot isolate: ") => bail!("{reason}"),
         Err(e) => return Err(e.into()),
     };
     if json {

@@ -767,12 +767,14 @@ pub fn owner_dirs(owner: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Sandbox ids with a directory under `airlock/<owner>` in any hierarchy.
+/// Sandbox ids with a directory under `airlock/<owner>` in any hierarchy (not the
+/// directories a service keeps for its next sandboxes, `.spare-N`).
 pub fn owner_sandbox_dirs(owner: &str) -> BTreeSet<String> {
     owner_dirs(owner)
         .iter()
         .flat_map(|d| subdirs(d))
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .filter(|n| !n.starts_with(".spare-"))
         .collect()
 }
 
@@ -782,6 +784,12 @@ pub fn owner_sandbox_dirs(owner: &str) -> BTreeSet<String> {
 pub fn cpu_background(owner: &str) -> BTreeMap<String, bool> {
     let mut shares = BTreeMap::new();
     for dir in owner_dirs(owner).iter().flat_map(|d| subdirs(d)) {
+        if dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(".spare-"))
+        {
+            continue;
+        }
         let read = |f: &str| {
             std::fs::read_to_string(dir.join(f))
                 .ok()
