@@ -189,6 +189,8 @@ impl Admission {
             return Ok(Reserve { _memory: None });
         }
         let retry = self.queue_timeout.as_secs().max(1);
+        // Templates made since the last admission come out of the budget first.
+        self.reserve_held();
         // Taken at once when the budget has room: no place in the queue needed.
         if let Ok(p) = Arc::clone(&self.memory_mib).try_acquire_many_owned(mib) {
             return Ok(Reserve { _memory: Some(p) });
