@@ -34,9 +34,11 @@ Host memory per idle session, each a delta over the N sessions divided by N:
     to other processes but blind to what is not charged to a sandbox (the daemon's own
     growth, objects the kernel charges to the root).
 
-Other processes on the host move the first two: the script prints the host's load and the
-drift of `kernel+anon` over a quiet interval as long as the creation took, so a reader can
-tell signal from noise. The breakdown prints the sessions' processes (RSS, PSS, private
+Other processes on the host move `host` and `kernel+anon` most, the figure's kernel
+fields a little: the script prints the host's load and the drift of both over a quiet
+interval as long as the creation took, so a reader can tell signal from noise. Exec p50
+with N others pools two chunks (before and after that interval). gVisor and micro-VM
+sessions get a 64 and 128 MiB cap (what those tiers accept), not 16. The breakdown prints the sessions' processes (RSS, PSS, private
 dirty pages, from /proc/PID/smaps_rollup), the daemon's RSS, threads and fds, and the slab
 caches that grew most (/proc/slabinfo).
 
