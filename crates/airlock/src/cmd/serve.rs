@@ -45,7 +45,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N|IMAGE=N", value_parser = pool_size)]
     gvisor_pool: Vec<PoolSize>,
     /// Live sandboxes at most [default: memory budget / --session-idle-memory, at most
-    /// 4096 and one per 8 open files RLIMIT_NOFILE allows beyond 1024].
+    /// 4096 and one per 12 open files RLIMIT_NOFILE allows beyond 1024].
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
     /// Sum of admitted memory at most: one-shot execs' caps, idle namespace sessions'
@@ -330,21 +330,35 @@ fn route(args: &ServeArgs, peers: Vec<airlock_router::Peer>) -> anyhow::Result<E
     Ok(ExitCode::SUCCESS)
 }
 
-/// Open files the daemon holds per live sandbox: 6 for an idle namespace session
-/// (bench/density.py counts them), with room for a connection or a stream.
-const FILES_PER_SANDBOX: u64 = 8;
+/// Open files the daemon holds per live sandbox: 10 for an idle namespace session on a
+/// cgroup v1 host (bench/density.py counts them), with room for a connection or a stream.
+const FILES_PER_SANDBOX: u64 = 12;
 
 /// Open files the daemon keeps for itself (listener, connections, the image and snapshot
 /// stores, the zygote, logs).
 const FILES_RESERVED: u64 = 1024;
 
-/// Raises the soft RLIMIT_NOFILE to the hard limit, and returns the sandboxes that many
-/// open files allow: a daemon holding thousands of sessions holds several fds each, far
-/// beyond the usual soft 1024. Sandboxes do not inherit it: each program's process sets
-/// its own (`privileges::MAX_OPEN_FILES`).
+/// The open-file limit a root daemon raises its hard limit to when it is lower: room for
+/// the most sandboxes (`MAX_SANDBOXES_CAP`, 4096) with margin, within `fs.nr_open`; not
+/// higher, for the few programs that close every fd up to the limit one by one.
+const FILES_WANTED: u64 = 65536;
+
+/// Raises RLIMIT_NOFILE: the hard limit to [`FILES_WANTED`] when this process may (root,
+/// `CAP_SYS_RESOURCE`), else the soft limit to the hard one; returns the sandboxes that
+/// many open files allow. A daemon holding thousands of sessions holds several fds each,
+/// far beyond the usual soft 1024. Sandboxes do not inherit it: each program's process
+/// sets its own (`privileges::MAX_OPEN_FILES`).
 fn raise_open_files() -> Option<usize> {
     use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, setrlimit};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(hard);
+    let wanted = FILES_WANTED.min(nr_open).max(hard);
+    if wanted > hard && setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
+        return Some(room_for(wanted));
+    }
     if soft < hard
         && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
     {
