@@ -1,5 +1,8 @@
 //! Admission control: at most `max_sandboxes` live at once, the sum of admitted memory
-//! caps within the memory budget, and a per-API-key concurrency cap. Beyond that a
+//! within the memory budget, and a per-API-key concurrency cap. A one-shot exec is
+//! admitted at its memory cap; a namespace session at its idle charge, and each exec in
+//! it holds the rest of its cap for the exec's life ([`Admission::reserve`]; see
+//! docs/service.md, "Capacity"). Beyond that a
 //! request waits in a bounded queue up to the queue timeout, then gets a 429 with
 //! Retry-After. Nothing here can fail with a 5xx.
 
@@ -22,6 +25,13 @@ pub struct Permit {
     _slot: OwnedSemaphorePermit,
     _memory: OwnedSemaphorePermit,
     _key: Option<OwnedSemaphorePermit>,
+}
+
+/// Memory held beyond a session's idle charge while one of its execs runs; dropping it
+/// gives the memory back.
+#[derive(Debug)]
+pub struct Reserve {
+    _memory: Option<OwnedSemaphorePermit>,
 }
 
 /// The admission gate.
@@ -171,6 +181,44 @@ impl Admission {
         self.waiting.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Waits for `memory_bytes` more of the budget (no slot: the session has one), up to
+    /// the queue timeout like [`Admission::admit`]; on refusal the error is a 429.
+    pub async fn reserve(&self, memory_bytes: u64) -> Result<Reserve, ApiError> {
+        let mib = u32::try_from(memory_bytes.div_ceil(MIB)).unwrap_or(u32::MAX);
+        if mib == 0 {
+            return Ok(Reserve { _memory: None });
+        }
+        let retry = self.queue_timeout.as_secs().max(1);
+        // Templates made since the last admission come out of the budget first.
+        self.reserve_held();
+        // Taken at once when the budget has room: no place in the queue needed.
+        if let Ok(p) = Arc::clone(&self.memory_mib).try_acquire_many_owned(mib) {
+            return Ok(Reserve { _memory: Some(p) });
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::rate_limited(
+                QUEUE_FULL,
+                "too many requests are waiting; retry later",
+                retry,
+            ));
+        }
+        let wait = Arc::clone(&self.memory_mib).acquire_many_owned(mib);
+        let result = tokio::time::timeout(self.queue_timeout, wait).await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        match result {
+            Ok(Ok(p)) => Ok(Reserve { _memory: Some(p) }),
+            _ => Err(ApiError::rate_limited(
+                QUEUE_TIMEOUT,
+                format!(
+                    "waited {} ms for the memory budget to hold this session's memory cap while the exec runs; retry later",
+                    self.queue_timeout.as_millis()
+                ),
+                retry,
+            )),
+        }
+    }
+
     /// Waits for room for one sandbox with `memory_bytes` cap; returns the permit and
     /// how long it waited. On refusal the error is a 429 whose code is the reason.
     pub async fn admit(&self, key: Option<&str>, memory_bytes: u64) -> Result<(Permit, Duration), ApiError> {
@@ -250,6 +298,28 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_reserve_holds_budget_until_dropped() {
+        let config = ServerConfig {
+            memory_budget: 64 * MIB,
+            max_sandboxes: 100,
+            queue_timeout: Duration::from_millis(50),
+            ..ServerConfig::default()
+        };
+        let a = Admission::new(&config);
+        let (idle, _) = a.admit(None, 4 * MIB).await.unwrap();
+        let r = a.reserve(60 * MIB).await.unwrap();
+        assert_eq!(a.free_memory(), 0);
+        let e = a.admit(None, MIB).await.unwrap_err();
+        assert_eq!(e.code, QUEUE_TIMEOUT);
+        assert_eq!(a.reserve(MIB).await.unwrap_err().code, QUEUE_TIMEOUT);
+        drop(r);
+        assert_eq!(a.free_memory(), 60 * MIB);
+        assert!(a.reserve(0).await.is_ok());
+        drop(idle);
+        assert_eq!(a.free_memory(), 64 * MIB);
+    }
 
     #[test]
     fn session_quota_is_per_key_and_given_back() {

@@ -16,8 +16,15 @@ pub struct ServerConfig {
     pub gvisor_pool: usize,
     /// Live sandboxes at most (one-shot execs and sessions).
     pub max_sandboxes: usize,
-    /// The sum of admitted memory caps never exceeds this.
+    /// The sum of admitted memory never exceeds this: each one-shot exec's cap, each
+    /// namespace session's idle charge, and a session's cap while an exec runs in it
+    /// (see [`ServerConfig::session_charge`]).
     pub memory_budget: u64,
+    /// What an idle namespace session is counted at in the memory budget
+    /// (`--session-idle-memory`, at most its cap): what such a session holds on the host
+    /// between execs (its init and ready child, their kernel objects) with room for a
+    /// few files. An exec in it is counted at its cap for the exec's life.
+    pub session_idle_bytes: u64,
     /// How long a request may wait for admission before a 429.
     pub queue_timeout: Duration,
     /// Requests waiting for admission at most; more get a 429 at once.
@@ -89,12 +96,28 @@ pub fn host_memory() -> u64 {
         .map_or(4 << 30, |kb| kb * 1024)
 }
 
+/// The default `--session-idle-memory`: an idle namespace session holds about 1 MiB
+/// on the host (bench/density.py); the rest is room for the files it keeps.
+pub const DEFAULT_SESSION_IDLE_BYTES: u64 = 4 << 20;
+
+/// Live sandboxes at most, whatever the budget: each holds processes, fds and kernel
+/// objects of the daemon's (2,000 idle sessions is the density target on a 24 GiB host).
+pub const MAX_SANDBOXES_CAP: usize = 4096;
+
+/// The default `--max-sandboxes` for a budget: as many idle sessions as it admits (one-shot
+/// execs, counted at their caps, are fewer anyway), at most [`MAX_SANDBOXES_CAP`].
+pub fn default_max_sandboxes(memory_budget: u64, session_idle_bytes: u64) -> usize {
+    usize::try_from(memory_budget / session_idle_bytes.max(1))
+        .unwrap_or(usize::MAX)
+        .clamp(1, MAX_SANDBOXES_CAP)
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         let defaults = Limits::default();
         let memory_budget = host_memory() / 10 * 8;
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let max_sandboxes = ((memory_budget / defaults.memory_bytes) as usize).clamp(1, 1024);
+        let max_sandboxes = default_max_sandboxes(memory_budget, DEFAULT_SESSION_IDLE_BYTES);
         ServerConfig {
             // A few per core: enough to absorb a burst while the pool refills.
             pool: (cpus * 2).clamp(2, 16),
@@ -103,6 +126,7 @@ impl Default for ServerConfig {
             gvisor_pool: 0,
             max_sandboxes,
             memory_budget,
+            session_idle_bytes: DEFAULT_SESSION_IDLE_BYTES,
             queue_timeout: Duration::from_secs(10),
             max_queue: 1024,
             max: Limits {
@@ -140,6 +164,17 @@ pub fn default_sessions_per_key(max_sandboxes: usize) -> usize {
 }
 
 impl ServerConfig {
+    /// What a session of `tier` with memory cap `cap` holds of the budget while idle: the
+    /// idle charge on the namespace tier, whose memory goes back to the host when a
+    /// program exits; its cap on the others (a micro-VM's guest keeps the RAM its
+    /// programs touched; gVisor's Sentry keeps some of it), where idle is not cheap.
+    pub fn session_charge(&self, tier: airlock_spec::Isolation, cap: u64) -> u64 {
+        match tier {
+            airlock_spec::Isolation::Namespaces => cap.min(self.session_idle_bytes),
+            _ => cap,
+        }
+    }
+
     /// How many sandboxes the pool of `tier` keeps ready.
     pub fn pool_target(&self, tier: airlock_spec::Isolation) -> usize {
         match tier {
@@ -237,5 +272,29 @@ mod tests {
         assert_eq!(default_sessions_per_key(2), 1);
         assert_eq!(default_sessions_per_key(10), 5);
         assert_eq!(default_sessions_per_key(75), 16);
+    }
+
+    #[test]
+    fn the_default_budget_of_a_24_gib_host_admits_2000_idle_sessions() {
+        let budget = (24u64 << 30) / 10 * 8;
+        let max = default_max_sandboxes(budget, DEFAULT_SESSION_IDLE_BYTES);
+        assert!(max >= 2000, "{max}");
+        let c = ServerConfig {
+            memory_budget: budget,
+            ..ServerConfig::default()
+        };
+        let charge = c.session_charge(airlock_spec::Isolation::Namespaces, 16 << 20);
+        assert!(budget / charge >= 2000, "charge {charge}");
+        // Only a namespace session is cheaper idle than its cap.
+        assert_eq!(
+            c.session_charge(airlock_spec::Isolation::Microvm, 16 << 20),
+            16 << 20
+        );
+        assert_eq!(
+            c.session_charge(airlock_spec::Isolation::Namespaces, 1 << 20),
+            1 << 20
+        );
+        assert_eq!(default_max_sandboxes(1 << 20, 4 << 20), 1);
+        assert_eq!(default_max_sandboxes(u64::MAX, 4 << 20), MAX_SANDBOXES_CAP);
     }
 }

@@ -73,6 +73,10 @@ pub struct Session {
     pub cancel: Arc<OwnedFd>,
     /// Dropping it makes `cancel` readable.
     cancel_trigger: Mutex<Option<OwnedFd>>,
+    /// The rest of its memory cap beyond its idle charge, held from its first background
+    /// process, terminal or kernel to its end: those run between execs, so the session is
+    /// no longer idle (docs/service.md, "Capacity").
+    pub background: Mutex<Option<crate::admission::Reserve>>,
 }
 
 impl Session {
@@ -118,6 +122,7 @@ impl Session {
             last_used: Mutex::new(Instant::now()),
             cancel: Arc::new(cancel),
             cancel_trigger: Mutex::new(Some(trigger)),
+            background: Mutex::new(None),
         })
     }
 
@@ -464,6 +469,9 @@ pub async fn purge_session(session: Arc<Session>) {
     inner.permit.take();
     inner.slot.take();
     drop(inner);
+    if let Ok(mut held) = session.background.lock() {
+        held.take();
+    }
     if let Some(sb) = sandbox {
         let _ = tokio::task::spawn_blocking(move || drop(sb)).await;
     }

@@ -361,12 +361,21 @@ fn the_memory_budget_bounds_admitted_memory_caps() {
     ]);
     let c = d.client();
     let id = c.create_session(&json!({"limits": {"memory_bytes": 512 << 20}}));
-    // 512 MiB admitted of 600: a default (256 MiB) exec does not fit, 64 MiB does.
-    let r = c.exec(&sh("echo big"));
-    r.api_error(429);
+    // Idle, the session holds its 4 MiB idle charge; while an exec runs in it, its whole
+    // 512 MiB cap of 600: a default (256 MiB) exec does not fit then, 64 MiB does.
+    let sleeper = {
+        let (c, id) = (c.clone(), id.clone());
+        std::thread::spawn(move || c.session_exec(&id, &sh("sleep 3")).expect(200))
+    };
+    let r = poll(Duration::from_secs(2), || {
+        let r = c.exec(&sh("echo big"));
+        (r.status == 429).then_some(r)
+    })
+    .expect("a default exec was admitted while the session's exec held its 512 MiB cap");
     assert!(r.header("retry-after").is_some());
     let v = c.exec_ok(&json!({"cmd": ["echo", "small"], "limits": {"memory_bytes": 64 << 20}}));
     assert_eq!(ok_stdout(&v), "small\n");
+    sleeper.join().unwrap();
     // A session exec may not raise its memory above what was admitted at creation.
     let small = c.create_session(&json!({"limits": {"memory_bytes": 32 << 20}}));
     let e = c

@@ -26,7 +26,7 @@ const MAX_WAIT_MS: u64 = 60_000;
 
 /// Starts `req`'s program (its spec `spec`) as a background process of `session`.
 pub(crate) async fn start(
-    _state: &Arc<AppState>,
+    state: &Arc<AppState>,
     session: &Arc<Session>,
     req: &ExecRequest,
     spec: Spec,
@@ -38,7 +38,7 @@ pub(crate) async fn start(
         .map(|_| Duration::from_millis(spec.limits.timeout_ms));
     let command = spec.command.clone();
     let stdin = spec.stdin.clone();
-    let spawned = processes::spawn(session, spec, Stdio::Pipes).await?;
+    let spawned = processes::spawn(state, session, spec, Stdio::Pipes).await?;
     let proc = processes::register(session, command, spawned, keep, timeout)?;
     if !stdin.is_empty() {
         proc.write_stdin(&stdin, false).await?;

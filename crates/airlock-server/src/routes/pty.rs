@@ -102,7 +102,7 @@ pub async fn handle(
     };
     let spec = session_spec(&state, &session, &req)?;
     let command = vec![query.cmd.unwrap_or_else(|| "shell".into())];
-    let spawned = processes::spawn(&session, spec, Stdio::Terminal { rows, cols }).await?;
+    let spawned = processes::spawn(&state, &session, spec, Stdio::Terminal { rows, cols }).await?;
     let proc = processes::register_terminal(&session, command, spawned.handle);
     let (input, output) = (spawned.stdin, spawned.stdout);
     let input = FdStream::new(input).map_err(|e| ApiError::internal(format!("terminal: {e}")))?;

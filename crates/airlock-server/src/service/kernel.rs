@@ -277,7 +277,7 @@ async fn start(state: &Arc<AppState>, session: &Arc<Session>) -> Result<Kernel, 
         ..ExecRequest::default()
     };
     let spec = session_spec(state, session, &req)?;
-    let spawned = processes::spawn(session, spec, Stdio::Pipes).await?;
+    let spawned = processes::spawn(state, session, spec, Stdio::Pipes).await?;
     let stderr = Arc::new(Mutex::new(VecDeque::new()));
     let mut stderr_done = None;
     if let Some(fd) = spawned.stderr {

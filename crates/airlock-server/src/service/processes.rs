@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use crate::error::ApiError;
 use crate::fdio::FdStream;
 use crate::service::sessions::epoch;
-use crate::state::Session;
+use crate::state::{AppState, Session};
 
 /// Most processes running at once in one session.
 pub const MAX_RUNNING: usize = 16;
@@ -402,8 +402,14 @@ impl Processes {
 /// Starts `spec`'s program in `session` alongside its execs (after writing `spec.files`),
 /// on `stdio`. Waits for a running exec to end first (the sandbox serves one request at
 /// a time).
-pub async fn spawn(session: &Arc<Session>, spec: Spec, stdio: Stdio) -> Result<Spawned, ApiError> {
+pub async fn spawn(
+    state: &AppState,
+    session: &Arc<Session>,
+    spec: Spec,
+    stdio: Stdio,
+) -> Result<Spawned, ApiError> {
     session.processes.check_room()?;
+    hold_cap(state, session).await?;
     let mut inner = session.inner.lock().await;
     let Some(mut sandbox) = inner.sandbox.take() else {
         return Err(ApiError::gone(format!("sandbox {} was deleted", session.id)));
@@ -423,6 +429,27 @@ pub async fn spawn(session: &Arc<Session>, spec: Spec, stdio: Stdio) -> Result<S
     inner.sandbox = Some(sandbox);
     drop(inner);
     result.map_err(ApiError::from)
+}
+
+/// Makes `session` hold its whole memory cap from now on, if it does not already: a
+/// program that runs between execs may use it while the session looks idle.
+async fn hold_cap(state: &AppState, session: &Session) -> Result<(), ApiError> {
+    if session.background.lock().is_ok_and(|b| b.is_some()) {
+        return Ok(());
+    }
+    let idle = state
+        .config
+        .session_charge(session.isolation, session.limits.memory_bytes);
+    let reserve = state
+        .admission
+        .reserve(session.limits.memory_bytes.saturating_sub(idle))
+        .await
+        .inspect_err(|e| state.metrics.reject(e.code))?;
+    if let Ok(mut held) = session.background.lock() {
+        // Two spawns at once: the second's reserve is given back here.
+        held.get_or_insert(reserve);
+    }
+    Ok(())
 }
 
 /// Registers a spawned program as one of `session`'s processes: its output is read into

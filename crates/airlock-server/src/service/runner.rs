@@ -269,6 +269,15 @@ async fn in_session_task(
 ) -> Result<ExecResponse, ApiError> {
     let t0 = std::time::Instant::now();
     let mut inner = session.inner.lock().await;
+    // The session holds its idle charge; the exec holds the rest of its cap while it runs.
+    let idle = state
+        .config
+        .session_charge(session.isolation, session.limits.memory_bytes);
+    let _reserve = state
+        .admission
+        .reserve(spec.limits.memory_bytes.saturating_sub(idle))
+        .await
+        .inspect_err(|e| state.metrics.reject(e.code))?;
     let queued = t0.elapsed();
     let Some(mut sandbox) = inner.sandbox.take() else {
         return Err(ApiError::gone(format!("sandbox {} was deleted", session.id)));

@@ -119,8 +119,10 @@ pub(crate) async fn open(state: &Arc<AppState>, key: &KeyName, plan: Plan) -> Re
     // a slot another caller could use.
     let slot = reserve_session(state, key)?;
     let tier = state.tiers.get(spec.isolation)?;
-    // Admitted like a one-shot exec: the program's memory plus the tier's own.
-    let memory = limits.memory_bytes + tier.backend.overhead_bytes();
+    // Admitted at its idle charge plus the tier's own memory; each exec holds the rest of
+    // its cap while it runs (`runner::in_session`; docs/service.md, "Capacity").
+    let memory =
+        state.config.session_charge(spec.isolation, limits.memory_bytes) + tier.backend.overhead_bytes();
     let (permit, _) = super::runner::admit(state, key, memory).await?;
     // A warm sandbox serves a session too: limits are applied at each exec.
     let (spec, mut image) = match super::runner::resolve_image(state, spec).await {

@@ -44,12 +44,19 @@ pub struct ServeArgs {
     /// `IMAGE=N` keeps N of an image warm too (repeatable).
     #[arg(long, value_name = "N|IMAGE=N", value_parser = pool_size)]
     gvisor_pool: Vec<PoolSize>,
-    /// Live sandboxes at most [default: memory budget / default memory cap].
+    /// Live sandboxes at most [default: memory budget / --session-idle-memory, at most
+    /// 4096 and one per 12 open files RLIMIT_NOFILE allows beyond 1024].
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
-    /// Sum of admitted memory caps at most [default: 80% of host RAM].
+    /// Sum of admitted memory at most: one-shot execs' caps, idle namespace sessions'
+    /// --session-idle-memory, a session's cap while an exec runs in it [default: 80% of
+    /// host RAM].
     #[arg(long, value_name = "SIZE", value_parser = size, allow_hyphen_values = true)]
     memory_budget: Option<u64>,
+    /// What an idle namespace session holds of the memory budget (at most its memory
+    /// cap); each exec in it holds the rest of its cap while it runs.
+    #[arg(long, value_name = "SIZE", default_value = "4M", value_parser = size, allow_hyphen_values = true)]
+    session_idle_memory: u64,
     /// How long a request waits for admission before a 429.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     queue_timeout: std::time::Duration,
@@ -213,10 +220,15 @@ impl ServeArgs {
         )?
         .unwrap_or(0);
         c.image_pools = images;
+        if self.session_idle_memory < 1 << 20 {
+            bail!("--session-idle-memory must be at least 1M (an idle session holds about that much)");
+        }
+        c.session_idle_bytes = self.session_idle_memory;
         if let Some(b) = self.memory_budget {
             c.memory_budget = b;
-            c.max_sandboxes = ((b / c.defaults.memory_bytes) as usize).clamp(1, 1024);
         }
+        c.max_sandboxes =
+            airlock_server::config::default_max_sandboxes(c.memory_budget, c.session_idle_bytes);
         if let Some(n) = self.max_sandboxes {
             if n == 0 {
                 bail!("--max-sandboxes must be at least 1");
@@ -318,6 +330,51 @@ fn route(args: &ServeArgs, peers: Vec<airlock_router::Peer>) -> anyhow::Result<E
     Ok(ExitCode::SUCCESS)
 }
 
+/// Open files the daemon holds per live sandbox: 10 for an idle namespace session on a
+/// cgroup v1 host (bench/density.py counts them), with room for a connection or a stream.
+const FILES_PER_SANDBOX: u64 = 12;
+
+/// Open files the daemon keeps for itself (listener, connections, the image and snapshot
+/// stores, the zygote, logs).
+const FILES_RESERVED: u64 = 1024;
+
+/// The open-file limit a root daemon raises its hard limit to when it is lower: room for
+/// the most sandboxes (`MAX_SANDBOXES_CAP`, 4096) with margin, within `fs.nr_open`; not
+/// higher, for the few programs that close every fd up to the limit one by one.
+const FILES_WANTED: u64 = 65536;
+
+/// Raises RLIMIT_NOFILE: the hard limit to [`FILES_WANTED`] when this process may (root,
+/// `CAP_SYS_RESOURCE`), else the soft limit to the hard one; returns the sandboxes that
+/// many open files allow. A daemon holding thousands of sessions holds several fds each,
+/// far beyond the usual soft 1024. Sandboxes do not inherit it: each program's process
+/// sets its own (`privileges::MAX_OPEN_FILES`).
+fn raise_open_files() -> Option<usize> {
+    use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(hard);
+    let wanted = FILES_WANTED.min(nr_open).max(hard);
+    if wanted > hard && setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
+        return Some(room_for(wanted));
+    }
+    if soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!(soft, hard, error = %e, "cannot raise RLIMIT_NOFILE to the hard limit");
+        return Some(room_for(soft));
+    }
+    (hard != RLIM_INFINITY).then(|| room_for(hard))
+}
+
+/// Sandboxes `files` open files allow.
+fn room_for(files: u64) -> usize {
+    usize::try_from(files.saturating_sub(FILES_RESERVED) / FILES_PER_SANDBOX)
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
 /// Resolves on SIGTERM or SIGINT.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -335,7 +392,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         return route(&args, peers.clone());
     }
     airlock_sandbox::cgroup::set_parent(args.cgroup_parent.clone());
-    let config = args.config()?;
+    let mut config = args.config()?;
+    if let Some(room) = raise_open_files() {
+        if args.max_sandboxes.is_none() && config.max_sandboxes > room {
+            // The default follows the budget; the fds the daemon may open bound it too.
+            config.max_sandboxes = room;
+        } else if config.max_sandboxes > room {
+            tracing::warn!(
+                max_sandboxes = config.max_sandboxes,
+                room,
+                "RLIMIT_NOFILE's hard limit may be short for --max-sandboxes: raise it (LimitNOFILE=, ulimit -Hn) or lower --max-sandboxes"
+            );
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
