@@ -45,7 +45,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N|IMAGE=N", value_parser = pool_size)]
     gvisor_pool: Vec<PoolSize>,
     /// Live sandboxes at most [default: memory budget / --session-idle-memory, at most
-    /// 4096 and one per 12 open files RLIMIT_NOFILE allows beyond 1024].
+    /// 4096 and one per 8 open files RLIMIT_NOFILE allows beyond 1024].
     #[arg(long, value_name = "N")]
     max_sandboxes: Option<usize>,
     /// Sum of admitted memory at most: one-shot execs' caps, idle namespace sessions'
@@ -330,9 +330,10 @@ fn route(args: &ServeArgs, peers: Vec<airlock_router::Peer>) -> anyhow::Result<E
     Ok(ExitCode::SUCCESS)
 }
 
-/// Open files the daemon holds per live sandbox: 10 for an idle namespace session on a
-/// cgroup v1 host (bench/density.py counts them), with room for a connection or a stream.
-const FILES_PER_SANDBOX: u64 = 12;
+/// Open files the daemon holds per live sandbox: 6 for an idle namespace session on a
+/// cgroup v1 host (bench/density.py counts them), 7 on v2 (its `memory.peak`), with room
+/// for a connection or a stream.
+const FILES_PER_SANDBOX: u64 = 8;
 
 /// Open files the daemon keeps for itself (listener, connections, the image and snapshot
 /// stores, the zygote, logs).
