@@ -468,17 +468,10 @@ fn clone_directly(
 /// # Safety
 /// Only in the child of a single-threaded process.
 unsafe fn child_in_place(fds: &[RawFd; 4]) -> ! {
-    // SAFETY: dup2 and close_range on fds prepared before the clone; the caller guarantees
-    // a single-threaded parent, so init's code may run here as in a zygote's clone.
+    // SAFETY: fds prepared before the clone; the caller guarantees a single-threaded
+    // parent, so init's code may run here as in a zygote's clone.
     unsafe {
-        for (target, fd) in fds.iter().enumerate() {
-            if libc::dup2(*fd, target as RawFd) < 0 {
-                libc::_exit(120);
-            }
-        }
-        if sys::close_from(4).is_err() {
-            libc::_exit(121);
-        }
+        take_init_fds(fds);
         // Init's name, as an exec'd init has it; none of airlock's own arguments or
         // environment left in its memory.
         let title = format!("airlock-init\0{}", crate::INIT_ARG);
@@ -488,6 +481,26 @@ unsafe fn child_in_place(fds: &[RawFd; 4]) -> ! {
         become_namespace_root(3);
     }
     crate::init::run()
+}
+
+/// Makes `fds` init's stdin, stdout, stderr and control socket (0 to 3) and closes every
+/// other fd, including the supervisor's end of the control socket (so a dead supervisor
+/// reads as EOF in init). Exits (120, 121) when a step fails.
+///
+/// # Safety
+/// In a freshly cloned child only: async-signal-safe dup2 and close_range.
+unsafe fn take_init_fds(fds: &[RawFd; 4]) {
+    // SAFETY: plain fd syscalls on integers.
+    unsafe {
+        for (target, fd) in fds.iter().enumerate() {
+            if libc::dup2(*fd, target as RawFd) < 0 {
+                libc::_exit(120);
+            }
+        }
+        if sys::close_from(4).is_err() {
+            libc::_exit(121);
+        }
+    }
 }
 
 /// The child's side of the clone, up to the exec of init.
@@ -504,16 +517,7 @@ unsafe fn child_to_init(
     // SAFETY: the caller guarantees the context; each call below is async-signal-safe and
     // every pointer is valid for the duration of the call.
     unsafe {
-        for (target, fd) in fds.iter().enumerate() {
-            if libc::dup2(*fd, target as RawFd) < 0 {
-                libc::_exit(120);
-            }
-        }
-        // Everything else goes, including the supervisor's end of the control socket (so
-        // a dead supervisor reads as EOF here).
-        if sys::close_from(4).is_err() {
-            libc::_exit(121);
-        }
+        take_init_fds(fds);
         become_namespace_root(3);
         libc::execve(exe, argv, envp);
         libc::_exit(123)
