@@ -437,14 +437,8 @@ async fn hold_cap(state: &AppState, session: &Session) -> Result<(), ApiError> {
     if session.background.lock().is_ok_and(|b| b.is_some()) {
         return Ok(());
     }
-    let idle = state
-        .config
-        .session_charge(session.isolation, session.limits.memory_bytes);
-    let reserve = state
-        .admission
-        .reserve(session.limits.memory_bytes.saturating_sub(idle))
-        .await
-        .inspect_err(|e| state.metrics.reject(e.code))?;
+    let reserve =
+        crate::service::runner::reserve_beyond_idle(state, session, session.limits.memory_bytes).await?;
     if let Ok(mut held) = session.background.lock() {
         // Two spawns at once: the second's reserve is given back here.
         held.get_or_insert(reserve);

@@ -244,6 +244,24 @@ fn answer(
 }
 
 /// Runs `spec` in a session's sandbox; its files stay for the next exec.
+/// Waits for the part of `memory_bytes` that `session`'s idle charge does not cover
+/// (see docs/service.md, "Capacity and admission"): what an exec, or a program running
+/// between execs, holds on top of the session's idle charge.
+pub(crate) async fn reserve_beyond_idle(
+    state: &AppState,
+    session: &Session,
+    memory_bytes: u64,
+) -> Result<crate::admission::Reserve, ApiError> {
+    let idle = state
+        .config
+        .session_charge(session.isolation, session.limits.memory_bytes);
+    state
+        .admission
+        .reserve(memory_bytes.saturating_sub(idle))
+        .await
+        .inspect_err(|e| state.metrics.reject(e.code))
+}
+
 pub async fn in_session(
     state: Arc<AppState>,
     key: KeyName,
@@ -270,14 +288,7 @@ async fn in_session_task(
     let t0 = std::time::Instant::now();
     let mut inner = session.inner.lock().await;
     // The session holds its idle charge; the exec holds the rest of its cap while it runs.
-    let idle = state
-        .config
-        .session_charge(session.isolation, session.limits.memory_bytes);
-    let _reserve = state
-        .admission
-        .reserve(spec.limits.memory_bytes.saturating_sub(idle))
-        .await
-        .inspect_err(|e| state.metrics.reject(e.code))?;
+    let _reserve = reserve_beyond_idle(state, &session, spec.limits.memory_bytes).await?;
     let queued = t0.elapsed();
     let Some(mut sandbox) = inner.sandbox.take() else {
         return Err(ApiError::gone(format!("sandbox {} was deleted", session.id)));
