@@ -385,6 +385,15 @@ pub(crate) fn exec(
                             let now = Instant::now();
                             started = Some(now);
                             deadline = now + timeout;
+                            // Cancelled during the hand-over: the program goes now that
+                            // it runs (see `Source::Cancel`).
+                            if cancelled && !one_shot {
+                                if let Some(cg) = sb.cgroup() {
+                                    let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());
+                                    quota_lifted = true;
+                                }
+                                deadline = now + KILL_GRACE;
+                            }
                         }
                         Reply::Failed { message } => failure = Some(message),
                         Reply::Refused { field, message } => {
@@ -410,12 +419,18 @@ pub(crate) fn exec(
                 Source::Cancel if !cancelled => {
                     // Not read: one cancel fd may stop many execs at once. A one-shot
                     // sandbox dies whole; a session loses only this exec's processes
-                    // (init then reports, or is killed too after the grace).
+                    // (init then reports, or is killed too after the grace). During the
+                    // hand-over they are killed once init says Started: a ready child
+                    // killed before it took the command would be replaced by init and
+                    // the program run anyway, and killing the whole session for a
+                    // client that went away early would lose its files.
                     cancelled = true;
-                    if one_shot || started.is_none() {
+                    if one_shot {
                         killed_all = true;
                         sb.kill();
                         init_gone = true;
+                    } else if started.is_none() {
+                        // Killed on Started, below; the hand-over deadline still holds.
                     } else {
                         if let Some(cg) = sb.cgroup() {
                             let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());

@@ -417,6 +417,32 @@ fn an_execs_deadline_and_cancel_spare_a_spawned_program(engine: &Engine) {
     assert_eq!(p.handle.wait(&[]).unwrap(), Exit::Signal(libc::SIGTERM));
 }
 
+/// A session exec cancelled before init has said Started (a client that went away at
+/// once): the program is killed once it runs, and the session with its files lives on.
+fn an_exec_cancelled_during_its_hand_over_leaves_the_session_usable(engine: &Engine) {
+    let mut sb = sandbox(engine, NetworkPolicy::None);
+    assert_eq!(
+        exec(&mut sb, "echo precious > keep.txt && echo ok").stdout,
+        "ok\n"
+    );
+    for _ in 0..5 {
+        // Readable before the exec begins: the cancel is seen during the hand-over.
+        let (cr, cw) = nix::unistd::pipe().unwrap();
+        nix::unistd::write(&cw, b"x").unwrap();
+        let mut s = spec(&["sleep", "100"]);
+        s.limits.pids = 64;
+        let t = Instant::now();
+        let e = sb.exec(&s, &mut Capture, &[cr.as_fd()]).unwrap_err();
+        assert!(matches!(e, airlock_sandbox::SandboxError::Cancelled), "{e}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the cancelled sleep ran on"
+        );
+        let r = exec(&mut sb, "cat keep.txt; cat /proc/[0-9]*/comm | grep -c '^sleep$'");
+        assert_eq!(r.stdout, "precious\n0\n", "{r:#?}");
+    }
+}
+
 /// Warm exec latency with a spawned program alongside (init's sweeps over /proc instead of
 /// kill(-1)): printed beside tests/warm_exec.rs's figure without one. Not asserted.
 fn warm_exec_time_with_a_spawned_program(engine: &Engine) {
@@ -456,6 +482,10 @@ const CASES: &[Case] = &[
         what_a_spawned_program_started_dies_when_it_ends,
     ),
     ("sigterm_ends_it_with_signal_15", sigterm_ends_it_with_signal_15),
+    (
+        "an_exec_cancelled_during_its_hand_over_leaves_the_session_usable",
+        an_exec_cancelled_during_its_hand_over_leaves_the_session_usable,
+    ),
     (
         "a_cancelled_wait_leaves_it_running",
         a_cancelled_wait_leaves_it_running,
