@@ -1077,6 +1077,15 @@ fn read_u64(path: &Path, key: Option<&str>) -> Option<u64> {
     parse_u64(&fs::read_to_string(path).ok()?, key)
 }
 
+/// The `total=` of the `full` line of a pressure-stall file (`memory.pressure`).
+fn parse_stall_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("full "))?;
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
 /// [`read_u64`] of a file's text.
 fn parse_u64(text: &str, key: Option<&str>) -> Option<u64> {
     match key {
@@ -2250,6 +2259,17 @@ impl Cgroup {
         parse_u64(&stat, Some("pgmajfault")).or_else(|| parse_u64(&stat, Some("total_pgmajfault")))
     }
 
+    /// Microseconds that every task of the sandbox spent stalled on memory at once
+    /// (reclaim, refaults of its working set), from its cgroup's pressure-stall
+    /// accounting: cgroup v2 with PSI only (`memory.pressure`, line `full`, `total=`).
+    pub fn memory_full_stall_us(&self) -> Option<u64> {
+        if !self.v2 {
+            return None;
+        }
+        let text = self.sandbox_dir("memory")?.read("memory.pressure").ok()?;
+        parse_stall_total(&text)
+    }
+
     /// Whether the sandbox's memory use is at its cap, within a sixteenth of it: where a
     /// memory stall means it is out of memory rather than waiting on a slow disk.
     pub fn at_memory_cap(&self) -> bool {
@@ -2711,6 +2731,19 @@ mod tests {
     use super::*;
     use std::os::unix::process::ExitStatusExt as _;
     use std::process::{Child, Command, Stdio};
+
+    #[test]
+    fn a_pressure_files_full_total_is_read_and_nothing_else() {
+        let text = "some avg10=12.50 avg60=3.00 avg300=0.70 total=9000000\n\
+                    full avg10=10.00 avg60=2.00 avg300=0.50 total=7654321\n";
+        assert_eq!(parse_stall_total(text), Some(7_654_321));
+        // A kernel without "full" for the resource, or an unreadable line: nothing.
+        assert_eq!(
+            parse_stall_total("some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n"),
+            None
+        );
+        assert_eq!(parse_stall_total("full avg10=0.00 total=x\n"), None);
+    }
 
     /// This build machine's mount table (hybrid: v1 controllers, controller-less cgroup2).
     const HYBRID: &str = "\

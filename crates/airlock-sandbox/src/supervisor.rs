@@ -25,6 +25,12 @@ const THRASH_TICK: Duration = Duration::from_millis(250);
 /// Major faults (a mapped page read back from disk) within one [`THRASH_TICK`] that make
 /// the tick a thrashing one: 25, a hundred a second.
 const THRASH_FAULTS: u64 = 25;
+/// Or, where the kernel accounts pressure stalls per cgroup (v2 with PSI), a tick in
+/// which every task of the sandbox was stalled on memory at once for at least this share
+/// of it (in 1/1000): thrashing measured by the time lost, which a slow machine (a
+/// micro-VM's guest under emulation, a host short of CPU) does not hide as it hides the
+/// fault rate.
+const THRASH_STALL_PERMILLE: u64 = 500;
 /// Thrashing ticks in a row, with the sandbox at its memory cap all along, that end the
 /// program as `oom` (two seconds). At its cap, a program whose anonymous and shared
 /// memory cannot be dropped (no swap) keeps only its file pages (its own code, its
@@ -36,6 +42,33 @@ const THRASH_TICKS: u32 = 8;
 const CHUNK: usize = 64 * 1024;
 
 pub use airlock_backend::{Capture, OutputSink};
+
+/// One look at a running program's memory for thrashing (see [`THRASH_TICKS`]).
+#[derive(Debug)]
+struct Thrash {
+    at: Instant,
+    /// The cgroup's major faults so far.
+    faults: u64,
+    /// Its full memory stall so far, in µs, where the kernel accounts it.
+    stall_us: Option<u64>,
+    /// Thrashing ticks in a row, up to this look.
+    hot: u32,
+}
+
+impl Thrash {
+    /// Whether the program thrashed between `last` and this look: a hundred major faults
+    /// a second, or half the time stalled on memory.
+    fn thrashing_since(&self, last: &Thrash) -> bool {
+        if self.faults >= last.faults + THRASH_FAULTS {
+            return true;
+        }
+        let (Some(now), Some(then)) = (self.stall_us, last.stall_us) else {
+            return false;
+        };
+        let tick_us = self.at.duration_since(last.at).as_micros() as u64;
+        now.saturating_sub(then) * 1000 >= tick_us * THRASH_STALL_PERMILLE
+    }
+}
 
 /// One stream's capture: keeps up to `limit` bytes, counts everything.
 #[derive(Debug)]
@@ -228,9 +261,8 @@ pub(crate) fn exec(
     for fd in [&stdout_r, &stderr_r] {
         set_nonblocking(fd).map_err(SandboxError::Spawn)?;
     }
-    // Thrashing at the memory cap (see THRASH_TICKS): the last look, its major-fault
-    // count, and how many thrashing ticks in a row.
-    let mut thrash: Option<(Instant, u64, u32)> = None;
+    // Thrashing at the memory cap (see THRASH_TICKS): the last look.
+    let mut thrash: Option<Thrash> = None;
     let mut thrashed = false;
     let mut out = Stream::new(stdout_r, spec.limits.output_bytes);
     let mut err = Stream::new(stderr_r, spec.limits.output_bytes);
@@ -296,15 +328,21 @@ pub(crate) fn exec(
         }
         if started.is_some()
             && !(finished || timed_out || cancelled || thrashed)
-            && thrash.is_none_or(|(at, _, _)| now >= at + THRASH_TICK)
+            && thrash.as_ref().is_none_or(|t| now >= t.at + THRASH_TICK)
             && let Some(cg) = sb.cgroup()
             && let Some(faults) = cg.major_faults()
         {
-            let hot = match thrash {
-                Some((_, last, hot)) if faults >= last + THRASH_FAULTS && cg.at_memory_cap() => hot + 1,
+            let look = Thrash {
+                at: now,
+                faults,
+                stall_us: cg.memory_full_stall_us(),
+                hot: 0,
+            };
+            let hot = match &thrash {
+                Some(last) if look.thrashing_since(last) && cg.at_memory_cap() => last.hot + 1,
                 _ => 0,
             };
-            thrash = Some((now, faults, hot));
+            thrash = Some(Thrash { hot, ..look });
             if hot >= THRASH_TICKS {
                 thrashed = true;
                 if one_shot {
@@ -319,10 +357,10 @@ pub(crate) fn exec(
             }
         }
         let mut wake = deadline;
-        if let Some((at, _, _)) = thrash
+        if let Some(t) = &thrash
             && !thrashed
         {
-            wake = wake.min(at + THRASH_TICK);
+            wake = wake.min(t.at + THRASH_TICK);
         }
         let wait_ms = (wake.max(now) - now).as_millis().clamp(1, u128::from(u16::MAX)) as u16;
 
