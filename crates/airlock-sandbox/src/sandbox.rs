@@ -215,6 +215,11 @@ impl Sandbox {
 
     fn build(engine: &Engine, config: &SandboxConfig, ahead: bool) -> Result<Sandbox, SandboxError> {
         let t0 = Instant::now();
+        // Init finds these beneath the host's root, parked at /oldroot, where an absolute
+        // symbolic link on the way would lead into the sandbox's own new root: resolved
+        // here, on the host, first.
+        let rootfs = host_path(config.rootfs.as_deref(), "rootfs")?;
+        let image = host_path(config.image.as_deref(), "image tree")?;
         let policy = egress::proxy(&config.network)?;
         if policy.is_some() {
             crate::preflight::require_proxy().map_err(|m| SandboxError::Host(m.to_string()))?;
@@ -338,8 +343,8 @@ impl Sandbox {
         };
         let setup = Request::Setup {
             disk_bytes: config.disk_bytes,
-            rootfs: config.rootfs.clone(),
-            image: config.image.clone(),
+            rootfs,
+            image,
             image_writable,
             egress: policy.is_some().then(|| egress::setup(ca_bundle.as_deref())),
             fixed_layout: config.fixed_layout,
@@ -399,6 +404,15 @@ impl Sandbox {
 }
 
 /// A memfd holding `bundle`, for init to read from its start (see `protocol::EgressSetup`).
+/// `path` with every symbolic link resolved (see `Sandbox::build`); `what` names it in
+/// the error.
+fn host_path(path: Option<&std::path::Path>, what: &str) -> Result<Option<std::path::PathBuf>, SandboxError> {
+    path.map(|p| {
+        std::fs::canonicalize(p).map_err(|e| SandboxError::Setup(format!("the {what} {}: {e}", p.display())))
+    })
+    .transpose()
+}
+
 fn ca_bundle_fd(bundle: &[u8]) -> Result<OwnedFd, SandboxError> {
     use nix::sys::memfd::{MFdFlags, memfd_create};
     use std::io::Write;

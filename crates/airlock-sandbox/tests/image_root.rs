@@ -39,6 +39,19 @@ fn image_files_are_readable(engine: &Engine, root: &Path) {
     assert_eq!(r.stdout, "hello from the image\nprivate=1\n");
 }
 
+/// A tree whose host path passes through an absolute symbolic link (a store on a disk
+/// mounted elsewhere, a build directory that is a link): the link is the host's, resolved
+/// on the host, not inside the sandbox being built.
+fn an_image_reached_through_a_symbolic_link_is_the_root(engine: &Engine, root: &Path) {
+    let links = tempfile::tempdir().unwrap();
+    let parent = root.parent().unwrap();
+    let link = links.path().join("store");
+    std::os::unix::fs::symlink(parent, &link).unwrap();
+    let via_link = link.join(root.file_name().unwrap());
+    let r = ok(engine, &via_link, &sh("cat /opt/hello.txt"));
+    assert_eq!(r.stdout, "hello from the image\n");
+}
+
 fn the_root_is_the_image_not_the_host(engine: &Engine, root: &Path) {
     let r = ok(
         engine,
@@ -235,6 +248,10 @@ const CASES: &[(&str, Case)] = &[
         a_writable_root_is_the_sandbox_users_and_nosuid,
     ),
     ("image_files_are_readable", image_files_are_readable),
+    (
+        "an_image_reached_through_a_symbolic_link_is_the_root",
+        an_image_reached_through_a_symbolic_link_is_the_root,
+    ),
     (
         "the_root_is_the_image_not_the_host",
         the_root_is_the_image_not_the_host,
