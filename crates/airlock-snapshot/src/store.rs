@@ -328,6 +328,25 @@ impl Drop for TmpFile {
     }
 }
 
+/// How long an open waits for a held store lock before it gives up: a lock released a
+/// moment ago may live on for that long in a child forked meanwhile by any thread of the
+/// process (the fd is close-on-exec, but the child holds it until its exec).
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Takes the exclusive flock on `lock`, retrying within [`LOCK_PATIENCE`] while another
+/// holds it.
+fn lock_exclusive(lock: &File) -> rustix::io::Result<()> {
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    loop {
+        match rustix::fs::flock(lock, FlockOperation::NonBlockingLockExclusive) {
+            Err(rustix::io::Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Store {
     /// Opens (creating it if needed) the store in `dir` with a budget of `budget_bytes`.
     ///
@@ -352,7 +371,7 @@ impl Store {
         }
         let lock = File::open(dir)
             .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", dir.display())))?;
-        match rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive) {
+        match lock_exclusive(&lock) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
                 return Err(io::Error::new(
