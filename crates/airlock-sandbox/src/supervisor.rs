@@ -70,6 +70,16 @@ impl Thrash {
     }
 }
 
+/// Kills a session's exec from outside: every process of the sandbox but init and the
+/// keepers' (see `Cgroup::kill_except`). Returns whether the CPU quota was lifted for
+/// that, until init reports them gone (it is, when the sandbox has a cgroup).
+fn kill_exec(sb: &Sandbox) -> bool {
+    sb.cgroup().is_some_and(|cg| {
+        let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());
+        true
+    })
+}
+
 /// One stream's capture: keeps up to `limit` bytes, counts everything.
 #[derive(Debug)]
 struct Stream {
@@ -313,9 +323,8 @@ pub(crate) fn exec(
                 if one_shot {
                     killed_all = true;
                     sb.kill();
-                } else if let Some(cg) = sb.cgroup() {
-                    let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());
-                    quota_lifted = true;
+                } else {
+                    quota_lifted |= kill_exec(sb);
                 }
                 deadline = Instant::now() + KILL_GRACE;
                 continue;
@@ -349,8 +358,7 @@ pub(crate) fn exec(
                     killed_all = true;
                     sb.kill();
                 } else {
-                    let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());
-                    quota_lifted = true;
+                    quota_lifted |= kill_exec(sb);
                     deadline = Instant::now() + KILL_GRACE;
                 }
                 continue;
@@ -426,10 +434,7 @@ pub(crate) fn exec(
                             // Cancelled during the hand-over: the program goes now that
                             // it runs (see `Source::Cancel`).
                             if cancelled && !one_shot {
-                                if let Some(cg) = sb.cgroup() {
-                                    let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());
-                                    quota_lifted = true;
-                                }
+                                quota_lifted |= kill_exec(sb);
                                 deadline = now + KILL_GRACE;
                             }
                         }
@@ -467,15 +472,11 @@ pub(crate) fn exec(
                         killed_all = true;
                         sb.kill();
                         init_gone = true;
-                    } else if started.is_none() {
-                        // Killed on Started, below; the hand-over deadline still holds.
-                    } else {
-                        if let Some(cg) = sb.cgroup() {
-                            let _ = cg.kill_except(sb.init_pid(), sb.keeper_uid());
-                            quota_lifted = true;
-                        }
+                    } else if started.is_some() {
+                        quota_lifted |= kill_exec(sb);
                         deadline = Instant::now() + KILL_GRACE;
                     }
+                    // Otherwise killed on Started, above; the hand-over deadline holds.
                 }
                 Source::Cancel => {}
             }
